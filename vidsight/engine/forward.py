@@ -1,0 +1,75 @@
+"""Prefill and decode through the adapter's primitives with vidsight's own KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from vidsight.errors import ConfigError
+from vidsight.kv import KVCache, TokenTable
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillConfig:
+    """How the prompt is fed.
+
+    Attributes:
+        chunk_frames: Video frames per prefill chunk (rounded up to whole temporal patches);
+            bounds attention activation memory by the chunk, not the video. 0 feeds the whole
+            prompt at once.
+    """
+
+    chunk_frames: int = 32
+
+    def __post_init__(self):
+        if self.chunk_frames < 0:
+            raise ConfigError(f"chunk_frames must be 0 (no chunking) or positive, got {self.chunk_frames}")
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
+    """Causal attention of a chunk's queries ``(1, H, L, D)`` over all cached keys ``(1, KVH, past + L, D)``."""
+    length = q.shape[2]
+    if length == 1 or past == 0:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=past == 0 and length > 1, enable_gqa=True)
+    rows = torch.arange(length, device=q.device)[:, None] + past
+    mask = torch.arange(past + length, device=q.device)[None, :] <= rows
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+@torch.inference_mode()
+def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable) -> torch.Tensor:
+    """Run one chunk through every layer, appending its keys and values to ``cache``.
+
+    Args:
+        adapter: The model's primitives.
+        cache: Holds every earlier token of the sequence.
+        embeds: ``(1, L, hidden)`` input embeddings of the chunk.
+        positions: ``(3, L)`` M-RoPE positions of the chunk, computed by the caller.
+        rows: What the chunk's tokens are, for the cache's token table.
+
+    Returns:
+        ``(1, L, hidden)`` hidden states after the last layer (before the final norm).
+    """
+    rotary = adapter.rotary(positions)
+    past = cache.length
+    hidden = embeds
+    for layer in range(adapter.num_layers):
+        q, k, v = adapter.qkv(layer, hidden, rotary)
+        keys, values = cache.write(layer, k, v)
+        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, past))
+    cache.commit(rows)
+    return hidden
+
+
+def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt into prefill chunks at video-token boundaries.
+
+    The text before the video rides with the first chunk and the text after it with the last.
+    """
+    if tokens_per_chunk <= 0 or video_tokens <= tokens_per_chunk:
+        return [(0, prompt_len)]
+    cuts = list(range(video_start + tokens_per_chunk, video_start + video_tokens, tokens_per_chunk))
+    edges = [0, *cuts, prompt_len]
+    return list(zip(edges[:-1], edges[1:]))

@@ -1,0 +1,87 @@
+"""Token selection and the decode loop."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from vidsight.errors import ConfigError
+from vidsight.engine.forward import forward
+from vidsight.kv import KVCache, TokenTable
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """How answer tokens are chosen.
+
+    Attributes:
+        max_new_tokens: Stop after this many tokens if no end-of-sequence token came.
+        temperature: 0 for greedy decoding; above 0 samples from the softened distribution.
+        top_p: Nucleus sampling mass (only when sampling).
+        seed: Seeds sampling, so a sampled answer is reproducible.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.max_new_tokens <= 32768:
+            raise ConfigError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+class TokenSampler:
+    """Greedy or seeded nucleus sampling over last-position logits."""
+
+    def __init__(self, config: GenerationConfig, device: torch.device):
+        self.config = config
+        self.generator = torch.Generator(device=device).manual_seed(config.seed) if config.temperature > 0 else None
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.generator is None:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
+        if self.config.top_p < 1:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs > self.config.top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+@torch.inference_mode()
+def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
+             on_token: Callable[[int], None] | None = None) -> list[int]:
+    """Decode from the prefill's last logits until an end token or ``max_new_tokens``.
+
+    Args:
+        adapter: The model's primitives.
+        cache: The prefilled cache; generated tokens are appended to it.
+        logits: ``(vocab,)`` logits of the last prompt token.
+        next_position: Position index of the first generated token (all three M-RoPE axes).
+        config: Selection settings.
+        on_token: Called after each token (progress bars).
+
+    Returns:
+        Generated ids, ending with the end token when one was produced.
+    """
+    sample = TokenSampler(config, logits.device)
+    ids: list[int] = []
+    for step in range(config.max_new_tokens):
+        token = sample(logits)
+        ids.append(token)
+        if on_token is not None:
+            on_token(len(ids))
+        if token in adapter.eos_token_ids or step == config.max_new_tokens - 1:
+            break
+        positions = torch.full((3, 1), next_position + step, dtype=torch.long)
+        embeds = adapter.embed_tokens(torch.tensor([[token]]))
+        hidden = forward(adapter, cache, embeds, positions, TokenTable.text(positions))
+        logits = adapter.logits(hidden[0, -1])
+    return ids

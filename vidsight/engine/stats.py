@@ -1,0 +1,87 @@
+"""Stage timers, counters and peak memory for one request."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import resource
+import sys
+import time
+
+import torch
+
+STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
+
+
+@dataclasses.dataclass
+class AskStats:
+    """What one `ask` cost.
+
+    Attributes:
+        frames: Frames decoded and fed to the model.
+        frames_lost: Requested frames the decoder could not produce.
+        visual_tokens: Video tokens in the prompt.
+        prompt_tokens: All prompt tokens.
+        generated_tokens: Answer tokens, including the end token when one was produced.
+        stages_s: Seconds per stage: decode, preprocess, vision, prefill, generate.
+        wall_s: Seconds from start to answer.
+        peak_memory_bytes: Peak device memory on CUDA, else the process's peak resident memory.
+        device: Where the model ran.
+    """
+
+    frames: int = 0
+    frames_lost: int = 0
+    visual_tokens: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    wall_s: float = 0.0
+    peak_memory_bytes: int = 0
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class StageClock:
+    """Times named stages, waiting for queued device work so each stage is charged its own time."""
+
+    def __init__(self, stats: AskStats, device: torch.device):
+        self.stats = stats
+        self.device = device
+        self.started = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.stats.stages_s[name] += time.perf_counter() - start
+
+    def finish(self) -> AskStats:
+        self.stats.wall_s = time.perf_counter() - self.started
+        self.stats.peak_memory_bytes = peak_memory_bytes(self.device)
+        self.stats.device = device_name(self.device)
+        return self.stats
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"

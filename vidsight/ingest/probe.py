@@ -1,0 +1,69 @@
+"""`probe`: everything about a video stream that one demux pass can tell, without decoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidsight.errors import VideoError
+from vidsight.ingest.container import open_video
+from vidsight.ingest.types import VideoInfo
+
+
+def probe(path: str | Path) -> VideoInfo:
+    """Read a file's video stream layout from its packets.
+
+    Args:
+        path: A video file.
+
+    Returns:
+        The stream's codec, size, rates, timestamp table, keyframes and GOP sizes.
+
+    Raises:
+        VideoError: unreadable file, no video stream, or no timestamped video packets.
+    """
+    with open_video(path) as (container, stream):
+        pts, keyframe = [], []
+        try:
+            for packet in container.demux(stream):
+                if packet.pts is None or packet.size == 0:
+                    continue
+                pts.append(packet.pts)
+                keyframe.append(packet.is_keyframe)
+        except av.error.FFmpegError as exc:
+            if not pts:
+                raise VideoError(f"{path}: cannot read video packets ({exc.strerror or exc})") from exc
+            # A damaged tail: keep the packets read so far; decoding reports the loss.
+        if not pts:
+            raise VideoError(f"{path}: the video stream holds no frames")
+        decode_order_pts = np.asarray(pts, dtype=np.int64)
+        order = np.argsort(decode_order_pts, kind="stable")
+        pts_sorted = decode_order_pts[order]
+        is_key = np.asarray(keyframe, dtype=bool)[order]
+        if not is_key[0]:
+            # Streams cut from the middle may start on a non-key frame; decoding starts there anyway.
+            is_key[0] = True
+        time_base = stream.time_base
+        pts_s = pts_sorted.astype(np.float64) * float(time_base)
+        keyframe_indices = np.flatnonzero(is_key)
+        gop_sizes = np.diff(np.append(keyframe_indices, len(pts_s)))
+        frame_step = float(np.median(np.diff(pts_s))) if len(pts_s) > 1 else 0.0
+        duration = float(pts_s[-1] - pts_s[0]) + frame_step
+        average_fps = float(stream.average_rate) if stream.average_rate else (len(pts_s) / duration if duration else 0.0)
+        return VideoInfo(
+            path=Path(path),
+            codec=stream.codec_context.name,
+            width=stream.codec_context.width,
+            height=stream.codec_context.height,
+            average_fps=average_fps,
+            time_base=(time_base.numerator, time_base.denominator),
+            start_time_s=float(pts_s[0]),
+            duration_s=duration,
+            frame_count=len(pts_s),
+            has_b_frames=bool(np.any(np.diff(decode_order_pts) < 0)),
+            pts_s=pts_s,
+            keyframe_indices=keyframe_indices,
+            gop_sizes=gop_sizes,
+        )

@@ -1,0 +1,63 @@
+"""Choosing which frames to decode: requested times mapped onto the real timestamp table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from vidsight.errors import ConfigError
+from vidsight.ingest.types import VideoInfo
+
+# Qwen2.5-VL's own video defaults (qwen-vl-utils): 2 fps, at most 768 frames.
+DEFAULT_FPS = 2.0
+DEFAULT_MAX_FRAMES = 768
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to pick frames from a video.
+
+    Attributes:
+        fps: Requested samples per second of video time.
+        max_frames: Upper bound on samples; past it the samples are spread evenly over the video.
+    """
+
+    fps: float = DEFAULT_FPS
+    max_frames: int = DEFAULT_MAX_FRAMES
+
+    def __post_init__(self):
+        if not np.isfinite(self.fps) or self.fps <= 0:
+            raise ConfigError(f"fps must be a positive number, got {self.fps}")
+        if self.fps > 1000:
+            raise ConfigError(f"fps {self.fps} is absurd; at most 1000 samples per second are supported")
+        if self.max_frames < 1:
+            raise ConfigError(f"max_frames must be at least 1, got {self.max_frames}")
+
+
+def nearest_frames(info: VideoInfo, times_s: np.ndarray) -> np.ndarray:
+    """Index of the frame whose presentation time is nearest each requested time (ties go earlier)."""
+    pts = info.pts_s
+    if len(pts) == 1:
+        return np.zeros(len(times_s), dtype=np.int64)
+    right = np.clip(np.searchsorted(pts, times_s, side="left"), 1, len(pts) - 1)
+    left = right - 1
+    take_right = np.abs(pts[right] - times_s) < np.abs(times_s - pts[left])
+    return np.where(take_right, right, left).astype(np.int64)
+
+
+def sample_frames(info: VideoInfo, config: SamplingConfig) -> np.ndarray:
+    """Frame indices to decode, ascending and unique.
+
+    Samples are taken at ``start + k / fps``; if that gives more than ``max_frames``, the
+    ``max_frames`` times are spread evenly over the video instead. Each time is mapped to the
+    frame nearest it in the file's timestamp table, so variable frame rate and a non-zero start
+    time are handled exactly.
+    """
+    count = max(1, int(np.floor(info.duration_s * config.fps + 1e-9)))
+    if count <= config.max_frames:
+        times = info.start_time_s + np.arange(count) / config.fps
+    else:
+        step = info.duration_s / config.max_frames
+        times = info.start_time_s + (np.arange(config.max_frames) + 0.5) * step
+    return np.unique(nearest_frames(info, times))

@@ -1,0 +1,138 @@
+"""Synthetic H.264 test videos with known content: moving shapes over a static textured background."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidsight.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSpec:
+    """A generated video.
+
+    Attributes:
+        width: Frame width (even, for yuv420p).
+        height: Frame height (even).
+        fps: Nominal frame rate.
+        duration_s: Length in seconds.
+        gop: Keyframe interval in frames (scene-cut keyframes are disabled so GOPs are exact).
+        bframes: Use up to two B-frames between references.
+        variable_frame_rate: Jitter each frame's duration between 0.5x and 1.5x the nominal one.
+        start_time_s: Presentation time of the first frame.
+        square_size: Side of the moving square in pixels.
+        seed: Seeds the background texture, the frame-time jitter and the square's path.
+    """
+
+    width: int = 320
+    height: int = 240
+    fps: float = 24.0
+    duration_s: float = 2.0
+    gop: int = 12
+    bframes: bool = False
+    variable_frame_rate: bool = False
+    start_time_s: float = 0.0
+    square_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.width % 2 or self.height % 2 or not (16 <= self.width <= 4096 and 16 <= self.height <= 4096):
+            raise ConfigError(f"video size {self.width}x{self.height} must be even and between 16 and 4096")
+        if self.fps <= 0 or self.duration_s <= 0 or self.gop < 1:
+            raise ConfigError("fps, duration and gop must be positive")
+        if not 0 < self.square_size < min(self.width, self.height):
+            raise ConfigError(f"square_size {self.square_size} must fit in the frame")
+
+    @property
+    def frame_count(self) -> int:
+        return max(1, round(self.duration_s * self.fps))
+
+
+def background(spec: SyntheticSpec) -> np.ndarray:
+    """A smooth random texture, so the encoder has detail to (not) move."""
+    rng = np.random.default_rng(spec.seed)
+    coarse = rng.integers(40, 216, size=(spec.height // 8 + 2, spec.width // 8 + 2, 3)).astype(np.float32)
+    fine = np.repeat(np.repeat(coarse, 8, axis=0), 8, axis=1)[: spec.height, : spec.width]
+    return fine.astype(np.uint8)
+
+
+def square_track(spec: SyntheticSpec) -> np.ndarray:
+    """Top-left corner ``(x, y)`` of the square in each frame: a bounce along a straight line."""
+    rng = np.random.default_rng(spec.seed + 1)
+    t = np.arange(spec.frame_count, dtype=np.float64)
+    span_x, span_y = spec.width - spec.square_size, spec.height - spec.square_size
+    speed = rng.uniform(2.0, 4.0, size=2)
+    start = rng.uniform(0, 1, size=2) * (span_x, span_y)
+
+    def bounce(pos: np.ndarray, span: int) -> np.ndarray:
+        period = 2 * span
+        pos = np.mod(pos, period)
+        return np.where(pos > span, period - pos, pos)
+
+    x = bounce(start[0] + speed[0] * t, span_x)
+    y = bounce(start[1] + speed[1] * t, span_y)
+    return np.stack([x, y], axis=1).round().astype(np.int64)
+
+
+def frame_times(spec: SyntheticSpec) -> np.ndarray:
+    """Presentation time of each frame in seconds."""
+    step = np.full(spec.frame_count, 1.0 / spec.fps)
+    if spec.variable_frame_rate:
+        step *= np.random.default_rng(spec.seed + 2).uniform(0.5, 1.5, size=spec.frame_count)
+    return spec.start_time_s + np.concatenate([[0.0], np.cumsum(step[:-1])])
+
+
+def render_frame(spec: SyntheticSpec, bg: np.ndarray, corner: np.ndarray) -> np.ndarray:
+    img = bg.copy()
+    x, y = corner
+    img[y : y + spec.square_size, x : x + spec.square_size] = (230, 30, 30)
+    return img
+
+
+def make_video(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict:
+    """Render ``spec`` to an H.264 MP4 at ``path`` and return its ground truth.
+
+    Returns:
+        ``{"spec": ..., "pts_s": [...], "square_xy": [[x, y], ...], "square_size": n}``, one
+        entry per frame in presentation order; also written as JSON next to the video.
+    """
+    path = Path(path)
+    time_base = Fraction(1, 90000)
+    times = frame_times(spec)
+    track = square_track(spec)
+    bg = background(spec)
+    with av.open(str(path), mode="w") as out:
+        stream = out.add_stream("libx264", rate=Fraction(spec.fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
+        stream.time_base = time_base
+        stream.codec_context.time_base = time_base
+        stream.options = {
+            "g": str(spec.gop),
+            "keyint_min": str(spec.gop),
+            "sc_threshold": "0",
+            "bf": "2" if spec.bframes else "0",
+            "preset": "veryfast",
+            "crf": "18",
+        }
+        for t, corner in zip(times, track):
+            frame = av.VideoFrame.from_ndarray(render_frame(spec, bg, corner), format="rgb24")
+            frame.pts = round(t / time_base)
+            frame.time_base = time_base
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    truth = {
+        "spec": dataclasses.asdict(spec),
+        "pts_s": times.tolist(),
+        "square_xy": track.tolist(),
+        "square_size": spec.square_size,
+    }
+    path.with_suffix(".json").write_text(json.dumps(truth))
+    return truth

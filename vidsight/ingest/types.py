@@ -1,0 +1,110 @@
+"""Plain data produced by the ingest layer."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoInfo:
+    """What one demux pass learns about a file's video stream.
+
+    Attributes:
+        path: The file probed.
+        codec: FFmpeg decoder name, e.g. ``"h264"``.
+        width: Coded frame width in pixels.
+        height: Coded frame height in pixels.
+        average_fps: Frames per second averaged over the stream.
+        time_base: Stream time base as ``(numerator, denominator)``.
+        start_time_s: Presentation time of the first frame, in seconds.
+        duration_s: From the first frame's start to the last frame's end, in seconds.
+        frame_count: Frames in the stream (one per packet with a timestamp).
+        has_b_frames: Whether any frame is presented before a frame decoded earlier.
+        pts_s: Presentation time of every frame in presentation order, in seconds.
+        keyframe_indices: Frame indices (presentation order) of the keyframes.
+        gop_sizes: Frames from each keyframe up to the next one (or the end).
+    """
+
+    path: Path
+    codec: str
+    width: int
+    height: int
+    average_fps: float
+    time_base: tuple[int, int]
+    start_time_s: float
+    duration_s: float
+    frame_count: int
+    has_b_frames: bool
+    pts_s: np.ndarray
+    keyframe_indices: np.ndarray
+    gop_sizes: np.ndarray
+
+    @property
+    def keyframe_times_s(self) -> np.ndarray:
+        return self.pts_s[self.keyframe_indices]
+
+    def gop_index_of(self, frame_indices: np.ndarray) -> np.ndarray:
+        """GOP number (0-based) of each frame index."""
+        return np.searchsorted(self.keyframe_indices, frame_indices, side="right") - 1
+
+    def to_dict(self) -> dict:
+        return {
+            "path": str(self.path),
+            "codec": self.codec,
+            "width": self.width,
+            "height": self.height,
+            "average_fps": self.average_fps,
+            "time_base": f"{self.time_base[0]}/{self.time_base[1]}",
+            "start_time_s": self.start_time_s,
+            "duration_s": self.duration_s,
+            "frame_count": self.frame_count,
+            "has_b_frames": self.has_b_frames,
+            "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
+            "gop_sizes": [int(g) for g in self.gop_sizes],
+        }
+
+
+@dataclasses.dataclass
+class CodecInfo:
+    """What the codec knows about one decoded frame.
+
+    Attributes:
+        frame_type: ``"I"``, ``"P"`` or ``"B"`` (``"?"`` when the decoder does not say).
+        gop_index: Which GOP (counted from 0 in presentation order) holds the frame.
+        motion: Motion-vector magnitude in pixels per 4x4 block, shape ``(2, ceil(H/4), ceil(W/4))``:
+            channel 0 from past references, channel 1 from future ones (B-frames), each block
+            holding the largest magnitude of any vector whose destination covers it. ``None``
+            when the codec exports no vectors (codecs other than H.264, or vectors not asked for).
+    """
+
+    frame_type: str
+    gop_index: int
+    motion: np.ndarray | None = None
+
+    MOTION_BLOCK = 4
+
+
+@dataclasses.dataclass
+class FrameBatch:
+    """Decoded frames in presentation order.
+
+    Attributes:
+        data: ``uint8`` tensor of shape ``(T, H, W, 3)``, RGB.
+        pts_s: Presentation time of each frame in seconds, shape ``(T,)``, float64.
+        indices: Frame index of each frame in the stream's presentation order, shape ``(T,)``.
+        codec: Per-frame codec information, same length as ``data`` (empty if not asked for).
+        frames_lost: Requested frames the decoder could not produce (corrupt data).
+    """
+
+    data: torch.Tensor
+    pts_s: torch.Tensor
+    indices: torch.Tensor
+    codec: list[CodecInfo] = dataclasses.field(default_factory=list)
+    frames_lost: int = 0
+
+    def __len__(self) -> int:
+        return self.data.shape[0]

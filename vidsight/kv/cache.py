@@ -1,0 +1,111 @@
+"""The KV cache as data: preallocated per-layer keys and values, and what each slot holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vidsight.errors import ConfigError
+
+TEXT, VIDEO = 0, 1
+
+
+@dataclasses.dataclass
+class TokenTable:
+    """One row per cached token: the single source of truth for where each token came from.
+
+    Attributes:
+        kind: ``TEXT`` or ``VIDEO``, shape ``(n,)``.
+        frame_index: Stream frame index of the temporal patch's first frame (-1 for text).
+        time_s: Presentation time of that frame in seconds (NaN for text).
+        grid: ``(n, 3)`` merged grid cell (t, h, w) of a video token (-1 for text).
+        position: ``(n, 3)`` M-RoPE position (temporal, height, width) the key was rotated with.
+    """
+
+    kind: torch.Tensor
+    frame_index: torch.Tensor
+    time_s: torch.Tensor
+    grid: torch.Tensor
+    position: torch.Tensor
+
+    @classmethod
+    def empty(cls) -> "TokenTable":
+        return cls(
+            kind=torch.empty(0, dtype=torch.int8),
+            frame_index=torch.empty(0, dtype=torch.long),
+            time_s=torch.empty(0, dtype=torch.float64),
+            grid=torch.empty((0, 3), dtype=torch.long),
+            position=torch.empty((0, 3), dtype=torch.long),
+        )
+
+    @classmethod
+    def text(cls, positions: torch.Tensor) -> "TokenTable":
+        """Rows for text tokens at ``(3, n)`` positions."""
+        n = positions.shape[1]
+        return cls(
+            kind=torch.full((n,), TEXT, dtype=torch.int8),
+            frame_index=torch.full((n,), -1, dtype=torch.long),
+            time_s=torch.full((n,), float("nan"), dtype=torch.float64),
+            grid=torch.full((n, 3), -1, dtype=torch.long),
+            position=positions.T.cpu().long(),
+        )
+
+    def __len__(self) -> int:
+        return self.kind.shape[0]
+
+    def __getitem__(self, index) -> "TokenTable":
+        return TokenTable(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
+
+    @staticmethod
+    def concat(tables: list["TokenTable"]) -> "TokenTable":
+        return TokenTable(*(torch.cat([getattr(t, f.name) for t in tables]) for f in dataclasses.fields(TokenTable)))
+
+
+class KVCache:
+    """Keys and values of every layer in one preallocated buffer.
+
+    ``keys[layer]`` and ``values[layer]`` are ``(1, kv_heads, capacity, head_dim)``; the first
+    ``length`` slots are filled. Keys are stored rotated at their token's position.
+
+    Args:
+        num_layers: Decoder layers.
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Channels per head.
+        capacity: Slots to allocate (prompt plus generated tokens).
+        dtype: Storage dtype.
+        device: Storage device.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device):
+        if capacity < 1:
+            raise ConfigError(f"KV cache capacity must be positive, got {capacity}")
+        shape = (num_layers, 1, num_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+        self.tokens = TokenTable.empty()
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a chunk's ``(1, kv_heads, n, head_dim)`` keys and values after the filled slots.
+
+        Returns:
+            Views of all keys and values up to and including the chunk.
+        """
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ConfigError(f"KV cache full: {end} tokens exceed its capacity of {self.capacity}")
+        self.keys[layer, :, :, self.length : end] = k
+        self.values[layer, :, :, self.length : end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def commit(self, rows: TokenTable) -> None:
+        """Mark a chunk written to every layer as filled, recording what its tokens are."""
+        self.length += len(rows)
+        self.tokens = TokenTable.concat([self.tokens, rows])

@@ -1,0 +1,137 @@
+"""Loading a VLM from a Hugging Face id or a local directory, through one path for every checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from vidsight.errors import ModelError
+from vidsight.models.base import VisionSpec
+from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
+
+log = logging.getLogger(__name__)
+
+# qwen-vl-utils' video defaults: per-frame pixel bounds and a budget for the whole video.
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
+# OpenAI CLIP's normalisation, which Qwen's processors use.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter}
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
+
+
+def _read_json(source: str, filename: str) -> dict:
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        found = None
+    return json.loads(Path(found).read_text()) if found else {}
+
+
+def _read_text(source: str, filename: str) -> str | None:
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        found = None
+    return Path(found).read_text() if found else None
+
+
+def _vision_spec(source: str, config) -> VisionSpec:
+    image = _read_json(source, "preprocessor_config.json")
+    video = _read_json(source, "video_preprocessor_config.json")
+    size = video.get("size") or {}
+    vc = config.vision_config
+    return VisionSpec(
+        patch_size=vc.patch_size,
+        temporal_patch_size=vc.temporal_patch_size,
+        merge_size=vc.spatial_merge_size,
+        image_mean=tuple(image.get("image_mean", CLIP_MEAN)),
+        image_std=tuple(image.get("image_std", CLIP_STD)),
+        min_pixels=int(video.get("min_pixels") or size.get("shortest_edge") or VIDEO_MIN_PIXELS),
+        max_pixels=int(video.get("max_pixels") or size.get("longest_edge") or VIDEO_MAX_PIXELS),
+        total_pixels=int(video.get("total_pixels") or VIDEO_TOTAL_PIXELS),
+        tokens_per_second=float(vc.tokens_per_second),
+    )
+
+
+def _chat_template(source: str, tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        return template
+    template = _read_text(source, "chat_template.jinja")
+    if template:
+        return template
+    template = _read_json(source, "chat_template.json").get("chat_template")
+    if template:
+        return template
+    raise ModelError(f"{source}: no chat template (chat_template.jinja, chat_template.json or tokenizer_config)")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+    """Load a supported VLM and wrap it in its family's adapter.
+
+    Args:
+        name: A Hugging Face model id or a local checkpoint directory.
+        device: Where to run; CUDA when available, else CPU.
+        dtype: Weight dtype; bfloat16 on CUDA, float32 on CPU by default.
+
+    Raises:
+        ModelError: the directory is missing or not a checkpoint, the id cannot be fetched, or the
+            model family is not supported.
+    """
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
+
+    source = str(Path(name).expanduser()) if _looks_like_path(str(name)) else str(name)
+    if _looks_like_path(str(name)):
+        path = Path(source)
+        if not path.is_dir():
+            raise ModelError(f"{name}: no such model directory")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{name}: not a model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"{name}: cannot load model config ({str(exc).splitlines()[0]})") from exc
+    adapter_cls = ADAPTERS.get(config.model_type)
+    if adapter_cls is None:
+        raise ModelError(f"{name}: model type '{config.model_type}' is not supported (supported: {', '.join(ADAPTERS)})")
+    device = torch.device(device) if device else default_device()
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: cannot load weights or tokenizer ({str(exc).splitlines()[0]})") from exc
+    model.to(device).eval()
+    eos = set()
+    try:
+        generation = GenerationConfig.from_pretrained(source)
+        eos.update(_as_ids(generation.eos_token_id))
+    except OSError:
+        log.debug("%s: no generation_config.json", name)
+    eos.update(_as_ids(config.text_config.eos_token_id))
+    eos.update(_as_ids(tokenizer.eos_token_id))
+    return adapter_cls(str(name), model, tokenizer, _chat_template(source, tokenizer), _vision_spec(source, config), eos)
+
+
+def _as_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

@@ -1,0 +1,110 @@
+"""A random-weight Qwen2.5-VL checkpoint of the real architecture, written without any download.
+
+The directory has the layout of a Hugging Face checkpoint (config, safetensors weights,
+tokenizer, chat template, preprocessor configs) and loads through `load_model` exactly like a
+real one. Its answers are noise; it exists to exercise the machinery.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from vidsight.models.loading import CLIP_MEAN, CLIP_STD
+
+# Qwen2-VL's special tokens, in their published order.
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+]
+
+# The Qwen2-VL chat format: a default system turn, vision placeholders inside user turns.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TINY_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]})
+TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                   patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                   fullatt_block_indexes=[1], tokens_per_second=2)
+# Small frames keep the tiny model fast: at most 224x224 per frame, at least 56x56.
+TINY_VIDEO_PIXELS = dict(min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 256)
+
+
+def _byte_vocab() -> dict[str, int]:
+    """GPT-2's byte-to-printable-character table: every byte is one token, so any text encodes."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {chars[b]: b for b in range(256)}
+
+
+def build_tiny_tokenizer():
+    from transformers import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer(vocab=_byte_vocab(), merges=[], eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                               unk_token="<|endoftext|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight Qwen2.5-VL checkpoint to ``directory``.
+
+    Args:
+        directory: Created if missing.
+        seed: Seeds the weight initialisation; the same seed gives the same weights.
+
+    Returns:
+        The directory.
+    """
+    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(TINY_TEXT, vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
+                         eos_token_id=ids["<|im_end|>"]),
+        vision_config=TINY_VISION,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    model.save_pretrained(directory)
+    GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+                     pad_token_id=ids["<|endoftext|>"]).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "temporal_patch_size": 2,
+                    "merge_size": 2, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
+                    "min_pixels": 56 * 56, "max_pixels": 224 * 224}
+    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    video = dict(preprocessor, video_processor_type="Qwen2VLVideoProcessor", **TINY_VIDEO_PIXELS)
+    video.pop("image_processor_type")
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    return directory

@@ -1,0 +1,5 @@
+"""Frames to visual tokens."""
+
+from vidsight.vision.preprocess import VideoInput, preprocess_video, smart_resize
+
+__all__ = ["VideoInput", "preprocess_video", "smart_resize"]
