@@ -55,11 +55,17 @@ class SyntheticSpec:
 
 
 def background(spec: SyntheticSpec) -> np.ndarray:
-    """A smooth random texture, so the encoder has detail to (not) move."""
+    """A static texture with detail at every scale, so any wrong motion vector costs the encoder bits."""
     rng = np.random.default_rng(spec.seed)
-    coarse = rng.integers(40, 216, size=(spec.height // 8 + 2, spec.width // 8 + 2, 3)).astype(np.float32)
-    fine = np.repeat(np.repeat(coarse, 8, axis=0), 8, axis=1)[: spec.height, : spec.width]
-    return fine.astype(np.uint8)
+    coarse = rng.uniform(40, 215, size=(spec.height // 16 + 2, spec.width // 16 + 2, 3))
+    ys = np.linspace(0, coarse.shape[0] - 1.001, spec.height)
+    xs = np.linspace(0, coarse.shape[1] - 1.001, spec.width)
+    y0, x0 = ys.astype(int), xs.astype(int)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    smooth = (coarse[y0][:, x0] * (1 - fy) * (1 - fx) + coarse[y0 + 1][:, x0] * fy * (1 - fx)
+              + coarse[y0][:, x0 + 1] * (1 - fy) * fx + coarse[y0 + 1][:, x0 + 1] * fy * fx)
+    grain = rng.normal(0, 12, size=(spec.height, spec.width, 1))
+    return np.clip(smooth + grain, 0, 255).astype(np.uint8)
 
 
 def square_track(spec: SyntheticSpec) -> np.ndarray:

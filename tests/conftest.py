@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny random-weight checkpoint and synthetic videos, made once per run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidsight.ingest import SyntheticSpec, make_video
+from vidsight.models import load_model, write_tiny_model
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "needs_cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tiny_model_dir):
+    return load_model(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def make_test_video(tmp_path_factory):
+    """``make_test_video(**spec_fields) -> (path, truth)``, cached per distinct spec."""
+    root = tmp_path_factory.mktemp("videos")
+    cache: dict[SyntheticSpec, tuple] = {}
+
+    def make(**fields):
+        spec = SyntheticSpec(**fields)
+        if spec not in cache:
+            path = root / f"video{len(cache)}.mp4"
+            cache[spec] = (path, make_video(path, spec))
+        return cache[spec]
+
+    return make

@@ -1,0 +1,34 @@
+import numpy as np
+import pytest
+
+from vidsight.ingest import probe
+
+
+@pytest.mark.parametrize("bframes", [False, True])
+def test_probe_reports_layout_of_generated_video(make_test_video, bframes):
+    path, truth = make_test_video(width=320, height=240, fps=24, duration_s=2.0, gop=10, bframes=bframes)
+    info = probe(path)
+    assert (info.codec, info.width, info.height) == ("h264", 320, 240)
+    assert info.frame_count == 48
+    assert info.average_fps == pytest.approx(24.0)
+    assert info.duration_s == pytest.approx(2.0)
+    assert info.has_b_frames is bframes
+    np.testing.assert_allclose(info.pts_s, truth["pts_s"], atol=1e-4)
+    np.testing.assert_array_equal(info.keyframe_indices, [0, 10, 20, 30, 40])
+    np.testing.assert_array_equal(info.gop_sizes, [10, 10, 10, 10, 8])
+    np.testing.assert_allclose(info.keyframe_times_s, np.array([0, 10, 20, 30, 40]) / 24, atol=1e-4)
+
+
+def test_probe_keeps_nonzero_start_and_variable_frame_rate(make_test_video):
+    path, truth = make_test_video(duration_s=2.0, variable_frame_rate=True, start_time_s=3.25, seed=5)
+    info = probe(path)
+    assert info.start_time_s == pytest.approx(3.25, abs=1e-4)
+    np.testing.assert_allclose(info.pts_s, truth["pts_s"], atol=1e-4)
+    steps = np.diff(info.pts_s)
+    assert steps.max() > 1.3 * steps.min()
+
+
+def test_gop_index_of_frames(make_test_video):
+    path, _ = make_test_video(fps=24, duration_s=2.0, gop=10)
+    info = probe(path)
+    np.testing.assert_array_equal(info.gop_index_of(np.array([0, 9, 10, 47])), [0, 0, 1, 4])

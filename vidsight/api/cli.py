@@ -1,0 +1,135 @@
+"""`vidsight`: the command-line tool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from vidsight.errors import VidsightError
+
+EXIT_BAD_INPUT = 2
+
+
+def _positive_float(text: str) -> float:
+    # Range checks live in the config dataclasses; this only parses.
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vidsight.engine import DEFAULT_MODEL, GenerationConfig, PrefillConfig
+    from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+
+    parser = argparse.ArgumentParser(prog="vidsight", description="Video understanding with vision-language models.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ask = commands.add_parser("ask", help="answer a question about a video file")
+    ask.add_argument("video", help="video file")
+    ask.add_argument("question", help="the question, in quotes")
+    ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
+    ask.add_argument("--fps", type=_positive_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
+    ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
+    ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
+    ask.add_argument("--temperature", type=_positive_float, default=0.0, help="0 (default) is greedy; above 0 samples")
+    ask.add_argument("--top-p", type=_positive_float, default=1.0, help="nucleus mass when sampling")
+    ask.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ask.add_argument("--chunk-frames", type=int, default=PrefillConfig.chunk_frames, help="video frames per prefill chunk (0: one chunk)")
+    ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    probe = commands.add_parser("probe", help="describe a video's stream without decoding it")
+    probe.add_argument("video")
+    probe.add_argument("--json", action="store_true", help="print JSON")
+
+    model = commands.add_parser("model", help="model utilities")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    tiny = model_commands.add_parser("tiny", help="write a tiny random-weight Qwen2.5-VL checkpoint (no download)")
+    tiny.add_argument("directory")
+    tiny.add_argument("--seed", type=int, default=0)
+
+    demo = commands.add_parser("demo", help="generate a sample video and ask about it")
+    demo.add_argument("--out", default="out/demo", help="where the video and model go (default: out/demo)")
+    demo.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _run_ask(args) -> int:
+    from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+    from vidsight.ingest import SamplingConfig
+
+    sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.seed)
+    prefill = PrefillConfig(chunk_frames=args.chunk_frames)
+    result = Asker(args.model, device=args.device).ask(args.video, args.question, sampling, generation, prefill,
+                                                       progress=sys.stderr.isatty() and not args.json)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(result.answer)
+        s = result.stats
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
+        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens, {s.generated_tokens} generated; {stages}; "
+              f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
+    return 0
+
+
+def _run_probe(args) -> int:
+    from vidsight.ingest import probe
+
+    info = probe(args.video).to_dict()
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            if isinstance(value, list) and len(value) > 12:
+                value = f"{value[:12]}... ({len(value)} in all)"
+            print(f"{key:>16}: {value}")
+    return 0
+
+
+def _run_model(args) -> int:
+    from vidsight.models import write_tiny_model
+
+    print(write_tiny_model(args.directory, seed=args.seed))
+    return 0
+
+
+def _run_demo(args) -> int:
+    from vidsight.api.demo import run_demo
+
+    return run_demo(args.out, as_json=args.json)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
+    if not args.debug:
+        _quiet_transformers()
+    handlers = {"ask": _run_ask, "probe": _run_probe, "model": _run_model, "demo": _run_demo}
+    try:
+        return handlers[args.command](args)
+    except VidsightError as exc:
+        if args.debug:
+            raise
+        print(f"vidsight: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
