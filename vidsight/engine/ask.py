@@ -57,6 +57,13 @@ def video_rows(frames: FrameBatch, video: VideoInput, merge_size: int, positions
     )
 
 
+@dataclasses.dataclass
+class _Prefilled:
+    cache: KVCache
+    logits: torch.Tensor
+    next_position: int
+
+
 class Asker:
     """A loaded model that answers questions about video files.
 
@@ -79,13 +86,35 @@ class Asker:
         progress: bool = False,
     ) -> AskResult:
         """Answer ``question`` about the video file ``video``."""
+        clock = StageClock(AskStats(), self.adapter.device)
+        state = self._prefill(video, question, sampling, prefill, generation.max_new_tokens, clock, progress)
+        with clock.stage("generate"):
+            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
+                      leave=False) as bar:
+                ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
+                               on_token=lambda n: bar.update(1))
+        clock.stats.generated_tokens = len(ids)
+        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
+
+    def prefill_logits(
+        self,
+        video: str | Path,
+        question: str,
+        sampling: SamplingConfig = SamplingConfig(),
+        prefill: PrefillConfig = PrefillConfig(),
+    ) -> torch.Tensor:
+        """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
+        clock = StageClock(AskStats(), self.adapter.device)
+        return self._prefill(video, question, sampling, prefill, 1, clock, progress=False).logits
+
+    def _prefill(self, video, question, sampling, prefill, max_new_tokens, clock: StageClock, progress: bool
+                 ) -> _Prefilled:
+        """Decode, preprocess, encode and prefill; the cache has room for ``max_new_tokens`` more."""
         if not question or not question.strip():
             raise ConfigError("the question is empty")
         if len(question) > MAX_QUESTION_CHARS:
             raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
-        adapter = self.adapter
-        stats = AskStats()
-        clock = StageClock(stats, adapter.device)
+        adapter, stats = self.adapter, clock.stats
 
         with clock.stage("decode"):
             info = probe(video)
@@ -93,7 +122,7 @@ class Asker:
             with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
                 frames = decode_frames(video, indices, DecodeConfig(), info, on_frame=lambda n: bar.update(n - bar.n))
         stats.frames, stats.frames_lost = len(frames), frames.frames_lost
-        # Seconds between sampled frames, as the model's temporal positions need it.
+        # The model's temporal positions need the seconds between sampled frames.
         sampled_fps = len(indices) / info.duration_s
 
         with clock.stage("preprocess"):
@@ -106,32 +135,26 @@ class Asker:
             second_per_grid_t = adapter.vision.temporal_patch_size / sampled_fps
             vpos = adapter.video_positions(video_input.grid_thw, second_per_grid_t, layout.video_start)
             positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, vpos)
+            video_end = layout.video_start + layout.video_tokens
             rows = TokenTable.concat([
                 TokenTable.text(positions[:, : layout.video_start]),
                 video_rows(frames, video_input, adapter.vision.merge_size, vpos),
-                TokenTable.text(positions[:, layout.video_start + layout.video_tokens :]),
+                TokenTable.text(positions[:, video_end:]),
             ])
             cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
-                            len(layout.input_ids) + generation.max_new_tokens, adapter.dtype, adapter.device)
+                            len(layout.input_ids) + max_new_tokens, adapter.dtype, adapter.device)
             with torch.inference_mode():
                 embeds = adapter.embed_tokens(layout.input_ids[None])
-                span = slice(layout.video_start, layout.video_start + layout.video_tokens)
-                embeds[0, span] = video_embeds
+                embeds[0, layout.video_start : video_end] = video_embeds
             tokens_per_frame = layout.video_tokens // video_input.frames
-            chunks = chunk_bounds(len(layout.input_ids), layout.video_start, layout.video_tokens,
-                                  tokens_per_frame * _round_up(prefill.chunk_frames, adapter.vision.temporal_patch_size))
+            chunk_tokens = tokens_per_frame * _round_up(prefill.chunk_frames, adapter.vision.temporal_patch_size)
+            chunks = chunk_bounds(len(layout.input_ids), layout.video_start, layout.video_tokens, chunk_tokens)
             for lo, hi in tqdm(chunks, desc="prefill", unit="chunk", disable=not progress, leave=False):
                 hidden = forward(adapter, cache, embeds[:, lo:hi], positions[:, lo:hi], rows[lo:hi])
             with torch.inference_mode():
                 logits = adapter.logits(hidden[0, -1])
         stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(layout.input_ids)
-
-        with clock.stage("generate"):
-            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
-                      leave=False) as bar:
-                ids = generate(adapter, cache, logits, next_position, generation, on_token=lambda n: bar.update(1))
-        stats.generated_tokens = len(ids)
-        return AskResult(answer=adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
+        return _Prefilled(cache, logits, next_position)
 
 
 def _round_up(value: int, multiple: int) -> int:

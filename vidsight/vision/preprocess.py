@@ -63,15 +63,22 @@ def frame_pixel_budget(spec: VisionSpec, frames: int) -> int:
 
 
 def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bicubic antialiased resize of ``(T, H, W, 3)`` uint8 frames to ``(T, 3, h, w)`` uint8."""
+    """Bicubic antialiased resize of ``(T, H, W, 3)`` uint8 frames to ``(T, 3, h, w)`` uint8.
+
+    On the CPU torch resamples uint8 with PIL's own fixed-point algorithm (within one intensity
+    step of PIL, which Qwen's image processor uses); on other devices it resamples in float.
+    """
     chw = frames.permute(0, 3, 1, 2)
     if tuple(chw.shape[-2:]) == tuple(size):
         return chw.contiguous()
     out = torch.empty((chw.shape[0], 3, *size), dtype=torch.uint8, device=frames.device)
     for i in range(0, chw.shape[0], RESIZE_CHUNK_FRAMES):
-        chunk = chw[i : i + RESIZE_CHUNK_FRAMES].float()
-        resized = F.interpolate(chunk, size=size, mode="bicubic", antialias=True, align_corners=False)
-        out[i : i + RESIZE_CHUNK_FRAMES] = resized.round_().clamp_(0, 255).to(torch.uint8)
+        chunk = chw[i : i + RESIZE_CHUNK_FRAMES]
+        if frames.device.type == "cpu":
+            out[i : i + RESIZE_CHUNK_FRAMES] = F.interpolate(chunk, size=size, mode="bicubic", antialias=True)
+        else:
+            resized = F.interpolate(chunk.float(), size=size, mode="bicubic", antialias=True, align_corners=False)
+            out[i : i + RESIZE_CHUNK_FRAMES] = resized.round_().clamp_(0, 255).to(torch.uint8)
     return out
 
 

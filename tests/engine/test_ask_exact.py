@@ -1,0 +1,101 @@
+"""Full-compute `ask` against transformers' own `generate` on the same frames and prompt."""
+
+import pytest
+import torch
+
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.vision import preprocess_video
+
+QUESTION = "What colour is the square?"
+NEW_TOKENS = 12
+
+
+def reference_inputs(adapter, path, sampling):
+    """The inputs `ask` builds, in transformers' form: same frames, pixel values and prompt."""
+    info = probe(path)
+    indices = sample_frames(info, sampling)
+    video = preprocess_video(decode_frames(path, indices, info=info).data, adapter.vision)
+    tokens = video.pixel_values.shape[0] // adapter.vision.merge_size**2
+    ids = adapter.build_prompt(QUESTION, tokens).input_ids[None]
+    return dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pixel_values_videos=video.pixel_values,
+        video_grid_thw=torch.tensor([video.grid_thw]),
+        second_per_grid_ts=torch.tensor([adapter.vision.temporal_patch_size * info.duration_s / len(indices)]),
+        mm_token_type_ids=(ids == adapter.video_token_id).int() * 2,
+    ), video
+
+
+# Short enough that transformers' text positions after the video agree with Qwen's rule
+# (see vidsight/models/positions.py), so its `generate` is a valid reference end to end.
+CASES = [
+    ("odd frames, B-frames, 320x240", dict(width=320, height=240, duration_s=2.5, bframes=True), 2.0),
+    ("even frames, no B-frames, 320x240", dict(width=320, height=240, duration_s=2.0, bframes=False), 4.0),
+    ("odd frames, no B-frames, 176x144", dict(width=176, height=144, duration_s=1.5, bframes=False), 2.0),
+    ("even frames, B-frames, 176x144", dict(width=176, height=144, duration_s=3.0, bframes=True, seed=2), 4.0),
+]
+
+
+@pytest.mark.parametrize("name,fields,fps", CASES, ids=[c[0] for c in CASES])
+def test_greedy_answer_equals_transformers_generate(tiny_adapter, make_test_video, name, fields, fps):
+    path, _ = make_test_video(**fields)
+    sampling = SamplingConfig(fps=fps)
+    result = Asker(tiny_adapter).ask(path, QUESTION, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS),
+                                     PrefillConfig(chunk_frames=2))
+    inputs, video = reference_inputs(tiny_adapter, path, sampling)
+    assert result.stats.frames % 2 == (0 if "even" in name else 1)
+    assert result.stats.visual_tokens == video.pixel_values.shape[0] // 4
+    out = tiny_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                      output_logits=True, return_dict_in_generate=True)
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert result.token_ids == expected
+    assert result.stats.generated_tokens == len(expected)
+
+
+def test_first_token_logits_match_transformers(tiny_adapter, make_test_video):
+    path, _ = make_test_video(**CASES[0][1])
+    inputs, _ = reference_inputs(tiny_adapter, path, SamplingConfig(fps=2.0))
+    with torch.inference_mode():
+        reference = tiny_adapter.model(**inputs).logits[0, -1]
+    asker = Asker(tiny_adapter)
+    for chunk_frames in [0, 2]:
+        ours = asker.prefill_logits(path, QUESTION, SamplingConfig(fps=2.0), PrefillConfig(chunk_frames=chunk_frames))
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_adapter, make_test_video):
+    """Beyond the short regime, feed transformers the positions of Qwen's rule explicitly."""
+    path, _ = make_test_video(width=176, height=144, duration_s=12.0)
+    sampling = SamplingConfig(fps=2.0)
+    inputs, video = reference_inputs(tiny_adapter, path, sampling)
+    layout_start = int(torch.nonzero(inputs["input_ids"][0] == tiny_adapter.video_token_id)[0])
+    from vidsight.models.positions import prompt_positions
+
+    vpos = tiny_adapter.video_positions(video.grid_thw, float(inputs["second_per_grid_ts"][0]), layout_start)
+    positions, _ = prompt_positions(inputs["input_ids"].shape[1], layout_start, vpos)
+    with torch.inference_mode():
+        reference = tiny_adapter.model(**inputs, position_ids=positions[:, None, :]).logits[0, -1]
+    ours = Asker(tiny_adapter).prefill_logits(path, QUESTION, sampling, PrefillConfig(chunk_frames=4))
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prefill_gives_the_same_answer(tiny_adapter, make_test_video):
+    path, _ = make_test_video(width=176, height=144, duration_s=6.0)
+    asker = Asker(tiny_adapter)
+    answers = [asker.ask(path, QUESTION, prefill=PrefillConfig(chunk_frames=c),
+                         generation=GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids for c in (0, 2, 6)]
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_adapter, make_test_video):
+    path, _ = make_test_video(**CASES[2][1])
+    asker = Asker(tiny_adapter)
+
+    def sample(seed):
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, seed=seed)
+        return asker.ask(path, QUESTION, generation=config).token_ids
+
+    assert sample(3) == sample(3)
+    assert sample(3) != sample(4)
