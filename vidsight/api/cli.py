@@ -106,11 +106,15 @@ def _run_demo(args) -> int:
     return run_demo(args.out, as_json=args.json)
 
 
-def _quiet_transformers() -> None:
+def _quiet_libraries() -> None:
+    """Silence transformers' load bars and FFmpeg's decoder chatter: vidsight reports losses itself."""
+    import av
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    av.logging.set_level(av.logging.PANIC)
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
-        _quiet_transformers()
+        _quiet_libraries()
     handlers = {"ask": _run_ask, "probe": _run_probe, "model": _run_model, "demo": _run_demo}
     try:
         return handlers[args.command](args)

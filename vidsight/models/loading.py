@@ -98,17 +98,19 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
     """
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
 
-    source = str(Path(name).expanduser()) if _looks_like_path(str(name)) else str(name)
-    if _looks_like_path(str(name)):
-        path = Path(source)
+    source = str(name)
+    if _looks_like_path(source):
+        path = Path(source).expanduser()
         if not path.is_dir():
             raise ModelError(f"{name}: no such model directory")
         if not (path / "config.json").is_file():
             raise ModelError(f"{name}: not a model directory (no config.json)")
+        source = str(path)
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"{name}: cannot load model config ({str(exc).splitlines()[0]})") from exc
+        hint = "" if Path(source).is_dir() else "; without network access, pass a local checkpoint directory"
+        raise ModelError(f"{name}: cannot load model config ({str(exc).splitlines()[0]}){hint}") from exc
     adapter_cls = ADAPTERS.get(config.model_type)
     if adapter_cls is None:
         raise ModelError(f"{name}: model type '{config.model_type}' is not supported (supported: {', '.join(ADAPTERS)})")

@@ -1,0 +1,129 @@
+"""The CLI as a user meets it: JSON output, exit statuses and messages for bad input."""
+
+import json
+import subprocess
+import sys
+
+import av
+import numpy as np
+import pytest
+
+from vidsight.api.cli import main
+
+STAGES = {"decode", "preprocess", "vision", "prefill", "generate"}
+
+
+def run_cli(*args):
+    """Run the CLI in a fresh interpreter, as a user would."""
+    return subprocess.run([sys.executable, "-m", "vidsight.api.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_ask_json_on_60_second_640x360_video(make_test_video, tiny_model_dir):
+    path, _ = make_test_video(width=640, height=360, fps=24, duration_s=60.0, gop=16, bframes=True)
+    done = run_cli("ask", path, "What colour is the square?", "--model", tiny_model_dir, "--fps", 2,
+                   "--max-new-tokens", 8, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    stats = report["stats"]
+    assert isinstance(report["answer"], str)
+    assert stats["frames"] == 120
+    assert set(stats["stages_s"]) == STAGES and all(v > 0 for v in stats["stages_s"].values())
+    assert stats["visual_tokens"] > 0 and stats["prompt_tokens"] > stats["visual_tokens"]
+    assert 1 <= stats["generated_tokens"] <= 8
+    assert stats["peak_memory_bytes"] > 0 and stats["device"] == "cpu"
+
+
+def test_probe_json(make_test_video, capsys):
+    path, _ = make_test_video(fps=24, duration_s=2.0, gop=12)
+    assert main(["probe", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["frame_count"] == 48 and info["gop_sizes"] == [12, 12, 12, 12] and info["codec"] == "h264"
+
+
+def test_model_tiny_writes_a_loadable_checkpoint(tmp_path, capsys):
+    assert main(["model", "tiny", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+
+
+# -- bad input: VidsightError naming the input, exit status 2, no traceback ---------------------
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, make_test_video):
+    root = tmp_path_factory.mktemp("bad")
+    good, _ = make_test_video(duration_s=4.0, bframes=True)
+    data = good.read_bytes()
+    files = {"missing": root / "missing.mp4", "empty": root / "empty.mp4", "text": root / "notes.mp4",
+             "truncated": root / "truncated.mp4", "audio": root / "audio.m4a"}
+    files["empty"].write_bytes(b"")
+    files["text"].write_text("this is not a video\n" * 20)
+    files["truncated"].write_bytes(data[: len(data) // 2])
+    with av.open(str(files["audio"]), "w") as out:
+        stream = out.add_stream("aac", rate=16000)
+        for i in range(20):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return files
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("missing", "no such file"), ("empty", "empty"), ("text", "not a readable video"),
+    ("truncated", "not a readable video"), ("audio", "no video stream"),
+])
+def test_bad_video_files(bad_files, tiny_model_dir, capsys, kind, message):
+    path = bad_files[kind]
+    code = main(["ask", str(path), "What?", "--model", str(tiny_model_dir)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert str(path) in err and message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--fps", "0"], "fps"), (["--fps", "-2"], "fps"), (["--max-frames", "0"], "max_frames"),
+    (["--max-new-tokens", "0"], "max_new_tokens"), (["--chunk-frames", "-1"], "chunk_frames"),
+])
+def test_nonsensical_flags(make_test_video, tiny_model_dir, capsys, flags, message):
+    path, _ = make_test_video(duration_s=1.0)
+    code = main(["ask", str(path), "What?", "--model", str(tiny_model_dir), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unknown_model_directory(make_test_video, tmp_path, capsys):
+    path, _ = make_test_video(duration_s=1.0)
+    code = main(["ask", str(path), "What?", "--model", str(tmp_path / "no-model")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no-model" in err and "no such model directory" in err
+
+
+def test_unparseable_flag_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", "x.mp4", "q", "--fps", "fast"])
+    assert exit_info.value.code == 2
+
+
+def test_debug_shows_the_traceback(bad_files):
+    done = run_cli("--debug", "probe", bad_files["empty"])
+    assert done.returncode != 0 and "Traceback" in done.stderr and "VideoError" in done.stderr
+
+
+def test_corrupt_middle_decodes_the_rest_and_counts_losses(tmp_path, make_test_video, tiny_model_dir, capsys, caplog):
+    good, _ = make_test_video(duration_s=4.0, bframes=True)
+    data = bytearray(good.read_bytes())
+    third = len(data) // 3
+    data[third : third + 20000] = bytes(20000)
+    path = tmp_path / "damaged.mp4"
+    path.write_bytes(bytes(data))
+    code = main(["ask", str(path), "What?", "--model", str(tiny_model_dir), "--fps", "24", "--max-new-tokens", "2",
+                 "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    stats = json.loads(captured.out)["stats"]
+    assert stats["frames_lost"] > 0 and stats["frames"] + stats["frames_lost"] == 96
+    assert str(path) in caplog.text and "could not be decoded" in caplog.text
