@@ -87,6 +87,7 @@ def test_bad_video_files(bad_files, tiny_model_dir, capsys, kind, message):
 @pytest.mark.parametrize("flags,message", [
     (["--fps", "0"], "fps"), (["--fps", "-2"], "fps"), (["--max-frames", "0"], "max_frames"),
     (["--max-new-tokens", "0"], "max_new_tokens"), (["--chunk-frames", "-1"], "chunk_frames"),
+    (["--device", "gpu"], "not a device name"), (["--temperature", "-1"], "temperature"),
 ])
 def test_nonsensical_flags(make_test_video, tiny_model_dir, capsys, flags, message):
     path, _ = make_test_video(duration_s=1.0)

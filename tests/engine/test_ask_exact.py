@@ -99,3 +99,22 @@ def test_sampling_is_reproducible_with_a_seed(tiny_adapter, make_test_video):
 
     assert sample(3) == sample(3)
     assert sample(3) != sample(4)
+
+
+def test_video_rows_record_frame_time_grid_and_position(tiny_adapter, make_test_video):
+    from vidsight.engine.ask import video_rows
+    from vidsight.kv import VIDEO
+
+    path, truth = make_test_video(**CASES[0][1])  # 5 sampled frames: padded to 6, 3 temporal patches
+    info = probe(path)
+    frames = decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
+    video = preprocess_video(frames.data, tiny_adapter.vision)
+    positions = tiny_adapter.video_positions(video.grid_thw, 1.0, start=7)
+    rows = video_rows(frames, video, tiny_adapter.vision.merge_size, positions)
+    per_patch = video.grid_thw[1] * video.grid_thw[2] // 4
+    assert len(rows) == 3 * per_patch and bool((rows.kind == VIDEO).all())
+    expected_frames = frames.indices[[0, 2, 4]].repeat_interleave(per_patch)
+    assert torch.equal(rows.frame_index, expected_frames)
+    assert torch.allclose(rows.time_s, torch.tensor(truth["pts_s"], dtype=torch.float64)[expected_frames])
+    assert rows.grid[:, 0].tolist() == [0] * per_patch + [1] * per_patch + [2] * per_patch
+    assert torch.equal(rows.position, positions.T)

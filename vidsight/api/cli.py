@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -12,7 +13,7 @@ from vidsight.errors import VidsightError
 EXIT_BAD_INPUT = 2
 
 
-def _positive_float(text: str) -> float:
+def _float(text: str) -> float:
     # Range checks live in the config dataclasses; this only parses.
     try:
         return float(text)
@@ -26,33 +27,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="vidsight", description="Video understanding with vision-language models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps it from resetting the global one.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logs")
     commands = parser.add_subparsers(dest="command", required=True)
+    add = functools.partial(commands.add_parser, parents=[common])
 
-    ask = commands.add_parser("ask", help="answer a question about a video file")
+    ask = add("ask", help="answer a question about a video file")
     ask.add_argument("video", help="video file")
     ask.add_argument("question", help="the question, in quotes")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
-    ask.add_argument("--fps", type=_positive_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
+    ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
     ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
-    ask.add_argument("--temperature", type=_positive_float, default=0.0, help="0 (default) is greedy; above 0 samples")
-    ask.add_argument("--top-p", type=_positive_float, default=1.0, help="nucleus mass when sampling")
+    ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
+    ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
     ask.add_argument("--chunk-frames", type=int, default=PrefillConfig.chunk_frames, help="video frames per prefill chunk (0: one chunk)")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    probe = commands.add_parser("probe", help="describe a video's stream without decoding it")
+    probe = add("probe", help="describe a video's stream without decoding it")
     probe.add_argument("video")
     probe.add_argument("--json", action="store_true", help="print JSON")
 
-    model = commands.add_parser("model", help="model utilities")
+    model = add("model", help="model utilities")
     model_commands = model.add_subparsers(dest="model_command", required=True)
-    tiny = model_commands.add_parser("tiny", help="write a tiny random-weight Qwen2.5-VL checkpoint (no download)")
+    tiny = model_commands.add_parser("tiny", parents=[common], help="write a tiny random-weight Qwen2.5-VL checkpoint (no download)")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
 
-    demo = commands.add_parser("demo", help="generate a sample video and ask about it")
+    demo = add("demo", help="generate a sample video and ask about it")
     demo.add_argument("--out", default="out/demo", help="where the video and model go (default: out/demo)")
     demo.add_argument("--json", action="store_true", help="print JSON")
     return parser

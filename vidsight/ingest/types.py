@@ -85,8 +85,6 @@ class CodecInfo:
     gop_index: int
     motion: np.ndarray | None = None
 
-    MOTION_BLOCK = 4
-
 
 @dataclasses.dataclass
 class FrameBatch:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from vidsight.errors import ModelError
+from vidsight.errors import ConfigError, ModelError
 from vidsight.models.base import VisionSpec
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 
@@ -80,8 +80,17 @@ def _chat_template(source: str, tokenizer) -> str:
     raise ModelError(f"{source}: no chat template (chat_template.jinja, chat_template.json or tokenizer_config)")
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The requested device, or CUDA when available, else CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"device {device!r} is not a device name (try cpu, cuda or cuda:0)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {str(device)!r} requested but no CUDA device is available")
+    return device
 
 
 def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
@@ -114,7 +123,7 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
     adapter_cls = ADAPTERS.get(config.model_type)
     if adapter_cls is None:
         raise ModelError(f"{name}: model type '{config.model_type}' is not supported (supported: {', '.join(ADAPTERS)})")
-    device = torch.device(device) if device else default_device()
+    device = resolve_device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

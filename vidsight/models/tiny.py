@@ -98,8 +98,7 @@ def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
                      pad_token_id=ids["<|endoftext|>"]).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    tokenizer.save_pretrained(directory)  # also writes chat_template.jinja
     preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "temporal_patch_size": 2,
                     "merge_size": 2, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
                     "min_pixels": 56 * 56, "max_pixels": 224 * 224}

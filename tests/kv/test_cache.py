@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from vidsight.errors import ConfigError
+from vidsight.kv import TEXT, KVCache, TokenTable
+
+
+def chunk(n, fill):
+    return torch.full((1, 2, n, 4), float(fill)), torch.full((1, 2, n, 4), float(-fill))
+
+
+def test_write_returns_views_up_to_the_chunk_and_commit_advances():
+    cache = KVCache(num_layers=2, num_kv_heads=2, head_dim=4, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+    for layer in range(2):
+        keys, values = cache.write(layer, *chunk(3, 1))
+        assert keys.shape == (1, 2, 3, 4) and torch.all(values == -1)
+    cache.commit(TokenTable.text(torch.arange(3).expand(3, -1)))
+    keys, _ = cache.write(0, *chunk(2, 2))
+    assert keys.shape == (1, 2, 5, 4)
+    assert torch.all(keys[:, :, :3] == 1) and torch.all(keys[:, :, 3:] == 2)
+    assert cache.length == 3 and len(cache.tokens) == 3
+    assert cache.tokens.kind.tolist() == [TEXT] * 3
+    assert cache.tokens.position[:, 0].tolist() == [0, 1, 2]
+
+
+def test_writing_past_capacity_is_refused():
+    cache = KVCache(1, 1, 4, capacity=2, dtype=torch.float32, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="capacity"):
+        cache.write(0, torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4))
+
+
+def test_token_table_slices_and_concatenates():
+    a = TokenTable.text(torch.arange(4).expand(3, -1))
+    b = TokenTable.text(torch.arange(10, 12).expand(3, -1))
+    both = TokenTable.concat([a, b])
+    assert len(both) == 6 and both.position[4, 1] == 10
+    assert both[2:5].position[:, 2].tolist() == [2, 3, 10]
