@@ -29,24 +29,20 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
 
 
+def _find_file(source: str, filename: str) -> Path | None:
+    """``filename`` from a checkpoint directory or the hub cache, or None if it has none."""
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        return None
+    return Path(found) if found else None
+
+
 def _read_json(source: str, filename: str) -> dict:
-    from transformers.utils import cached_file
-
-    try:
-        found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
-    except OSError:
-        found = None
-    return json.loads(Path(found).read_text()) if found else {}
-
-
-def _read_text(source: str, filename: str) -> str | None:
-    from transformers.utils import cached_file
-
-    try:
-        found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
-    except OSError:
-        found = None
-    return Path(found).read_text() if found else None
+    found = _find_file(source, filename)
+    return json.loads(found.read_text()) if found else {}
 
 
 def _vision_spec(source: str, config) -> VisionSpec:
@@ -71,9 +67,9 @@ def _chat_template(source: str, tokenizer) -> str:
     template = getattr(tokenizer, "chat_template", None)
     if template:
         return template
-    template = _read_text(source, "chat_template.jinja")
-    if template:
-        return template
+    found = _find_file(source, "chat_template.jinja")
+    if found:
+        return found.read_text()
     template = _read_json(source, "chat_template.json").get("chat_template")
     if template:
         return template
