@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 
 from vidsight.errors import ConfigError
+from vidsight.ingest.writer import write_video
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,32 +107,9 @@ def make_video(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict:
         ``{"spec": ..., "pts_s": [...], "square_xy": [[x, y], ...], "square_size": n}``, one
         entry per frame in presentation order; also written as JSON next to the video.
     """
-    path = Path(path)
-    time_base = Fraction(1, 90000)
-    times = frame_times(spec)
-    track = square_track(spec)
-    bg = background(spec)
-    with av.open(str(path), mode="w") as out:
-        stream = out.add_stream("libx264", rate=Fraction(spec.fps).limit_denominator(1001))
-        stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
-        stream.time_base = time_base
-        stream.codec_context.time_base = time_base
-        stream.options = {
-            "g": str(spec.gop),
-            "keyint_min": str(spec.gop),
-            "sc_threshold": "0",
-            "bf": "2" if spec.bframes else "0",
-            "preset": "veryfast",
-            "crf": "18",
-        }
-        for t, corner in zip(times, track):
-            frame = av.VideoFrame.from_ndarray(render_frame(spec, bg, corner), format="rgb24")
-            frame.pts = round(t / time_base)
-            frame.time_base = time_base
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+    bg, times, track = background(spec), frame_times(spec), square_track(spec)
+    path = write_video(path, (render_frame(spec, bg, corner) for corner in track), times, spec.fps,
+                       gop=spec.gop, bframes=spec.bframes)
     truth = {
         "spec": dataclasses.asdict(spec),
         "pts_s": times.tolist(),
