@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import sys
+from pathlib import Path
 
 from vidsight.errors import VidsightError
 
@@ -24,6 +25,8 @@ def _float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from vidsight.engine import DEFAULT_MODEL, GenerationConfig, PrefillConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+    from vidsight.models import TASK_MODEL
+    from vidsight.train import TrainConfig
 
     parser = argparse.ArgumentParser(prog="vidsight", description="Video understanding with vision-language models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -56,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = model_commands.add_parser("tiny", parents=[common], help="write a tiny random-weight Qwen2.5-VL checkpoint (no download)")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
+
+    bench = add("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    accuracy = bench_commands.add_parser("accuracy", parents=[common], help="accuracy on a held-out generated suite")
+    accuracy.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
+    accuracy.add_argument("--suite", default="default", help="suite name: default or smoke")
+    accuracy.add_argument("--root", default="out/suites", help="where suites are generated (default: out/suites)")
+    accuracy.add_argument("--json", action="store_true", help="print the JSON report")
+    accuracy.add_argument("--report", default=None, help="also write the JSON report to this file")
+
+    train = add("train", help="train the small task model on generated videos")
+    train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
+    train.add_argument("--steps", type=int, default=TrainConfig.steps)
+    train.add_argument("--seed", type=int, default=TrainConfig.seed)
+    train.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
 
     demo = add("demo", help="generate a sample video and ask about it")
     demo.add_argument("--out", default="out/demo", help="where the video and model go (default: out/demo)")
@@ -105,6 +124,25 @@ def _run_model(args) -> int:
     return 0
 
 
+def _run_bench(args) -> int:
+    from vidsight.bench.accuracy import format_report, run_accuracy
+
+    report = run_accuracy(args.model, args.suite, args.root, progress=sys.stderr.isatty() and not args.json)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def _run_train(args) -> int:
+    from vidsight.train import TrainConfig, train
+
+    config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every)
+    logging.getLogger("vidsight.train").setLevel(logging.INFO)
+    print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty()))
+    return 0
+
+
 def _run_demo(args) -> int:
     from vidsight.api.demo import run_demo
 
@@ -128,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
         _quiet_libraries()
-    handlers = {"ask": _run_ask, "probe": _run_probe, "model": _run_model, "demo": _run_demo}
+    handlers = {"ask": _run_ask, "probe": _run_probe, "model": _run_model, "demo": _run_demo, "bench": _run_bench,
+                "train": _run_train}
     try:
         return handlers[args.command](args)
     except VidsightError as exc:

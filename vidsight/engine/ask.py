@@ -86,15 +86,31 @@ class Asker:
         progress: bool = False,
     ) -> AskResult:
         """Answer ``question`` about the video file ``video``."""
+        _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device)
         state = self._prefill(video, question, sampling, prefill, generation.max_new_tokens, clock, progress)
-        with clock.stage("generate"):
-            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
-                      leave=False) as bar:
-                ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
-                               on_token=lambda n: bar.update(1))
-        clock.stats.generated_tokens = len(ids)
-        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
+        return self._generate(state, generation, clock, progress)
+
+    def ask_frames(
+        self,
+        frames: FrameBatch,
+        question: str,
+        fps: float,
+        generation: GenerationConfig = GenerationConfig(),
+        prefill: PrefillConfig = PrefillConfig(),
+    ) -> AskResult:
+        """Answer ``question`` about frames already decoded (e.g. one window of a stream).
+
+        Args:
+            frames: The frames, in order.
+            question: The question.
+            fps: The rate the frames were sampled at (sets the model's temporal positions).
+        """
+        _check_question(question)
+        clock = StageClock(AskStats(), self.adapter.device)
+        clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
+        state = self._prefill_frames(frames, fps, question, prefill, generation.max_new_tokens, clock, False)
+        return self._generate(state, generation, clock, False)
 
     def prefill_logits(
         self,
@@ -104,27 +120,35 @@ class Asker:
         prefill: PrefillConfig = PrefillConfig(),
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
+        _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device)
         return self._prefill(video, question, sampling, prefill, 1, clock, progress=False).logits
+
+    def _generate(self, state: _Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool
+                  ) -> AskResult:
+        with clock.stage("generate"):
+            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
+                      leave=False) as bar:
+                ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
+                               on_token=lambda n: bar.update(1))
+        clock.stats.generated_tokens = len(ids)
+        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 
     def _prefill(self, video, question, sampling, prefill, max_new_tokens, clock: StageClock, progress: bool
                  ) -> _Prefilled:
         """Decode, preprocess, encode and prefill; the cache has room for ``max_new_tokens`` more."""
-        if not question or not question.strip():
-            raise ConfigError("the question is empty")
-        if len(question) > MAX_QUESTION_CHARS:
-            raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
-        adapter, stats = self.adapter, clock.stats
-
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
             with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
                 frames = decode_frames(video, indices, DecodeConfig(), info, on_frame=lambda n: bar.update(n - bar.n))
-        stats.frames, stats.frames_lost = len(frames), frames.frames_lost
-        # The model's temporal positions need the seconds between sampled frames.
-        sampled_fps = len(indices) / info.duration_s
+        clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
+        return self._prefill_frames(frames, len(indices) / info.duration_s, question, prefill, max_new_tokens,
+                                    clock, progress)
 
+    def _prefill_frames(self, frames: FrameBatch, sampled_fps: float, question: str, prefill: PrefillConfig,
+                        max_new_tokens: int, clock: StageClock, progress: bool) -> _Prefilled:
+        adapter, stats = self.adapter, clock.stats
         with clock.stage("preprocess"):
             video_input = preprocess_video(frames.data.to(adapter.device), adapter.vision, adapter.dtype)
         with clock.stage("vision"), torch.inference_mode():
@@ -132,6 +156,7 @@ class Asker:
 
         with clock.stage("prefill"):
             layout = adapter.build_prompt(question, video_embeds.shape[0])
+            # The model's temporal positions count seconds between sampled frames.
             second_per_grid_t = adapter.vision.temporal_patch_size / sampled_fps
             vpos = adapter.video_positions(video_input.grid_thw, second_per_grid_t, layout.video_start)
             positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, vpos)
@@ -155,6 +180,13 @@ class Asker:
                 logits = adapter.logits(hidden[0, -1])
         stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(layout.input_ids)
         return _Prefilled(cache, logits, next_position)
+
+
+def _check_question(question: str) -> None:
+    if not question or not question.strip():
+        raise ConfigError("the question is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
 
 
 def _round_up(value: int, multiple: int) -> int:

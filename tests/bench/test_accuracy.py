@@ -1,0 +1,46 @@
+import json
+
+from vidsight.bench.accuracy import normalise, precision_recall_f1, run_accuracy, video_positive
+from vidsight.bench.suite import SUITES, build_suite, window_starts
+
+
+def test_two_consecutive_yes_windows_make_a_positive_video():
+    assert not video_positive([True, False, True, False])
+    assert video_positive([False, True, True, False])
+    assert not video_positive([])
+
+
+def test_precision_recall_f1():
+    scores = precision_recall_f1([True, True, False, False], [True, False, True, False])
+    assert (scores["precision"], scores["recall"], scores["f1"]) == (0.5, 0.5, 0.5)
+    assert precision_recall_f1([False], [False])["f1"] == 0.0
+
+
+def test_normalise_answers():
+    assert normalise(" Yes.") == "yes" and normalise("red <unk>") == "red" and normalise("") == ""
+
+
+def test_windows_cover_the_video_at_the_stride():
+    assert window_starts(80) == list(range(0, 61, 4))
+
+
+def test_suite_is_deterministic(tmp_path):
+    first = json.loads(build_suite("smoke", tmp_path / "a").read_text())
+    second = json.loads(build_suite("smoke", tmp_path / "b").read_text())
+    assert first == second
+    assert len(first["clips"]) == 5 * SUITES["smoke"].per_family
+    labels = [v["label"] for v in first["anomaly_videos"]]
+    assert labels == [True, False]
+    assert all(len(v["window_labels"]) == len(window_starts(80)) for v in first["anomaly_videos"])
+    assert all(any(v["window_labels"]) == v["label"] for v in first["anomaly_videos"])
+
+
+def test_accuracy_report_is_deterministic(tmp_path, tiny_adapter):
+    from vidsight.engine import Asker
+
+    asker = Asker(tiny_adapter)
+    first = run_accuracy(asker, "smoke", tmp_path)
+    second = run_accuracy(asker, "smoke", tmp_path)
+    assert first == second
+    assert set(first["families"]) == {"count", "attribute", "order", "needle", "anomaly"}
+    assert first["anomaly_videos"]["windows"] == 2 * len(window_starts(80))

@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+
+from vidsight.bench.scenes import COLOURS, Scene, SceneObject, shape_mask
+from vidsight.bench.tasks import ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, anomaly_label, make_sample
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_samples_are_deterministic_per_seed_and_vary_across_seeds(family):
+    a, b, c = make_sample(family, 11), make_sample(family, 11), make_sample(family, 12)
+    assert (a.question, a.answer) == (b.question, b.answer)
+    np.testing.assert_array_equal(a.render(), b.render())
+    assert a.render().shape == (DEFAULT_FRAMES[family], FRAME, FRAME, 3)
+    assert not np.array_equal(a.render(), c.render())
+
+
+def test_answers_match_the_scene():
+    for seed in range(40):
+        count = make_sample("count", seed)
+        assert int(count.answer) == len(count.scene.objects)
+        needle = make_sample("needle", seed)
+        shape = needle.question.split()[-1].rstrip("?")
+        (target,) = [o for o in needle.scene.objects if o.shape == shape]
+        assert target.colour == needle.answer and target.t_out - target.t_in == pytest.approx(2.0)
+        order = make_sample("order", seed)
+        first = min(order.scene.objects, key=lambda o: o.t_in)
+        assert order.answer == first.shape
+        attribute = make_sample("attribute", seed)
+        assert attribute.answer in {o.colour for o in attribute.scene.objects} | {o.shape for o in attribute.scene.objects}
+        anomaly = make_sample("anomaly", seed)
+        assert anomaly.question == ANOMALY_QUERY
+        assert (anomaly.answer == "Yes") == anomaly_label(anomaly.scene, anomaly.times_s)
+
+
+def test_anomaly_is_balanced():
+    answers = [make_sample("anomaly", seed).answer for seed in range(60)]
+    assert 20 <= answers.count("Yes") <= 40
+
+
+def test_rendered_object_has_its_colour_and_shape_where_the_track_says():
+    obj = SceneObject("triangle", "blue", 20, t_in=1.0, t_out=3.0, start=(10.0, 30.0), velocity=(5.0, 0.0))
+    scene = Scene(FRAME, FRAME, 4.0, seed=1, objects=[obj])
+    assert not (scene.render(0.5) == COLOURS["blue"]).all(axis=-1).any()
+    frame = scene.render(2.0)  # moved 5 px: box x 15..35, y 30..50
+    painted = (frame == COLOURS["blue"]).all(axis=-1)
+    np.testing.assert_array_equal(painted[30:50, 15:35], shape_mask("triangle", 20))
+    assert painted.sum() == shape_mask("triangle", 20).sum()
+
+
+def test_events_are_recorded():
+    a = SceneObject("square", "red", 20, 0.0, 10.0, (0.0, 40.0), velocity=(10.0, 0.0), recolour_at=6.0, new_colour="green")
+    b = SceneObject("circle", "white", 20, 2.0, 10.0, (80.0, 40.0))
+    scene = Scene(FRAME, FRAME, 8.0, seed=0, zone=(50, 30, 75, 70), objects=[a, b])
+    kinds = {(e["event"], e.get("object", tuple(e.get("objects", [])))) for e in scene.events()}
+    assert ("appear", 0) in kinds and ("appear", 1) in kinds and ("recolour", 0) in kinds
+    assert ("enter_zone", 0) in kinds and ("meet", (0, 1)) in kinds
+    enter = next(e["t"] for e in scene.events() if e["event"] == "enter_zone")
+    assert enter == pytest.approx(3.25, abs=0.25)  # right edge 20 + 10 t passes x = 50 after 3 s

@@ -1,0 +1,54 @@
+import numpy as np
+import torch
+
+from vidsight.bench.tasks import make_sample
+from vidsight.models import load_model
+from vidsight.models.positions import prompt_positions
+from vidsight.train import TrainConfig, train
+from vidsight.train.batches import IGNORE, make_batch, yuv420_roundtrip
+from vidsight.train.loop import build_adapter, step_samples
+
+
+def test_batch_labels_only_the_answer_and_uses_vidsight_positions():
+    adapter = build_adapter(seed=0)
+    samples = [make_sample("attribute", 3), make_sample("attribute", 4)]
+    batch = make_batch(samples, adapter, augment=False)
+    for row, sample in enumerate(samples):
+        start = int(batch.answer_start[row])
+        labelled = batch.labels[row] != IGNORE
+        assert labelled.nonzero().flatten().tolist() == [start, start + 1]
+        answer = adapter.tokenizer.decode(batch.input_ids[row, start : start + 1])
+        assert answer == sample.answer.lower()
+        video = (batch.input_ids[row] == adapter.video_token_id).nonzero().flatten()
+        vpos = adapter.video_positions(tuple(batch.grid_thw[row].tolist()), 1.0, int(video[0]))
+        expected, _ = prompt_positions(start + 2, int(video[0]), vpos)
+        assert torch.equal(batch.position_ids[:, row, : start + 2], expected)
+
+
+def test_yuv420_roundtrip_keeps_flat_colours_and_blurs_chroma_edges():
+    frames = np.zeros((1, 4, 4, 3), dtype=np.uint8)
+    frames[..., 0] = 200
+    np.testing.assert_allclose(yuv420_roundtrip(frames).astype(int), frames.astype(int), atol=1)
+    frames[0, :, 1] = (0, 0, 255)  # a one-pixel blue column shares chroma with its red neighbour
+    assert (yuv420_roundtrip(frames)[0, :, 1].astype(int) != (0, 0, 255)).any()
+
+
+def test_training_is_reproducible_resumable_and_exports_a_loadable_model(tmp_path):
+    config = TrainConfig(steps=4, eval_every=2, eval_per_family=2, batch=2)
+    one = train(tmp_path / "one", config, progress=False)
+    # Same seed from scratch, and stopping at step 2 then resuming, give the same weights.
+    two = train(tmp_path / "two", TrainConfig(**{**config.__dict__, "steps": 2}), progress=False)
+    two = train(tmp_path / "two", config, resume=True, progress=False)
+    first, second = load_model(one, device="cpu"), load_model(two, device="cpu")
+    for (name, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert (tmp_path / "one" / "curves.png").is_file()
+    log = (tmp_path / "one" / "log.jsonl").read_text().splitlines()
+    assert len(log) == 2
+
+
+def test_step_samples_depend_on_seed_and_step_only():
+    config = TrainConfig()
+    a, b = step_samples(config, 17), step_samples(config, 17)
+    assert [s.seed for s in a] == [s.seed for s in b] and a[0].family == b[0].family
+    assert [s.seed for s in step_samples(TrainConfig(seed=1), 17)] != [s.seed for s in a]

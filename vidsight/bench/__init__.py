@@ -1,0 +1,1 @@
+"""Generated videos with ground truth, task families and accuracy benchmarks."""

@@ -1,0 +1,106 @@
+"""`vidsight bench accuracy`: a held-out suite at full compute, scored against its ground truth."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vidsight.bench.suite import STRIDE_FRAMES, WINDOW_FRAMES, build_suite, window_starts
+from vidsight.engine import Asker, GenerationConfig
+from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.types import FrameBatch
+
+ANSWER_TOKENS = 4
+CONSECUTIVE_POSITIVES = 2  # CodecSight's rule: a video is positive when two consecutive windows say Yes
+
+
+def normalise(answer: str) -> str:
+    """First word, lower-cased, punctuation dropped."""
+    words = re.findall(r"[a-z0-9]+", answer.lower())
+    return words[0] if words else ""
+
+
+def video_positive(verdicts: list[bool], run: int = CONSECUTIVE_POSITIVES) -> bool:
+    """Whether ``run`` consecutive windows answered Yes."""
+    streak = 0
+    for yes in verdicts:
+        streak = streak + 1 if yes else 0
+        if streak >= run:
+            return True
+    return False
+
+
+def precision_recall_f1(predicted: list[bool], actual: list[bool]) -> dict[str, float]:
+    p, a = np.asarray(predicted, dtype=bool), np.asarray(actual, dtype=bool)
+    tp, fp, fn = int((p & a).sum()), int((p & ~a).sum()), int((~p & a).sum())
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
+
+
+def _window(frames: FrameBatch, start: int) -> FrameBatch:
+    span = slice(start, start + WINDOW_FRAMES)
+    return FrameBatch(frames.data[span], frames.pts_s[span], frames.indices[span])
+
+
+def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) -> dict:
+    """Score ``model`` on ``suite`` (built under ``root`` if missing).
+
+    Returns:
+        ``{"suite", "model", "families": {family: {"accuracy", "correct", "total"}},
+        "anomaly_videos": {"precision", "recall", "f1", "window_accuracy", ...}, "answers": [...]}``.
+    """
+    manifest_path = build_suite(suite, root, progress=progress)
+    manifest = json.loads(manifest_path.read_text())
+    directory = manifest_path.parent
+    asker = model if isinstance(model, Asker) else Asker(model)
+    sampling = SamplingConfig(fps=manifest["sample_fps"])
+    generation = GenerationConfig(max_new_tokens=ANSWER_TOKENS)
+    families: dict[str, dict] = {}
+    answers = []
+    for clip in tqdm(manifest["clips"], desc="clips", disable=not progress):
+        got = asker.ask(directory / clip["video"], clip["question"], sampling, generation).answer
+        ok = normalise(got) == normalise(clip["answer"])
+        score = families.setdefault(clip["family"], {"correct": 0, "total": 0})
+        score["correct"] += ok
+        score["total"] += 1
+        answers.append({"video": clip["video"], "question": clip["question"], "expected": clip["answer"],
+                        "answer": got, "correct": ok})
+    for score in families.values():
+        score["accuracy"] = score["correct"] / score["total"]
+
+    predicted, actual, window_hits, window_total = [], [], 0, 0
+    for video in tqdm(manifest["anomaly_videos"], desc="anomaly videos", disable=not progress):
+        path = directory / video["video"]
+        info = probe(path)
+        frames = decode_frames(path, sample_frames(info, sampling), DecodeConfig(), info)
+        verdicts = []
+        for start, label in zip(window_starts(len(frames)), video["window_labels"]):
+            answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"], generation)
+            verdicts.append(normalise(answer.answer) == "yes")
+            window_hits += verdicts[-1] == label
+            window_total += 1
+        predicted.append(video_positive(verdicts))
+        actual.append(video["label"])
+    anomaly = precision_recall_f1(predicted, actual)
+    anomaly.update(videos=len(actual), window_accuracy=window_hits / max(window_total, 1), windows=window_total,
+                   window_frames=WINDOW_FRAMES, stride_frames=STRIDE_FRAMES)
+    return {"suite": suite, "model": str(getattr(asker.adapter, "name", model)), "families": families,
+            "anomaly_videos": anomaly, "answers": answers}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"suite {report['suite']}, model {report['model']}", "", f"{'family':<10} {'accuracy':>9} {'n':>5}"]
+    for family, score in report["families"].items():
+        lines.append(f"{family:<10} {score['accuracy']:>9.1%} {score['total']:>5}")
+    a = report["anomaly_videos"]
+    lines += ["", f"anomaly videos ({a['videos']}, windows of {a['window_frames']} frames every {a['stride_frames']};"
+              f" positive after {CONSECUTIVE_POSITIVES} consecutive Yes windows)",
+              f"precision {a['precision']:.3f}  recall {a['recall']:.3f}  F1 {a['f1']:.3f}  "
+              f"window accuracy {a['window_accuracy']:.1%} of {a['windows']}"]
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Held-out evaluation suites: generated clips written to H.264, with questions, answers and labels."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vidsight.bench.tasks import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
+from vidsight.errors import ConfigError
+from vidsight.ingest.writer import write_video
+
+# Suites use seeds far from training's (below 1e9) and from its held-out checks (1e9 up).
+SUITE_SEED = 2_000_000_000
+# Videos are written at twice the sampling rate so sampling picks real, codec-compressed frames.
+VIDEO_FPS = 2 * SAMPLE_FPS
+# Watch-style anomaly videos: CodecSight's window protocol scaled to the toy model's clips.
+ANOMALY_VIDEO_S = 40.0
+WINDOW_FRAMES = 20   # 10 s at 2 fps
+STRIDE_FRAMES = 4    # 2 s: 20 % of the window, the paper's default ratio
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteSpec:
+    """How many held-out clips per family and how many anomaly videos a suite holds."""
+
+    per_family: int
+    anomaly_videos: int
+
+
+SUITES = {"default": SuiteSpec(per_family=50, anomaly_videos=20), "smoke": SuiteSpec(per_family=4, anomaly_videos=2)}
+
+
+def window_starts(frames: int) -> list[int]:
+    """First sampled frame of each window ``[k * stride, k * stride + window)`` that fits."""
+    return list(range(0, frames - WINDOW_FRAMES + 1, STRIDE_FRAMES))
+
+
+def _write_scene(path: Path, scene, duration_s: float, seed: int) -> None:
+    times = np.arange(int(round(duration_s * VIDEO_FPS))) / VIDEO_FPS
+    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=8, bframes=seed % 2 == 1)
+
+
+def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
+    """Write suite ``name`` under ``root/name`` (reusing what is there) and return its manifest path.
+
+    The manifest lists every clip with its question and answer, and every anomaly video with its
+    per-window labels and its video label. Everything follows from the seeds: building twice gives
+    the same suite.
+    """
+    if name not in SUITES:
+        raise ConfigError(f"unknown suite {name!r} (known: {', '.join(SUITES)})")
+    spec = SUITES[name]
+    directory = Path(root) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = directory / "manifest.json"
+    if manifest.exists():
+        return manifest
+    clips, videos = [], []
+    jobs = [(family, i) for family in FAMILIES for i in range(spec.per_family)]
+    for family, i in tqdm(jobs, desc=f"suite {name}", disable=not progress):
+        sample = make_sample(family, SUITE_SEED + i)
+        path = directory / f"{family}_{i:03d}.mp4"
+        _write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed)
+        clips.append({"family": family, "video": path.name, "question": sample.question, "answer": sample.answer,
+                      "frames": sample.frames, "scene": sample.scene.to_dict()})
+    sampled = np.arange(int(ANOMALY_VIDEO_S * SAMPLE_FPS)) / SAMPLE_FPS
+    for i in range(spec.anomaly_videos):
+        seed = SUITE_SEED + 500_000 + i
+        rng = np.random.default_rng(seed)
+        scene = anomaly_scene(rng, seed, ANOMALY_VIDEO_S, want=i % 2 == 0, times_s=sampled)
+        path = directory / f"anomaly_video_{i:03d}.mp4"
+        _write_scene(path, scene, ANOMALY_VIDEO_S, seed)
+        labels = [anomaly_label(scene, sampled[k : k + WINDOW_FRAMES]) for k in window_starts(len(sampled))]
+        videos.append({"video": path.name, "query": ANOMALY_QUERY, "label": any(labels), "window_labels": labels,
+                       "scene": scene.to_dict()})
+    manifest.write_text(json.dumps({"suite": name, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,
+                                    "anomaly_videos": videos}, indent=1))
+    return manifest

@@ -1,0 +1,175 @@
+"""Task families over generated scenes, each with question templates and one exact answer.
+
+Clips are ``FRAME`` x ``FRAME`` pixels sampled at ``SAMPLE_FPS``. Objects live in separate
+quadrants unless a task needs them to cross, so every question has exactly one right answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from vidsight.bench.scenes import COLOURS, SHAPES, Scene, SceneObject
+
+FRAME = 112
+SAMPLE_FPS = 2.0
+QUADRANT = FRAME // 2
+ANOMALY_QUERY = "Is there a red object in the zone? Answer Yes or No."
+# Clip length in sampled frames per family at its default length.
+DEFAULT_FRAMES = {"count": 16, "attribute": 16, "order": 16, "needle": 64, "anomaly": 20}
+
+
+@dataclasses.dataclass
+class Sample:
+    """One question about one clip, with its answer."""
+
+    family: str
+    seed: int
+    scene: Scene
+    question: str
+    answer: str
+    frames: int
+
+    @property
+    def times_s(self) -> np.ndarray:
+        return np.arange(self.frames) / SAMPLE_FPS
+
+    def render(self) -> np.ndarray:
+        """``(frames, FRAME, FRAME, 3)`` uint8 frames at the sample times."""
+        return np.stack([self.scene.render(t) for t in self.times_s])
+
+
+def _quadrant_object(rng, quadrant: int, shape: str, colour: str, t_in: float, t_out: float,
+                     speed: float = 3.0) -> SceneObject:
+    """An object that wanders inside one quadrant for its whole life."""
+    size = int(rng.integers(18, 25))
+    qx, qy = (quadrant % 2) * QUADRANT, (quadrant // 2) * QUADRANT
+    room = QUADRANT - size - 4
+    travel = rng.uniform(-1, 1, size=2) * speed
+    life = max(t_out - t_in, 1e-6)
+    travel = np.clip(travel * life, -room, room) / life  # never leaves the quadrant
+    start = np.array([rng.uniform(2, 2 + room), rng.uniform(2, 2 + room)])
+    end = start + travel * life
+    start = np.where(end < 2, start + (2 - end), np.where(end > 2 + room, start - (end - 2 - room), start))
+    return SceneObject(shape, colour, size, t_in, t_out, (qx + start[0], qy + start[1]), tuple(travel))
+
+
+def _scene(rng, seed: int, frames: int, **fields) -> Scene:
+    pan = float(rng.choice([0.0, 0.0, 3.0, -3.0]))
+    return Scene(FRAME, FRAME, frames / SAMPLE_FPS, seed, pan=pan, **fields)
+
+
+def count_task(rng, seed: int, frames: int) -> Sample:
+    n = int(rng.integers(1, 5))
+    scene = _scene(rng, seed, frames)
+    duration = scene.duration_s
+    for quadrant in rng.permutation(4)[:n]:
+        scene.objects.append(_quadrant_object(rng, int(quadrant), str(rng.choice(SHAPES)),
+                                              str(rng.choice(list(COLOURS))), 0.0, duration + 1))
+    question = str(rng.choice(["How many objects are there?", "How many shapes can you see?"]))
+    return Sample("count", seed, scene, question, str(n), frames)
+
+
+def attribute_task(rng, seed: int, frames: int) -> Sample:
+    n = int(rng.integers(1, 4))
+    shapes = rng.permutation(SHAPES)[:n]
+    colours = rng.permutation(list(COLOURS))[:n]
+    scene = _scene(rng, seed, frames)
+    for quadrant, shape, colour in zip(rng.permutation(4)[:n], shapes, colours):
+        scene.objects.append(_quadrant_object(rng, int(quadrant), str(shape), str(colour), 0.0, scene.duration_s + 1))
+    target = int(rng.integers(n))
+    if rng.random() < 0.5:
+        question, answer = f"What colour is the {shapes[target]}?", str(colours[target])
+    else:
+        question, answer = f"What shape is the {colours[target]} object?", str(shapes[target])
+    return Sample("attribute", seed, scene, question, answer, frames)
+
+
+def order_task(rng, seed: int, frames: int) -> Sample:
+    first, second = (str(s) for s in rng.permutation(SHAPES)[:2])
+    scene = _scene(rng, seed, frames)
+    duration = scene.duration_s
+    t_first = float(rng.uniform(0.0, duration * 0.4))
+    t_second = float(rng.uniform(t_first + 1.5, duration - 1.0))
+    quadrants = rng.permutation(4)
+    for quadrant, shape, t_in in zip(quadrants, (first, second), (t_first, t_second)):
+        scene.objects.append(_quadrant_object(rng, int(quadrant), shape, str(rng.choice(list(COLOURS))),
+                                              t_in, duration + 1))
+    a, b = (first, second) if rng.random() < 0.5 else (second, first)
+    return Sample("order", seed, scene, f"Which appeared first, the {a} or the {b}?", first, frames)
+
+
+def needle_task(rng, seed: int, frames: int) -> Sample:
+    needle_shape = str(rng.choice(SHAPES))
+    others = [s for s in SHAPES if s != needle_shape]
+    scene = _scene(rng, seed, frames)
+    duration = scene.duration_s
+    quadrants = rng.permutation(4)
+    for quadrant in quadrants[: int(rng.integers(1, 3))]:
+        scene.objects.append(_quadrant_object(rng, int(quadrant), str(rng.choice(others)),
+                                              str(rng.choice(list(COLOURS))), 0.0, duration + 1))
+    colour = str(rng.choice(list(COLOURS)))
+    t_in = float(rng.uniform(0.5, duration - 2.5))
+    scene.objects.append(_quadrant_object(rng, int(quadrants[3]), needle_shape, colour, t_in, t_in + 2.0, speed=0.0))
+    return Sample("needle", seed, scene, f"What colour was the {needle_shape}?", colour, frames)
+
+
+def anomaly_label(scene: Scene, times_s: np.ndarray) -> bool:
+    """Yes when a red object overlaps the zone at any of the sampled times."""
+    return any(scene.in_zone(o, t) and o.colour_at(t) == "red" for o in scene.objects for t in times_s)
+
+
+def _crossing_object(rng, duration: float, colour: str, t_in: float, t_out: float) -> SceneObject:
+    """An object gliding across the frame in a straight line."""
+    size = int(rng.integers(18, 25))
+    start = rng.uniform(0, FRAME - size, size=2)
+    end = rng.uniform(0, FRAME - size, size=2)
+    velocity = (end - start) / max(t_out - t_in, 1e-6)
+    return SceneObject(str(rng.choice(SHAPES)), colour, size, t_in, t_out, tuple(start), tuple(velocity))
+
+
+def anomaly_scene(rng, seed: int, duration: float, want: bool, times_s: np.ndarray) -> Scene:
+    """A scene with a marked zone whose label over ``times_s`` is ``want`` (by rejection)."""
+    while True:
+        side = int(rng.integers(36, 57))
+        x0, y0 = (int(v) for v in rng.integers(4, FRAME - side - 4, size=2))
+        scene = Scene(FRAME, FRAME, duration, seed, zone=(x0, y0, x0 + side, y0 + side))
+        for _ in range(int(rng.integers(1, 4))):
+            colour = "red" if rng.random() < 0.45 else str(rng.choice([c for c in COLOURS if c != "red"]))
+            t_in = float(rng.uniform(0, duration * 0.6))
+            t_out = float(rng.uniform(t_in + min(3.0, duration / 3), duration + 2))
+            scene.objects.append(_crossing_object(rng, duration, colour, t_in, t_out))
+        if anomaly_label(scene, times_s) == want:
+            return scene
+
+
+def anomaly_task(rng, seed: int, frames: int) -> Sample:
+    times = np.arange(frames) / SAMPLE_FPS
+    want = bool(rng.random() < 0.5)
+    scene = anomaly_scene(rng, seed, frames / SAMPLE_FPS, want, times)
+    return Sample("anomaly", seed, scene, ANOMALY_QUERY, "Yes" if want else "No", frames)
+
+
+FAMILIES: dict[str, Callable] = {
+    "count": count_task,
+    "attribute": attribute_task,
+    "order": order_task,
+    "needle": needle_task,
+    "anomaly": anomaly_task,
+}
+
+
+def make_sample(family: str, seed: int, frames: int | None = None) -> Sample:
+    """The sample of ``family`` determined by ``seed`` (``frames`` defaults to the family's length)."""
+    rng = np.random.default_rng([seed, list(FAMILIES).index(family)])
+    return FAMILIES[family](rng, seed, frames or DEFAULT_FRAMES[family])
+
+
+def vocabulary() -> list[str]:
+    """Every word a question, an answer or the chat template can use."""
+    words = {"how", "many", "objects", "are", "there", "shapes", "can", "you", "see", "what", "colour", "is", "the",
+             "shape", "object", "which", "appeared", "first", "or", "was", "a", "red", "in", "zone", "answer",
+             "yes", "no", "system", "helpful", "assistant", "user", "?", ".", ",", "1", "2", "3", "4"}
+    return sorted(words | set(COLOURS) | set(SHAPES))

@@ -1,0 +1,72 @@
+"""Generated samples to model inputs, through the same prompt, preprocessing and positions as inference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from vidsight.bench.tasks import SAMPLE_FPS, Sample
+from vidsight.models.positions import prompt_positions
+from vidsight.vision import preprocess_video
+
+IGNORE = -100
+# BT.601 full-range RGB <-> YCbCr.
+_TO_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+_FROM_YCC = np.linalg.inv(_TO_YCC)
+
+
+def yuv420_roundtrip(frames: np.ndarray) -> np.ndarray:
+    """Halve chroma resolution as H.264's yuv420p does, so training frames look like decoded ones."""
+    ycc = frames.astype(np.float32) @ _TO_YCC.T.astype(np.float32)
+    t, h, w, _ = ycc.shape
+    chroma = ycc[..., 1:].reshape(t, h // 2, 2, w // 2, 2, 2).mean(axis=(2, 4))
+    ycc[..., 1:] = np.repeat(np.repeat(chroma, 2, axis=1), 2, axis=2)
+    return np.clip(np.rint(ycc @ _FROM_YCC.T.astype(np.float32)), 0, 255).astype(np.uint8)
+
+
+@dataclasses.dataclass
+class Batch:
+    """Right-padded model inputs; padding sits after every real token, so causal attention ignores it."""
+
+    input_ids: torch.Tensor        # (B, L)
+    labels: torch.Tensor           # (B, L), IGNORE outside answers
+    position_ids: torch.Tensor     # (3, B, L), Qwen's M-RoPE rule
+    pixel_values: torch.Tensor     # (B * patches, patch_dim)
+    grid_thw: torch.Tensor         # (B, 3)
+    answer_start: torch.Tensor     # (B,) index of each first answer token
+
+
+def make_batch(samples: list[Sample], adapter, augment: bool) -> Batch:
+    """Render, preprocess and tokenise ``samples`` (all with the same frame count)."""
+    rows, labels, positions, pixels, grids, starts = [], [], [], [], [], []
+    tokenizer = adapter.tokenizer
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for sample in samples:
+        frames = sample.render()
+        video = preprocess_video(torch.from_numpy(yuv420_roundtrip(frames) if augment else frames), adapter.vision)
+        layout = adapter.build_prompt(sample.question, video.pixel_values.shape[0] // adapter.vision.merge_size ** 2)
+        answer = tokenizer(sample.answer, add_special_tokens=False)["input_ids"] + [im_end]
+        ids = torch.cat([layout.input_ids, torch.tensor(answer)])
+        second_per_grid_t = adapter.vision.temporal_patch_size / SAMPLE_FPS
+        vpos = adapter.video_positions(video.grid_thw, second_per_grid_t, layout.video_start)
+        pos, _ = prompt_positions(len(ids), layout.video_start, vpos)
+        label = torch.full_like(ids, IGNORE)
+        label[len(layout.input_ids):] = ids[len(layout.input_ids):]
+        rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
+        grids.append(video.grid_thw), starts.append(len(layout.input_ids))
+    length = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+
+    def padded(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=value)
+
+    return Batch(
+        input_ids=torch.stack([padded(r, pad) for r in rows]),
+        labels=torch.stack([padded(lab, IGNORE) for lab in labels]),
+        position_ids=torch.stack([padded(p, 0) for p in positions], dim=1),
+        pixel_values=torch.cat(pixels),
+        grid_thw=torch.tensor(grids),
+        answer_start=torch.tensor(starts),
+    )
