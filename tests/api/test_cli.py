@@ -128,3 +128,14 @@ def test_corrupt_middle_decodes_the_rest_and_counts_losses(tmp_path, make_test_v
     stats = json.loads(captured.out)["stats"]
     assert stats["frames_lost"] > 0 and stats["frames"] + stats["frames_lost"] == 96
     assert str(path) in caplog.text and "could not be decoded" in caplog.text
+
+
+def test_demo_writes_video_contact_sheet_and_reports_truth(tmp_path, tiny_model_dir, capsys):
+    code = main(["demo", "--out", str(tmp_path), "--family", "count", "--seed", "3", "--model", str(tiny_model_dir),
+                 "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["question"] and report["truth"] in {"1", "2", "3", "4"}
+    assert report["correct"] == (report["answer"].strip().lower().startswith(report["truth"]))
+    assert (tmp_path / "count_3.mp4").is_file() and (tmp_path / "count_3_frames.png").is_file()
+    assert report["stats"]["frames"] == 16

@@ -25,6 +25,7 @@ def _float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from vidsight.engine import DEFAULT_MODEL, GenerationConfig, PrefillConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+    from vidsight.bench.tasks import FAMILIES
     from vidsight.models import TASK_MODEL
     from vidsight.train import TrainConfig
 
@@ -77,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
 
     demo = add("demo", help="generate a sample video and ask about it")
-    demo.add_argument("--out", default="out/demo", help="where the video and model go (default: out/demo)")
+    demo.add_argument("--out", default="out/demo", help="where the video and contact sheet go (default: out/demo)")
+    demo.add_argument("--family", default="needle", choices=list(FAMILIES), help="which kind of question")
+    demo.add_argument("--seed", type=int, default=7, help="which generated video")
+    demo.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
     demo.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -146,7 +150,7 @@ def _run_train(args) -> int:
 def _run_demo(args) -> int:
     from vidsight.api.demo import run_demo
 
-    return run_demo(args.out, as_json=args.json)
+    return run_demo(args.out, family=args.family, seed=args.seed, model=args.model, as_json=args.json)
 
 
 def _quiet_libraries() -> None:

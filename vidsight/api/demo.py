@@ -1,4 +1,4 @@
-"""The demo: a generated video, a tiny random model, and `ask` end to end."""
+"""The demo: a generated video with a known answer, asked of vidsight's own trained model."""
 
 from __future__ import annotations
 
@@ -6,37 +6,62 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+from PIL import Image, ImageDraw
+
+from vidsight.bench.accuracy import normalise
+from vidsight.bench.suite import VIDEO_FPS
+from vidsight.bench.tasks import SAMPLE_FPS, make_sample
 from vidsight.engine import Asker, GenerationConfig
-from vidsight.ingest import SyntheticSpec, make_video
-from vidsight.models import write_tiny_model
+from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.writer import write_video
+from vidsight.models import TASK_MODEL
 
-NOTICE = ("NOTE: the demo model has random weights, so its answer is noise. The demo shows the machinery:\n"
-          "decode, preprocessing, vision encoder, prefill and generation, with the time each took.")
+SHEET_COLUMNS = 8
+SHEET_SCALE = 2
 
 
-def run_demo(out: str | Path, as_json: bool = False) -> int:
+def contact_sheet(frames: np.ndarray, times_s: np.ndarray, path: Path) -> Path:
+    """A grid of the sampled frames, each labelled with its time, for a person to check the answer."""
+    t, h, w, _ = frames.shape
+    rows = -(-t // SHEET_COLUMNS)
+    cell_h, cell_w = h * SHEET_SCALE + 14, w * SHEET_SCALE
+    sheet = Image.new("RGB", (SHEET_COLUMNS * cell_w, rows * cell_h), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, (frame, time_s) in enumerate(zip(frames, times_s)):
+        x, y = (i % SHEET_COLUMNS) * cell_w, (i // SHEET_COLUMNS) * cell_h
+        sheet.paste(Image.fromarray(frame).resize((cell_w, h * SHEET_SCALE), Image.NEAREST), (x, y))
+        draw.text((x + 2, y + h * SHEET_SCALE + 1), f"{time_s:.1f} s", fill="black")
+    sheet.save(path)
+    return path
+
+
+def run_demo(out: str | Path, family: str = "needle", seed: int = 7, model: str | Path = TASK_MODEL,
+             as_json: bool = False) -> int:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    video = out / "moving_square.mp4"
-    make_video(video, SyntheticSpec(width=640, height=360, fps=24, duration_s=10, gop=16, bframes=True))
-    model_dir = out / "tiny-qwen2.5-vl"
-    if not (model_dir / "config.json").exists():
-        write_tiny_model(model_dir)
-    question = "What colour is the moving square?"
-    result = Asker(str(model_dir)).ask(video, question, generation=GenerationConfig(max_new_tokens=16),
-                                       progress=sys.stderr.isatty() and not as_json)
+    sample = make_sample(family, seed)
+    times = np.arange(int(sample.frames / SAMPLE_FPS * VIDEO_FPS)) / VIDEO_FPS
+    video = write_video(out / f"{family}_{seed}.mp4", (sample.scene.render(t) for t in times), times, VIDEO_FPS, gop=8)
+    (out / f"{family}_{seed}.json").write_text(json.dumps(
+        {"question": sample.question, "answer": sample.answer, "scene": sample.scene.to_dict()}, indent=1))
+    result = Asker(model).ask(video, sample.question, SamplingConfig(fps=SAMPLE_FPS),
+                              GenerationConfig(max_new_tokens=8), progress=sys.stderr.isatty() and not as_json)
+    info = probe(video)
+    frames = decode_frames(video, sample_frames(info, SamplingConfig(fps=SAMPLE_FPS)), info=info)
+    sheet = contact_sheet(frames.data.numpy(), frames.pts_s.numpy(), out / f"{family}_{seed}_frames.png")
+    correct = normalise(result.answer) == normalise(sample.answer)
     if as_json:
-        print(json.dumps({"video": str(video), "model": str(model_dir), "question": question, **result.to_dict()}))
+        print(json.dumps({"video": str(video), "contact_sheet": str(sheet), "model": str(model),
+                          "question": sample.question, "truth": sample.answer, "correct": correct, **result.to_dict()}))
         return 0
     s = result.stats
-    print(NOTICE)
-    print(f"video:    {video} (10 s, 640x360, a red square moving over a textured background)")
-    print(f"model:    {model_dir} (random weights)")
-    print(f"question: {question}")
-    print(f"answer:   {result.answer!r}")
+    print(f"video:         {video} ({sample.frames / SAMPLE_FPS:.0f} s, generated; the scene is in the .json beside it)")
+    print(f"contact sheet: {sheet} (the {s.frames} frames the model saw)")
+    print(f"model:         {model}")
+    print(f"question:      {sample.question}")
+    print(f"answer:        {result.answer}")
+    print(f"ground truth:  {sample.answer}  ({'correct' if correct else 'wrong'})")
     print(f"frames {s.frames}, visual tokens {s.visual_tokens}, prompt tokens {s.prompt_tokens}, "
-          f"generated {s.generated_tokens}")
-    for stage, seconds in s.stages_s.items():
-        print(f"  {stage:<10} {seconds:7.3f} s")
-    print(f"peak memory {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}")
+          f"generated {s.generated_tokens}; " + ", ".join(f"{k} {v:.3f} s" for k, v in s.stages_s.items()))
     return 0

@@ -95,7 +95,6 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     adapter = build_adapter(config.seed)
     model = adapter.model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

@@ -33,10 +33,10 @@ class TrainConfig:
         eval_per_family: Held-out clips per family at each evaluation.
     """
 
-    steps: int = 9000
+    steps: int = 12000
     seed: int = 0
     batch: int = 8
-    lr: float = 1.5e-3
+    lr: float = 5e-4
     warmup: int = 300
     weight_decay: float = 0.01
     eval_every: int = 500
