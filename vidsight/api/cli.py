@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=TrainConfig.seed)
     train.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
 
     demo = add("demo", help="generate a sample video and ask about it")
     demo.add_argument("--out", default="out/demo", help="where the video and contact sheet go (default: out/demo)")
@@ -139,8 +140,11 @@ def _run_bench(args) -> int:
 
 
 def _run_train(args) -> int:
-    from vidsight.train import TrainConfig, train
+    from vidsight.train import TrainConfig, export_checkpoint, train
 
+    if args.export:
+        print(export_checkpoint(args.out, seed=args.seed))
+        return 0
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every)
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty()))

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from vidsight.bench.tasks import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
+from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
@@ -134,6 +135,17 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
             log.info("step %d loss %.4f accuracy %s", done, entry["loss"], entry["held_out_accuracy"])
     model.eval()
     return write_checkpoint(out / "model", model, adapter.tokenizer)
+
+
+def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
+    """Write ``out/model`` from the latest ``out/checkpoint.pt`` without training further."""
+    out = Path(out)
+    checkpoint = out / "checkpoint.pt"
+    if not checkpoint.exists():
+        raise ConfigError(f"{checkpoint}: no checkpoint to export")
+    adapter = build_adapter(seed)
+    adapter.model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
+    return write_checkpoint(out / "model", adapter.model.eval(), adapter.tokenizer)
 
 
 def plot_history(history: list[dict], path: Path) -> None:
