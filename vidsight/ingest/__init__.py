@@ -1,6 +1,7 @@
 """Containers and codecs: probing, frame sampling, decoding with codec signals, synthetic videos."""
 
 from vidsight.ingest.decode import DecodeConfig, decode_frames
+from vidsight.ingest.parallel import decode_parallel
 from vidsight.ingest.probe import probe
 from vidsight.ingest.sampling import SamplingConfig, sample_frames
 from vidsight.ingest.synthetic import SyntheticSpec, make_video
@@ -14,6 +15,7 @@ __all__ = [
     "SyntheticSpec",
     "VideoInfo",
     "decode_frames",
+    "decode_parallel",
     "make_video",
     "probe",
     "sample_frames",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,12 +48,123 @@ class DecodeConfig:
                 raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_DECODE_SIDE} per side")
 
 
-def _configure_decoder(stream: av.video.stream.VideoStream, with_motion: bool) -> None:
+def _configure_decoder(stream: av.video.stream.VideoStream, with_motion: bool, threads: str) -> None:
     if with_motion:
         stream.codec_context.options = {"flags2": "+export_mvs"}
         stream.thread_type = "SLICE"
+    elif threads == "NONE":
+        stream.codec_context.thread_count = 1
     else:
-        stream.thread_type = "AUTO"
+        stream.thread_type = threads
+
+
+class FrameSink:
+    """The preallocated output of a decode: where each wanted frame goes, and which have arrived.
+
+    Decoders running in parallel share one sink; each writes only the slots of its own frames.
+    """
+
+    def __init__(self, path, info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig,
+                 on_frame: Callable[[int], None] | None = None):
+        wanted = np.arange(info.frame_count) if indices is None else np.unique(np.asarray(indices, dtype=np.int64))
+        if len(wanted) == 0:
+            raise ConfigError(f"{path}: no frames requested")
+        if wanted[0] < 0 or wanted[-1] >= info.frame_count:
+            raise VideoError(f"{path}: frame index out of range 0..{info.frame_count - 1}")
+        self.path, self.info, self.config, self.wanted = path, info, config, wanted
+        self.height, self.width = config.size or (info.height, info.width)
+        self.slot_of = {int(i): k for k, i in enumerate(wanted)}
+        self.data = torch.empty((len(wanted), self.height, self.width, 3), dtype=torch.uint8)
+        self.got = np.zeros(len(wanted), dtype=bool)
+        self.codec: list[CodecInfo | None] = [None] * len(wanted)
+        self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
+        self.bad_packets = 0
+        self._on_frame = on_frame
+        self._lock = threading.Lock()
+
+    def store(self, index: int, frame: av.VideoFrame) -> None:
+        slot = self.slot_of.get(index)
+        if slot is None or self.got[slot]:
+            return
+        rgb = frame.to_ndarray(format="rgb24", width=self.width, height=self.height, interpolation="BICUBIC")
+        self.data[slot] = torch.from_numpy(rgb)
+        if self.config.with_codec_info:
+            vectors = None
+            if self.with_motion:
+                side = frame.side_data.get("MOTION_VECTORS")
+                vectors = side.to_ndarray() if side is not None else None
+            self.codec[slot] = CodecInfo(
+                frame_type=_FRAME_TYPES.get(int(frame.pict_type), "?"),
+                gop_index=int(self.info.gop_index_of(np.array([index]))[0]),
+                motion=motion_map(vectors, self.info.height, self.info.width) if self.with_motion else None,
+            )
+        with self._lock:
+            self.got[slot] = True
+            if self._on_frame is not None:
+                self._on_frame(int(self.got.sum()))
+
+    def count_bad_packet(self) -> None:
+        with self._lock:
+            self.bad_packets += 1
+
+    def batch(self, strategy: str) -> FrameBatch:
+        got, wanted = self.got, self.wanted
+        lost = int((~got).sum())
+        if lost == len(wanted):
+            raise VideoError(f"{self.path}: none of the {len(wanted)} requested frames could be decoded (corrupt data)")
+        if lost:
+            log.warning("%s: %d of %d requested frames could not be decoded (%d damaged packets)",
+                        self.path, lost, len(wanted), self.bad_packets)
+        return FrameBatch(
+            data=self.data[torch.from_numpy(got)] if lost else self.data,
+            pts_s=torch.from_numpy(self.info.pts_s[wanted[got]]),
+            indices=torch.from_numpy(wanted[got]),
+            codec=[c for c, ok in zip(self.codec, got) if ok] if self.config.with_codec_info else [],
+            frames_lost=lost,
+            strategy=strategy,
+        )
+
+
+def decode_span(sink: FrameSink, first: int, last: int, threads: str = "AUTO") -> None:
+    """Decode presentation indices ``first..last`` into ``sink``, starting at the keyframe at ``first``.
+
+    Args:
+        sink: Receives the wanted frames of the span.
+        first: A keyframe index (0 decodes from the file's start without seeking).
+        last: The last index to produce; decoding stops once it is out.
+        threads: FFmpeg threading for this decoder: ``"AUTO"``, or ``"NONE"`` when many decoders
+            run side by side. Motion vectors always use slice threading (see `DecodeConfig`).
+    """
+    info = sink.info
+    with open_video(sink.path) as (container, stream):
+        _configure_decoder(stream, sink.with_motion, threads)
+        time_base = float(stream.time_base)
+        if first > 0:
+            container.seek(int(round(info.pts_s[first] / time_base)), stream=stream, backward=True)
+
+        def take(frame: av.VideoFrame) -> bool:
+            """Store ``frame`` if it is in the span; True once the span is complete."""
+            if frame.pts is None:
+                return False
+            index = int(np.searchsorted(info.pts_s, frame.pts * time_base - 1e-9))
+            if first <= index <= last:
+                sink.store(index, frame)
+            return index >= last
+
+        for packet in _packets(container, stream):
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError:
+                sink.count_bad_packet()
+                continue
+            if any([take(f) for f in frames]):
+                return
+        try:
+            for frame in stream.codec_context.decode(None):
+                if take(frame):
+                    return
+        except av.error.FFmpegError:
+            sink.count_bad_packet()
 
 
 def decode_frames(
@@ -62,7 +174,7 @@ def decode_frames(
     info: VideoInfo | None = None,
     on_frame: Callable[[int], None] | None = None,
 ) -> FrameBatch:
-    """Decode the frames at ``indices`` (presentation order) in one pass over the file.
+    """Decode the frames at ``indices`` (presentation order) in one sequential pass over the file.
 
     Decoding stops after the last wanted frame. Damaged packets are skipped; frames the decoder
     could not produce are left out of the batch and counted in ``frames_lost``.
@@ -78,81 +190,9 @@ def decode_frames(
         VideoError: unreadable file, indices out of range, or no wanted frame could be decoded.
     """
     info = info or probe(path)
-    wanted = np.arange(info.frame_count) if indices is None else np.unique(np.asarray(indices, dtype=np.int64))
-    if len(wanted) == 0:
-        raise ConfigError(f"{path}: no frames requested")
-    if wanted[0] < 0 or wanted[-1] >= info.frame_count:
-        raise VideoError(f"{path}: frame index out of range 0..{info.frame_count - 1}")
-    height, width = config.size or (info.height, info.width)
-    slot_of = {int(i): k for k, i in enumerate(wanted)}
-    data = torch.empty((len(wanted), height, width, 3), dtype=torch.uint8)
-    got = np.zeros(len(wanted), dtype=bool)
-    codec: list[CodecInfo | None] = [None] * len(wanted)
-    with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
-    last_wanted = int(wanted[-1])
-    bad_packets = 0
-
-    with open_video(path) as (container, stream):
-        _configure_decoder(stream, with_motion)
-        time_base = float(stream.time_base)
-
-        def take(frame: av.VideoFrame) -> bool:
-            """Store ``frame`` if wanted; True once the last wanted frame is in."""
-            if frame.pts is None:
-                return False
-            index = int(np.searchsorted(info.pts_s, frame.pts * time_base - 1e-9))
-            slot = slot_of.get(index)
-            if slot is None or got[slot]:
-                return index >= last_wanted
-            rgb = frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
-            data[slot] = torch.from_numpy(rgb)
-            got[slot] = True
-            if config.with_codec_info:
-                vectors = None
-                if with_motion:
-                    side = frame.side_data.get("MOTION_VECTORS")
-                    vectors = side.to_ndarray() if side is not None else None
-                codec[slot] = CodecInfo(
-                    frame_type=_FRAME_TYPES.get(int(frame.pict_type), "?"),
-                    gop_index=int(info.gop_index_of(np.array([index]))[0]),
-                    motion=motion_map(vectors, info.height, info.width) if with_motion else None,
-                )
-            if on_frame is not None:
-                on_frame(int(got.sum()))
-            return index >= last_wanted
-
-        done = False
-        for packet in _packets(container, stream):
-            try:
-                frames = packet.decode()
-            except av.error.FFmpegError:
-                bad_packets += 1
-                continue
-            if any([take(f) for f in frames]):
-                done = True
-                break
-        if not done:
-            try:
-                for frame in stream.codec_context.decode(None):
-                    if take(frame):
-                        break
-            except av.error.FFmpegError:
-                bad_packets += 1
-
-    lost = int((~got).sum())
-    if lost == len(wanted):
-        raise VideoError(f"{path}: none of the {len(wanted)} requested frames could be decoded (corrupt data)")
-    if lost:
-        log.warning("%s: %d of %d requested frames could not be decoded (%d damaged packets)",
-                    path, lost, len(wanted), bad_packets)
-    keep = torch.from_numpy(got)
-    return FrameBatch(
-        data=data[keep] if lost else data,
-        pts_s=torch.from_numpy(info.pts_s[wanted[got]]),
-        indices=torch.from_numpy(wanted[got]),
-        codec=[c for c, ok in zip(codec, got) if ok] if config.with_codec_info else [],
-        frames_lost=lost,
-    )
+    sink = FrameSink(path, info, indices, config, on_frame)
+    decode_span(sink, 0, int(sink.wanted[-1]))
+    return sink.batch("sequential")
 
 
 def _packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream):

@@ -96,6 +96,7 @@ class FrameBatch:
         indices: Frame index of each frame in the stream's presentation order, shape ``(T,)``.
         codec: Per-frame codec information, same length as ``data`` (empty if not asked for).
         frames_lost: Requested frames the decoder could not produce (corrupt data).
+        strategy: How the frames were decoded: ``"sequential"``, ``"intervals"`` or ``"seek"``.
     """
 
     data: torch.Tensor
@@ -103,6 +104,7 @@ class FrameBatch:
     indices: torch.Tensor
     codec: list[CodecInfo] = dataclasses.field(default_factory=list)
     frames_lost: int = 0
+    strategy: str = "sequential"
 
     def __len__(self) -> int:
         return self.data.shape[0]

@@ -1,0 +1,73 @@
+"""Interval-parallel and seek decoding against sequential decoding, frame for frame."""
+
+import numpy as np
+import pytest
+import torch
+
+from vidsight.errors import ConfigError
+from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.parallel import choose_strategy, decode_parallel, gop_spans, plan_spans
+
+VIDEOS = {
+    "b-frames": dict(duration_s=5.0, gop=10, bframes=True),
+    "vfr, non-zero start": dict(duration_s=5.0, gop=12, bframes=True, variable_frame_rate=True, start_time_s=2.5),
+    "last gop cut short": dict(duration_s=4.25, fps=24, gop=16, bframes=False),  # 102 frames: last GOP has 6
+}
+
+
+def assert_same(a, b, with_codec_info):
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.pts_s, b.pts_s)
+    assert torch.equal(a.data, b.data)
+    if with_codec_info:
+        for x, y in zip(a.codec, b.codec, strict=True):
+            assert (x.frame_type, x.gop_index) == (y.frame_type, y.gop_index)
+            np.testing.assert_array_equal(x.motion, y.motion)
+
+
+@pytest.mark.parametrize("name", list(VIDEOS))
+@pytest.mark.parametrize("fps", [None, 2.0])
+@pytest.mark.parametrize("strategy", ["intervals", "seek"])
+def test_parallel_frames_equal_sequential(make_test_video, name, fps, strategy):
+    path, _ = make_test_video(**VIDEOS[name])
+    info = probe(path)
+    indices = None if fps is None else sample_frames(info, SamplingConfig(fps=fps))
+    with_codec_info = strategy == "intervals"
+    config = DecodeConfig(with_codec_info=with_codec_info)
+    sequential = decode_frames(path, indices, config, info)
+    parallel = decode_parallel(path, indices, config, info, workers=3, strategy=strategy)
+    assert parallel.strategy == strategy
+    assert_same(sequential, parallel, with_codec_info)
+
+
+def test_last_gop_is_short_in_the_fixture(make_test_video):
+    info = probe(make_test_video(**VIDEOS["last gop cut short"])[0])
+    assert info.gop_sizes[-1] < info.gop_sizes[0]
+
+
+def test_spans_start_at_keyframes_and_cover_every_wanted_frame(make_test_video):
+    path, _ = make_test_video(**VIDEOS["b-frames"])
+    info = probe(path)
+    wanted = np.arange(info.frame_count)
+    spans = plan_spans(info, wanted, 4)
+    assert 1 < len(spans) <= 4
+    assert all(first in info.keyframe_indices for first, _ in spans)
+    covered = np.concatenate([np.arange(first, last + 1) for first, last in spans])
+    np.testing.assert_array_equal(covered, wanted)
+
+
+def test_seek_is_chosen_for_samples_sparser_than_gops(make_test_video):
+    path, _ = make_test_video(**VIDEOS["b-frames"])
+    info = probe(path)
+    assert choose_strategy(info, np.arange(0, info.frame_count, 30)) == "seek"
+    assert choose_strategy(info, np.arange(0, info.frame_count, 5)) == "intervals"
+    assert gop_spans(info, np.array([3, 25, 27])) == [(0, 3), (20, 27)]
+    batch = decode_parallel(path, np.arange(0, info.frame_count, 30), info=info, workers=2)
+    assert batch.strategy == "seek"
+
+
+def test_bad_settings_are_refused(make_test_video):
+    path, _ = make_test_video(**VIDEOS["b-frames"])
+    with pytest.raises(ConfigError):
+        decode_parallel(path, workers=0)
+    with pytest.raises(ConfigError):
+        decode_parallel(path, strategy="fastest")
