@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     accuracy.add_argument("--json", action="store_true", help="print the JSON report")
     accuracy.add_argument("--report", default=None, help="also write the JSON report to this file")
 
+    decode = bench_commands.add_parser("decode", parents=[common],
+                                       help="sequential vs threaded vs interval-parallel decoding, in one run")
+    decode.add_argument("video", nargs="?", default=None, help="video file (default: a generated 10-min 1280x720 one)")
+    decode.add_argument("--fps", type=_float, nargs="+", default=[1.0, 2.0], help="sampling rates (default: 1 2)")
+    decode.add_argument("--workers", type=int, default=None, help="most parallel workers to try (default: CPU count)")
+    decode.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
+    decode.add_argument("--json", action="store_true", help="print the JSON report")
+
     train = add("train", help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
     train.add_argument("--steps", type=int, default=TrainConfig.steps)
@@ -130,12 +138,24 @@ def _run_model(args) -> int:
 
 
 def _run_bench(args) -> int:
+    if args.bench_command == "decode":
+        return _run_bench_decode(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, progress=sys.stderr.isatty() and not args.json)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def _run_bench_decode(args) -> int:
+    from vidsight.bench.decode import bench_video, format_decode_report, run_decode_bench, write_decode_report
+
+    video = args.video or bench_video(args.out)
+    report = run_decode_bench(video, args.fps, args.workers)
+    json_path, png_path = write_decode_report(report, args.out)
+    print(json.dumps(report) if args.json else f"{format_decode_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

@@ -24,6 +24,7 @@ _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
 # Codecs whose FFmpeg decoder honours export_mvs.
 MOTION_VECTOR_CODECS = frozenset({"h264"})
 MAX_DECODE_SIDE = 8192
+THREAD_MODES = ("AUTO", "FRAME", "SLICE", "NONE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +37,18 @@ class DecodeConfig:
         with_codec_info: Return per-frame frame types, GOP indices and (H.264) motion vectors.
             Vectors need FFmpeg's export_mvs with slice threading or none: frame threading returns
             wrong, run-to-run different B-frame vectors.
+        threads: FFmpeg's threading for a sequential decode: ``"AUTO"`` (frame and slice threads),
+            ``"FRAME"``, ``"SLICE"`` or ``"NONE"`` (one thread). Parallel decoding runs each of its
+            decoders single-threaded whatever this says.
     """
 
     size: tuple[int, int] | None = None
     with_codec_info: bool = False
+    threads: str = "AUTO"
 
     def __post_init__(self):
+        if self.threads not in THREAD_MODES:
+            raise ConfigError(f"threads must be one of {', '.join(THREAD_MODES)}, got {self.threads!r}")
         if self.size is not None:
             h, w = self.size
             if not (0 < h <= MAX_DECODE_SIDE and 0 < w <= MAX_DECODE_SIDE):
@@ -125,15 +132,15 @@ class FrameSink:
         )
 
 
-def decode_span(sink: FrameSink, first: int, last: int, threads: str = "AUTO") -> None:
+def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
     """Decode presentation indices ``first..last`` into ``sink``, starting at the keyframe at ``first``.
 
     Args:
         sink: Receives the wanted frames of the span.
         first: A keyframe index (0 decodes from the file's start without seeking).
         last: The last index to produce; decoding stops once it is out.
-        threads: FFmpeg threading for this decoder: ``"AUTO"``, or ``"NONE"`` when many decoders
-            run side by side. Motion vectors always use slice threading (see `DecodeConfig`).
+        threads: FFmpeg threading for this decoder (see `DecodeConfig`); motion vectors always
+            use slice threading.
     """
     info = sink.info
     with open_video(sink.path) as (container, stream):
@@ -191,7 +198,7 @@ def decode_frames(
     """
     info = info or probe(path)
     sink = FrameSink(path, info, indices, config, on_frame)
-    decode_span(sink, 0, int(sink.wanted[-1]))
+    decode_span(sink, 0, int(sink.wanted[-1]), config.threads)
     return sink.batch("sequential")
 
 

@@ -1,0 +1,146 @@
+"""`vidsight bench decode`: sequential, FFmpeg-threaded, interval-parallel and other decoders, one run.
+
+Every method decodes the same sampled frames of the same file; vidsight's methods are checked
+frame for frame against single-threaded sequential decoding, other libraries are compared
+pixel-wise and their largest difference reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vidsight.ingest import DecodeConfig, SamplingConfig, SyntheticSpec, decode_frames, decode_parallel, make_video
+from vidsight.ingest import probe, sample_frames
+
+# The issue's benchmark video: 10 minutes of 1280x720 H.264.
+BENCH_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=600, gop=16, bframes=True, square_size=96)
+
+
+def bench_video(directory: str | Path, spec: SyntheticSpec = BENCH_VIDEO) -> Path:
+    """The generated benchmark video, made once and reused."""
+    path = Path(directory) / f"bench_{spec.width}x{spec.height}_{int(spec.duration_s)}s.mp4"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make_video(path, spec)
+    return path
+
+
+REPEATS = 2  # each method's best of this many runs, so one disturbed run does not decide
+
+
+def _timed(fn):
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def _other_libraries(path: Path, indices: np.ndarray) -> dict[str, callable]:
+    """Decoders from other libraries that are installed here, as ``name -> () -> (T, H, W, 3) uint8``."""
+    found = {}
+    try:
+        import decord
+
+        def with_decord():
+            reader = decord.VideoReader(str(path), ctx=decord.cpu(0))
+            return torch.from_numpy(reader.get_batch(list(indices)).asnumpy())
+        found["decord get_batch"] = with_decord
+    except (ImportError, OSError):
+        pass
+    try:
+        from torchcodec.decoders import VideoDecoder
+
+        def with_torchcodec():
+            return VideoDecoder(str(path)).get_frames_at(indices.tolist()).data.permute(0, 2, 3, 1).contiguous()
+        found["torchcodec get_frames_at"] = with_torchcodec
+    except (ImportError, OSError, RuntimeError):
+        pass
+    return found
+
+
+def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None) -> dict:
+    """Time every decoding method at each sampling rate; see the module docstring."""
+    info = probe(path)
+    cores = os.cpu_count() or 1
+    worker_counts = sorted({1, *(range(2, (workers or cores) + 1))})
+    report = {"video": str(path), "codec": info.codec, "size": f"{info.width}x{info.height}",
+              "duration_s": info.duration_s, "frames": info.frame_count, "cpu_count": cores, "runs": []}
+    for fps in fps_values:
+        indices = sample_frames(info, SamplingConfig(fps=fps))
+        reference, base = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="NONE"), info))
+        methods = {"sequential, 1 thread": {"seconds": base, "identical": True}}
+        threaded, seconds = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="AUTO"), info))
+        methods["PyAV, FFmpeg threads"] = {"seconds": seconds, "identical": torch.equal(threaded.data, reference.data)}
+        for count in worker_counts:
+            batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=count))
+            methods[f"vidsight parallel, {count} workers"] = {
+                "seconds": seconds, "workers": count, "strategy": batch.strategy,
+                "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
+        for name, decode in _other_libraries(Path(path), indices).items():
+            frames, seconds = _timed(decode)
+            diff = (frames.int() - reference.data.int()).abs().max().item() if frames.shape == reference.data.shape else None
+            methods[name] = {"seconds": seconds, "identical": diff == 0, "max_abs_difference": diff,
+                             "shape": list(frames.shape)}
+        for entry in methods.values():
+            entry["speedup"] = base / entry["seconds"]
+            if "workers" in entry:
+                entry["parallel_efficiency"] = entry["speedup"] / entry["workers"]
+        report["runs"].append({"sample_fps": fps, "sampled_frames": len(indices), "methods": methods})
+    return report
+
+
+def plot_decode_report(report: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5))
+    names = list(runs[0]["methods"])
+    width = 0.8 / len(runs)
+    for k, run in enumerate(runs):
+        bars.barh(np.arange(len(names)) + k * width, [run["methods"][n]["seconds"] for n in names], height=width,
+                  label=f"{run['sample_fps']:g} fps ({run['sampled_frames']} frames)")
+    bars.set_yticks(np.arange(len(names)) + width * (len(runs) - 1) / 2, names)
+    bars.set(xlabel="seconds", title=f"decoding {report['size']}, {report['duration_s'] / 60:.0f} min")
+    bars.legend()
+    for run in runs:
+        parallel = [m for m in run["methods"].values() if "workers" in m]
+        lines.plot([m["workers"] for m in parallel], [m["speedup"] for m in parallel], marker="o",
+                   label=f"{run['sample_fps']:g} fps")
+    top = max(m["workers"] for m in runs[0]["methods"].values() if "workers" in m)
+    lines.plot([1, top], [1, top], color="grey", linestyle="--", label="linear")
+    lines.set(xlabel="workers", ylabel="speed-up over 1-thread sequential", title="interval-parallel scaling")
+    lines.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def format_decode_report(report: dict) -> str:
+    lines = [f"{report['video']}: {report['size']} {report['codec']}, {report['duration_s']:.0f} s, "
+             f"{report['frames']} frames, {report['cpu_count']} CPUs"]
+    for run in report["runs"]:
+        lines.append(f"\nsampling {run['sample_fps']:g} fps ({run['sampled_frames']} frames)")
+        for name, m in run["methods"].items():
+            extra = f", efficiency {m['parallel_efficiency']:.0%}" if "parallel_efficiency" in m else ""
+            lines.append(f"  {name:<30} {m['seconds']:8.2f} s  {m['speedup']:5.2f}x{extra}"
+                         f"  {'identical' if m['identical'] else 'differs'}")
+    return "\n".join(lines)
+
+
+def write_decode_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode.json").write_text(json.dumps(report, indent=1))
+    return out / "decode.json", plot_decode_report(report, out / "decode.png")
