@@ -16,6 +16,7 @@ from vidsight.engine import Asker, GenerationConfig
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.writer import write_video
 from vidsight.models import TASK_MODEL
+from vidsight.train.recipe import TRAINING_RECORD
 
 SHEET_COLUMNS = 8
 SHEET_SCALE = 2
@@ -56,6 +57,12 @@ def run_demo(out: str | Path, family: str = "needle", seed: int = 7, model: str 
                           "question": sample.question, "truth": sample.answer, "correct": correct, **result.to_dict()}))
         return 0
     s = result.stats
+    record = Path(model) / TRAINING_RECORD
+    if record.exists():
+        trained = json.loads(record.read_text())
+        scores = ", ".join(f"{k} {v:.0%}" for k, v in (trained["held_out_accuracy"] or {}).items())
+        print(f"NOTE: this model trained {trained['steps_trained']} of {trained['config']['steps']} steps; "
+              f"held-out accuracy {scores}. Below 90 % its answers are partly guesses.")
     print(f"video:         {video} ({sample.frames / SAMPLE_FPS:.0f} s, generated; the scene is in the .json beside it)")
     print(f"contact sheet: {sheet} (the {s.frames} frames the model saw)")
     print(f"model:         {model}")

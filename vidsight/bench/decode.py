@@ -34,9 +34,10 @@ def bench_video(directory: str | Path, spec: SyntheticSpec = BENCH_VIDEO) -> Pat
 REPEATS = 2  # each method's best of this many runs, so one disturbed run does not decide
 
 
-def _timed(fn):
-    best = float("inf")
-    for _ in range(REPEATS):
+def _timed(fn, repeats: int = REPEATS):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        out = None  # long videos: never hold two decodes at once
         start = time.perf_counter()
         out = fn()
         best = min(best, time.perf_counter() - start)
@@ -66,29 +67,39 @@ def _other_libraries(path: Path, indices: np.ndarray) -> dict[str, callable]:
     return found
 
 
-def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None) -> dict:
-    """Time every decoding method at each sampling rate; see the module docstring."""
+def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Largest per-pixel difference, frame by frame so long videos fit in memory; None if shapes differ."""
+    if a.shape != b.shape:
+        return None
+    return max(int((x.to(torch.int16) - y.to(torch.int16)).abs().max()) for x, y in zip(a, b))
+
+
+def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repeats: int = REPEATS) -> dict:
+    """Time every decoding method at each sampling rate (best of ``repeats``); see the module docstring."""
     info = probe(path)
     cores = os.cpu_count() or 1
     worker_counts = sorted({1, *(range(2, (workers or cores) + 1))})
-    report = {"video": str(path), "codec": info.codec, "size": f"{info.width}x{info.height}",
+    report = {"repeats": repeats, "video": str(path), "codec": info.codec, "size": f"{info.width}x{info.height}",
               "duration_s": info.duration_s, "frames": info.frame_count, "cpu_count": cores, "runs": []}
     for fps in fps_values:
         indices = sample_frames(info, SamplingConfig(fps=fps))
-        reference, base = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="NONE"), info))
+        reference, base = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="NONE"), info), repeats)
         methods = {"sequential, 1 thread": {"seconds": base, "identical": True}}
-        threaded, seconds = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="AUTO"), info))
+        threaded, seconds = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="AUTO"), info), repeats)
         methods["PyAV, FFmpeg threads"] = {"seconds": seconds, "identical": torch.equal(threaded.data, reference.data)}
+        del threaded
         for count in worker_counts:
-            batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=count))
+            batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=count), repeats)
             methods[f"vidsight parallel, {count} workers"] = {
                 "seconds": seconds, "workers": count, "strategy": batch.strategy,
                 "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
+            del batch
         for name, decode in _other_libraries(Path(path), indices).items():
-            frames, seconds = _timed(decode)
-            diff = (frames.int() - reference.data.int()).abs().max().item() if frames.shape == reference.data.shape else None
+            frames, seconds = _timed(decode, repeats)
+            diff = _max_abs_difference(frames, reference.data)
             methods[name] = {"seconds": seconds, "identical": diff == 0, "max_abs_difference": diff,
                              "shape": list(frames.shape)}
+            del frames
         for entry in methods.values():
             entry["speedup"] = base / entry["seconds"]
             if "workers" in entry:

@@ -134,7 +134,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
             plot_history(history, out / "curves.png")
             log.info("step %d loss %.4f accuracy %s", done, entry["loss"], entry["held_out_accuracy"])
     model.eval()
-    return write_checkpoint(out / "model", model, adapter.tokenizer)
+    return write_checkpoint(out / "model", model, adapter.tokenizer, _record(config, history))
 
 
 def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
@@ -143,9 +143,18 @@ def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
     checkpoint = out / "checkpoint.pt"
     if not checkpoint.exists():
         raise ConfigError(f"{checkpoint}: no checkpoint to export")
+    state = torch.load(checkpoint, weights_only=False)
     adapter = build_adapter(seed)
-    adapter.model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
-    return write_checkpoint(out / "model", adapter.model.eval(), adapter.tokenizer)
+    adapter.model.load_state_dict(state["model"])
+    record = _record(TrainConfig(**state["config"]), state["history"])
+    return write_checkpoint(out / "model", adapter.model.eval(), adapter.tokenizer, record)
+
+
+def _record(config: TrainConfig, history: list[dict]) -> dict:
+    """What a checkpoint was trained with and how it scored on held-out clips."""
+    last = history[-1] if history else {}
+    return {"config": config.__dict__, "steps_trained": last.get("step", 0),
+            "held_out_accuracy": last.get("held_out_accuracy"), "elapsed_s": last.get("elapsed_s")}
 
 
 def plot_history(history: list[dict], path: Path) -> None:

@@ -66,8 +66,14 @@ def model_config(tokenizer):
     )
 
 
-def write_checkpoint(directory: str | Path, model, tokenizer) -> Path:
-    """Save ``model`` and ``tokenizer`` as a Hugging Face checkpoint that `load_model` reads."""
+TRAINING_RECORD = "vidsight_training.json"
+
+
+def write_checkpoint(directory: str | Path, model, tokenizer, record: dict | None = None) -> Path:
+    """Save ``model`` and ``tokenizer`` as a Hugging Face checkpoint that `load_model` reads.
+
+    ``record`` (steps trained, held-out accuracy) is written beside it as ``vidsight_training.json``.
+    """
     from transformers import GenerationConfig
 
     directory = Path(directory)
@@ -83,4 +89,6 @@ def write_checkpoint(directory: str | Path, model, tokenizer) -> Path:
     (directory / "video_preprocessor_config.json").write_text(
         json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **pixels,
                     "total_pixels": FRAME * FRAME * 1024}, indent=2))
+    if record is not None:
+        (directory / TRAINING_RECORD).write_text(json.dumps(record, indent=1))
     return directory
