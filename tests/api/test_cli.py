@@ -139,3 +139,11 @@ def test_demo_writes_video_contact_sheet_and_reports_truth(tmp_path, tiny_model_
     assert report["correct"] == (report["answer"].strip().lower().startswith(report["truth"]))
     assert (tmp_path / "count_3.mp4").is_file() and (tmp_path / "count_3_frames.png").is_file()
     assert report["stats"]["frames"] == 16
+
+
+def test_cli_silences_ffmpeg_without_pyav_log_callback(make_test_video, capsys):
+    """PyAV's log callback takes the GIL from FFmpeg's decoder threads and can deadlock; keep it off."""
+    av.logging.set_level(None)
+    path, _ = make_test_video(duration_s=1.0)
+    assert main(["probe", str(path)]) == 0
+    assert av.logging.get_level() is None

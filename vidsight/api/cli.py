@@ -185,7 +185,9 @@ def _quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    av.logging.set_level(av.logging.PANIC)
+    # FFmpeg's own level, not PyAV's callback: that callback takes the GIL from decoder threads
+    # and deadlocks when a frame-threaded decoder is freed.
+    av.logging.set_libav_level(av.logging.PANIC)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
 
 
