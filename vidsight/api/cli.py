@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=TrainConfig.seed)
     train.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
 
     demo = add("demo", help="generate a sample video and ask about it")
@@ -168,7 +169,7 @@ def _run_train(args) -> int:
         return 0
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every)
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
-    print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty()))
+    print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
     return 0
 
 

@@ -37,6 +37,9 @@ class Batch:
     grid_thw: torch.Tensor         # (B, 3)
     answer_start: torch.Tensor     # (B,) index of each first answer token
 
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
 
 def make_batch(samples: list[Sample], adapter, augment: bool) -> Batch:
     """Render, preprocess and tokenise ``samples`` (all with the same frame count)."""

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from vidsight.bench.tasks import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
 from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
-from vidsight.models.loading import CLIP_MEAN, CLIP_STD
+from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.train.batches import Batch, make_batch
@@ -55,6 +55,7 @@ def step_samples(config: TrainConfig, step: int) -> list:
 
 
 def model_loss(model, batch: Batch) -> torch.Tensor:
+    batch = batch.to(model.device)
     return model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
                  pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).loss
 
@@ -68,7 +69,7 @@ def held_out_accuracy(adapter, config: TrainConfig) -> dict[str, float]:
         correct = 0
         samples = [make_sample(family, HELD_OUT_SEED + i) for i in range(config.eval_per_family)]
         for lo in range(0, len(samples), 4):
-            batch = make_batch(samples[lo : lo + 4], adapter, augment=False)
+            batch = make_batch(samples[lo : lo + 4], adapter, augment=False).to(adapter.model.device)
             logits = adapter.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
                                    pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).logits
             rows = torch.arange(len(batch.answer_start))
@@ -88,22 +89,24 @@ def _schedule(config: TrainConfig):
     return factor
 
 
-def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = False, progress: bool = True) -> Path:
+def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = False, progress: bool = True,
+          device: str | None = None) -> Path:
     """Train, evaluate every ``eval_every`` steps, checkpoint, and export the final model.
 
     Writes ``out/checkpoint.pt`` (for resuming), ``out/log.jsonl``, ``out/curves.png`` and the
-    Hugging Face checkpoint ``out/model``.
+    Hugging Face checkpoint ``out/model``. ``device`` defaults to CUDA when available; clips are
+    generated on the CPU either way.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     adapter = build_adapter(config.seed)
-    model = adapter.model.train()
+    model = adapter.model.to(resolve_device(device)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
     start, history, elapsed = 0, [], 0.0
     checkpoint = out / "checkpoint.pt"
     if resume and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=model.device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -133,7 +136,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
                         "elapsed_s": entry["elapsed_s"], "config": config.__dict__}, checkpoint)
             plot_history(history, out / "curves.png")
             log.info("step %d loss %.4f accuracy %s", done, entry["loss"], entry["held_out_accuracy"])
-    model.eval()
+    model.eval().to("cpu")
     return write_checkpoint(out / "model", model, adapter.tokenizer, _record(config, history))
 
 
@@ -143,7 +146,7 @@ def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
     checkpoint = out / "checkpoint.pt"
     if not checkpoint.exists():
         raise ConfigError(f"{checkpoint}: no checkpoint to export")
-    state = torch.load(checkpoint, weights_only=False)
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
     adapter = build_adapter(seed)
     adapter.model.load_state_dict(state["model"])
     record = _record(TrainConfig(**state["config"]), state["history"])
