@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from vidsight.ingest.synthetic import smooth_texture
+
 COLOURS = {
     "red": (220, 40, 40),
     "green": (40, 180, 60),
@@ -100,13 +102,7 @@ class Scene:
         if self._background is None:
             rng = np.random.default_rng(self.seed)
             width = self.width + int(math.ceil(abs(self.pan) * self.duration_s)) + 2
-            coarse = rng.uniform(90, 165, size=(self.height // 16 + 2, width // 16 + 2, 3))
-            ys = np.linspace(0, coarse.shape[0] - 1.001, self.height)
-            xs = np.linspace(0, coarse.shape[1] - 1.001, width)
-            y0, x0 = ys.astype(int), xs.astype(int)
-            fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-            smooth = (coarse[y0][:, x0] * (1 - fy) * (1 - fx) + coarse[y0 + 1][:, x0] * fy * (1 - fx)
-                      + coarse[y0][:, x0 + 1] * (1 - fy) * fx + coarse[y0 + 1][:, x0 + 1] * fy * fx)
+            smooth = smooth_texture(rng, self.height, width, 90, 165)
             grey = smooth.mean(axis=2, keepdims=True)
             # Desaturate so object colours are unmistakable; keep grain so motion search is honest.
             texture = 0.6 * grey + 0.4 * smooth + rng.normal(0, 6, size=(self.height, width, 1))

@@ -53,16 +53,21 @@ class SyntheticSpec:
         return max(1, round(self.duration_s * self.fps))
 
 
+def smooth_texture(rng: np.random.Generator, height: int, width: int, low: float, high: float) -> np.ndarray:
+    """Random colours on a 16-pixel lattice, bilinearly interpolated: ``(height, width, 3)`` float."""
+    coarse = rng.uniform(low, high, size=(height // 16 + 2, width // 16 + 2, 3))
+    ys = np.linspace(0, coarse.shape[0] - 1.001, height)
+    xs = np.linspace(0, coarse.shape[1] - 1.001, width)
+    y0, x0 = ys.astype(int), xs.astype(int)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    return (coarse[y0][:, x0] * (1 - fy) * (1 - fx) + coarse[y0 + 1][:, x0] * fy * (1 - fx)
+            + coarse[y0][:, x0 + 1] * (1 - fy) * fx + coarse[y0 + 1][:, x0 + 1] * fy * fx)
+
+
 def background(spec: SyntheticSpec) -> np.ndarray:
     """A static texture with detail at every scale, so any wrong motion vector costs the encoder bits."""
     rng = np.random.default_rng(spec.seed)
-    coarse = rng.uniform(40, 215, size=(spec.height // 16 + 2, spec.width // 16 + 2, 3))
-    ys = np.linspace(0, coarse.shape[0] - 1.001, spec.height)
-    xs = np.linspace(0, coarse.shape[1] - 1.001, spec.width)
-    y0, x0 = ys.astype(int), xs.astype(int)
-    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-    smooth = (coarse[y0][:, x0] * (1 - fy) * (1 - fx) + coarse[y0 + 1][:, x0] * fy * (1 - fx)
-              + coarse[y0][:, x0 + 1] * (1 - fy) * fx + coarse[y0 + 1][:, x0 + 1] * fy * fx)
+    smooth = smooth_texture(rng, spec.height, spec.width, 40, 215)
     grain = rng.normal(0, 12, size=(spec.height, spec.width, 1))
     return np.clip(smooth + grain, 0, 255).astype(np.uint8)
 

@@ -78,10 +78,8 @@ def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = Qwen2_5_VLConfig(
@@ -95,15 +93,33 @@ def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
+
+
+def save_checkpoint(directory: str | Path, model, tokenizer, min_pixels: int, max_pixels: int,
+                    total_pixels: int) -> Path:
+    """Write a Qwen2.5-VL model in the Hugging Face layout, with the processor files vidsight reads.
+
+    Args:
+        directory: Created if missing.
+        model: A ``Qwen2_5_VLForConditionalGeneration``.
+        tokenizer: Its tokenizer, carrying Qwen's chat special tokens and a chat template.
+        min_pixels: Smallest per-frame pixel count after resizing.
+        max_pixels: Largest per-frame pixel count after resizing.
+        total_pixels: Pixel budget for a whole video.
+    """
+    from transformers import GenerationConfig
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-                     pad_token_id=ids["<|endoftext|>"]).save_pretrained(directory)
     tokenizer.save_pretrained(directory)  # also writes chat_template.jinja
-    preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "temporal_patch_size": 2,
-                    "merge_size": 2, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
-                    "min_pixels": 56 * 56, "max_pixels": 224 * 224}
-    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    video = dict(preprocessor, video_processor_type="Qwen2VLVideoProcessor", **TINY_VIDEO_PIXELS)
-    video.pop("image_processor_type")
-    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, pad_token_id=eos[1]).save_pretrained(directory)
+    pixels = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": list(CLIP_MEAN),
+              "image_std": list(CLIP_STD), "min_pixels": min_pixels, "max_pixels": max_pixels}
+    (directory / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **pixels}, indent=2))
+    (directory / "video_preprocessor_config.json").write_text(
+        json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **pixels, "total_pixels": total_pixels}, indent=2))
     return directory

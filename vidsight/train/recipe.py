@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vidsight.bench.tasks import FRAME
 from vidsight.errors import ConfigError
-from vidsight.models.loading import CLIP_MEAN, CLIP_STD
+from vidsight.models.tiny import save_checkpoint
 
 TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
@@ -74,21 +74,8 @@ def write_checkpoint(directory: str | Path, model, tokenizer, record: dict | Non
 
     ``record`` (steps trained, held-out accuracy) is written beside it as ``vidsight_training.json``.
     """
-    from transformers import GenerationConfig
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-    GenerationConfig(eos_token_id=eos, pad_token_id=eos[1]).save_pretrained(directory)
-    pixels = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": list(CLIP_MEAN),
-              "image_std": list(CLIP_STD), "min_pixels": 56 * 56, "max_pixels": FRAME * FRAME}
-    (directory / "preprocessor_config.json").write_text(
-        json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **pixels}, indent=2))
-    (directory / "video_preprocessor_config.json").write_text(
-        json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **pixels,
-                    "total_pixels": FRAME * FRAME * 1024}, indent=2))
+    directory = save_checkpoint(directory, model, tokenizer, min_pixels=56 * 56, max_pixels=FRAME * FRAME,
+                                total_pixels=FRAME * FRAME * 1024)
     if record is not None:
         (directory / TRAINING_RECORD).write_text(json.dumps(record, indent=1))
     return directory
