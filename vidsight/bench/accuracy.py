@@ -90,7 +90,7 @@ def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) ->
     anomaly = precision_recall_f1(predicted, actual)
     anomaly.update(videos=len(actual), window_accuracy=window_hits / max(window_total, 1), windows=window_total,
                    window_frames=WINDOW_FRAMES, stride_frames=STRIDE_FRAMES)
-    return {"suite": suite, "model": str(getattr(asker.adapter, "name", model)), "families": families,
+    return {"suite": suite, "model": asker.adapter.name, "families": families,
             "anomaly_videos": anomaly, "answers": answers}
 
 

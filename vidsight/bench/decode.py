@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ def _timed(fn, repeats: int = REPEATS):
     return out, best
 
 
-def _other_libraries(path: Path, indices: np.ndarray) -> dict[str, callable]:
+def _other_libraries(path: Path, indices: np.ndarray) -> dict[str, Callable[[], torch.Tensor]]:
     """Decoders from other libraries that are installed here, as ``name -> () -> (T, H, W, 3) uint8``."""
     found = {}
     try:
