@@ -86,8 +86,10 @@ def test_bad_video_files(bad_files, tiny_model_dir, capsys, kind, message):
 
 @pytest.mark.parametrize("flags,message", [
     (["--fps", "0"], "fps"), (["--fps", "-2"], "fps"), (["--max-frames", "0"], "max_frames"),
-    (["--max-new-tokens", "0"], "max_new_tokens"), (["--chunk-frames", "-1"], "chunk_frames"),
+    (["--max-new-tokens", "0"], "max_new_tokens"), (["--group-frames", "-1"], "group_frames"),
     (["--device", "gpu"], "not a device name"), (["--temperature", "-1"], "temperature"),
+    (["--rho", "0"], "rho"), (["--rho", "1.5"], "rho"), (["--prune-start-layer", "-1"], "start_layer"),
+    (["--decode-workers", "-2"], "workers"), (["--rho", "0.5", "--group-frames", "0"], "group by group"),
 ])
 def test_nonsensical_flags(make_test_video, tiny_model_dir, capsys, flags, message):
     path, _ = make_test_video(duration_s=1.0)
@@ -114,7 +116,9 @@ def test_debug_shows_the_traceback(bad_files):
     assert done.returncode != 0 and "Traceback" in done.stderr and "VideoError" in done.stderr
 
 
-def test_corrupt_middle_decodes_the_rest_and_counts_losses(tmp_path, make_test_video, tiny_model_dir, capsys, caplog):
+@pytest.mark.parametrize("flags,fills", [([], True), (["--no-overlap"], False), (["--decode-workers", "0"], False)])
+def test_corrupt_middle_decodes_the_rest_and_counts_losses(tmp_path, make_test_video, tiny_model_dir, capsys, caplog,
+                                                           flags, fills):
     good, _ = make_test_video(duration_s=4.0, bframes=True)
     data = bytearray(good.read_bytes())
     third = len(data) // 3
@@ -122,11 +126,13 @@ def test_corrupt_middle_decodes_the_rest_and_counts_losses(tmp_path, make_test_v
     path = tmp_path / "damaged.mp4"
     path.write_bytes(bytes(data))
     code = main(["ask", str(path), "What?", "--model", str(tiny_model_dir), "--fps", "24", "--max-new-tokens", "2",
-                 "--json"])
+                 "--json", *flags])
     captured = capsys.readouterr()
     assert code == 0
     stats = json.loads(captured.out)["stats"]
-    assert stats["frames_lost"] > 0 and stats["frames"] + stats["frames_lost"] == 96
+    # Overlapped decoding keeps one frame per sample time (lost ones repeat their predecessor);
+    # decoding first drops them.
+    assert stats["frames_lost"] > 0 and stats["frames"] + (0 if fills else stats["frames_lost"]) == 96
     assert str(path) in caplog.text and "could not be decoded" in caplog.text
 
 

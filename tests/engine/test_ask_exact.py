@@ -43,7 +43,7 @@ def test_greedy_answer_equals_transformers_generate(tiny_adapter, make_test_vide
     path, _ = make_test_video(**fields)
     sampling = SamplingConfig(fps=fps)
     result = Asker(tiny_adapter).ask(path, QUESTION, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS),
-                                     PrefillConfig(chunk_frames=2))
+                                     PrefillConfig(group_frames=2))
     inputs, video = reference_inputs(tiny_adapter, path, sampling)
     assert result.stats.frames % 2 == (0 if "even" in name else 1)
     assert result.stats.visual_tokens == video.pixel_values.shape[0] // 4
@@ -60,8 +60,8 @@ def test_first_token_logits_match_transformers(tiny_adapter, make_test_video):
     with torch.inference_mode():
         reference = tiny_adapter.model(**inputs).logits[0, -1]
     asker = Asker(tiny_adapter)
-    for chunk_frames in [0, 2]:
-        ours = asker.prefill_logits(path, QUESTION, SamplingConfig(fps=2.0), PrefillConfig(chunk_frames=chunk_frames))
+    for group_frames in [0, 2]:
+        ours = asker.prefill_logits(path, QUESTION, SamplingConfig(fps=2.0), PrefillConfig(group_frames=group_frames))
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -77,14 +77,14 @@ def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_
     positions, _ = prompt_positions(inputs["input_ids"].shape[1], layout_start, vpos)
     with torch.inference_mode():
         reference = tiny_adapter.model(**inputs, position_ids=positions[:, None, :]).logits[0, -1]
-    ours = Asker(tiny_adapter).prefill_logits(path, QUESTION, sampling, PrefillConfig(chunk_frames=4))
+    ours = Asker(tiny_adapter).prefill_logits(path, QUESTION, sampling, PrefillConfig(group_frames=4))
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
 def test_chunked_prefill_gives_the_same_answer(tiny_adapter, make_test_video):
     path, _ = make_test_video(width=176, height=144, duration_s=6.0)
     asker = Asker(tiny_adapter)
-    answers = [asker.ask(path, QUESTION, prefill=PrefillConfig(chunk_frames=c),
+    answers = [asker.ask(path, QUESTION, prefill=PrefillConfig(group_frames=c),
                          generation=GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids for c in (0, 2, 6)]
     assert answers[0] == answers[1] == answers[2]
 
@@ -99,22 +99,3 @@ def test_sampling_is_reproducible_with_a_seed(tiny_adapter, make_test_video):
 
     assert sample(3) == sample(3)
     assert sample(3) != sample(4)
-
-
-def test_video_rows_record_frame_time_grid_and_position(tiny_adapter, make_test_video):
-    from vidsight.engine.ask import video_rows
-    from vidsight.kv import VIDEO
-
-    path, truth = make_test_video(**CASES[0][1])  # 5 sampled frames: padded to 6, 3 temporal patches
-    info = probe(path)
-    frames = decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
-    video = preprocess_video(frames.data, tiny_adapter.vision)
-    positions = tiny_adapter.video_positions(video.grid_thw, 1.0, start=7)
-    rows = video_rows(frames, video, tiny_adapter.vision.merge_size, positions)
-    per_patch = video.grid_thw[1] * video.grid_thw[2] // 4
-    assert len(rows) == 3 * per_patch and bool((rows.kind == VIDEO).all())
-    expected_frames = frames.indices[[0, 2, 4]].repeat_interleave(per_patch)
-    assert torch.equal(rows.frame_index, expected_frames)
-    assert torch.allclose(rows.time_s, torch.tensor(truth["pts_s"], dtype=torch.float64)[expected_frames])
-    assert rows.grid[:, 0].tolist() == [0] * per_patch + [1] * per_patch + [2] * per_patch
-    assert torch.equal(rows.position, positions.T)

@@ -14,6 +14,7 @@ def test_write_returns_views_up_to_the_chunk_and_commit_advances():
     for layer in range(2):
         keys, values = cache.write(layer, *chunk(3, 1))
         assert keys.shape == (1, 2, 3, 4) and torch.all(values == -1)
+        cache.keep(layer, 3)
     cache.commit(TokenTable.text(torch.arange(3).expand(3, -1)))
     keys, _ = cache.write(0, *chunk(2, 2))
     assert keys.shape == (1, 2, 5, 4)
@@ -35,3 +36,20 @@ def test_token_table_slices_and_concatenates():
     both = TokenTable.concat([a, b])
     assert len(both) == 6 and both.position[4, 1] == 10
     assert both[2:5].position[:, 2].tolist() == [2, 3, 10]
+
+
+def test_keep_compacts_a_layers_chunk_and_maps_slots_to_tokens():
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+    keys = torch.arange(10.0).reshape(1, 1, 5, 2)
+    for layer, kept in [(0, None), (1, torch.tensor([1, 4]))]:
+        cache.write(layer, keys, -keys)
+        cache.keep(layer, 5, kept)
+    cache.commit(TokenTable.text(torch.arange(5).expand(3, -1)))
+    assert cache.filled == [5, 2] and cache.length == 5
+    assert torch.equal(cache.keys[1, 0, 0, :2], keys[0, 0, [1, 4]])
+    assert torch.equal(cache.values[1, 0, 0, :2], -keys[0, 0, [1, 4]])
+    assert cache.layer_tokens(1).position[:, 0].tolist() == [1, 4]
+    assert cache.layer_tokens(0).position[:, 0].tolist() == [0, 1, 2, 3, 4]
+    # The next chunk lands after each layer's own kept slots.
+    cache.write(1, torch.full((1, 1, 1, 2), 7.0), torch.zeros(1, 1, 1, 2))
+    assert torch.all(cache.keys[1, 0, 0, 2] == 7)

@@ -9,21 +9,14 @@ import logging
 import sys
 from pathlib import Path
 
+from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
 from vidsight.errors import VidsightError
 
 EXIT_BAD_INPUT = 2
 
 
-def _float(text: str) -> float:
-    # Range checks live in the config dataclasses; this only parses.
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from vidsight.engine import DEFAULT_MODEL, GenerationConfig, PrefillConfig
+    from vidsight.engine import DEFAULT_MODEL, GenerationConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
     from vidsight.bench.tasks import FAMILIES
     from vidsight.models import TASK_MODEL
@@ -47,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
     ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ask.add_argument("--chunk-frames", type=int, default=PrefillConfig.chunk_frames, help="video frames per prefill chunk (0: one chunk)")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_prefill_options(ask)
+    add_feed_options(ask)
 
     probe = add("probe", help="describe a video's stream without decoding it")
     probe.add_argument("video")
@@ -69,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     accuracy.add_argument("--root", default="out/suites", help="where suites are generated (default: out/suites)")
     accuracy.add_argument("--json", action="store_true", help="print the JSON report")
     accuracy.add_argument("--report", default=None, help="also write the JSON report to this file")
+    add_prefill_options(accuracy)
 
     decode = bench_commands.add_parser("decode", parents=[common],
                                        help="sequential vs threaded vs interval-parallel decoding, in one run")
@@ -98,14 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_ask(args) -> int:
-    from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+    from vidsight.engine import Asker, GenerationConfig
     from vidsight.ingest import SamplingConfig
 
     sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed)
-    prefill = PrefillConfig(chunk_frames=args.chunk_frames)
-    result = Asker(args.model, device=args.device).ask(args.video, args.question, sampling, generation, prefill,
+    result = Asker(args.model, device=args.device).ask(args.video, args.question, sampling, generation,
+                                                       prefill_config(args), feed_config(args),
                                                        progress=sys.stderr.isatty() and not args.json)
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -113,7 +108,8 @@ def _run_ask(args) -> int:
         print(result.answer)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
-        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens, {s.generated_tokens} generated; {stages}; "
+        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({s.kept_visual_tokens} kept), "
+              f"{s.generated_tokens} generated; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
     return 0
 
@@ -144,7 +140,8 @@ def _run_bench(args) -> int:
         return _run_bench_decode(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
-    report = run_accuracy(args.model, args.suite, args.root, progress=sys.stderr.isatty() and not args.json)
+    report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
+                          progress=sys.stderr.isatty() and not args.json)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     print(json.dumps(report) if args.json else format_report(report))

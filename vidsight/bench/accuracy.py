@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vidsight.bench.suite import STRIDE_FRAMES, WINDOW_FRAMES, build_suite, window_starts
-from vidsight.engine import Asker, GenerationConfig
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.types import FrameBatch
 
@@ -48,8 +49,9 @@ def _window(frames: FrameBatch, start: int) -> FrameBatch:
     return FrameBatch(frames.data[span], frames.pts_s[span], frames.indices[span])
 
 
-def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) -> dict:
-    """Score ``model`` on ``suite`` (built under ``root`` if missing).
+def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = PrefillConfig(),
+                 progress: bool = False) -> dict:
+    """Score ``model`` on ``suite`` (built under ``root`` if missing), prefilling as ``prefill`` says.
 
     Returns:
         ``{"suite", "model", "families": {family: {"accuracy", "correct", "total"}},
@@ -64,7 +66,7 @@ def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) ->
     families: dict[str, dict] = {}
     answers = []
     for clip in tqdm(manifest["clips"], desc="clips", disable=not progress):
-        got = asker.ask(directory / clip["video"], clip["question"], sampling, generation).answer
+        got = asker.ask(directory / clip["video"], clip["question"], sampling, generation, prefill).answer
         ok = normalise(got) == normalise(clip["answer"])
         score = families.setdefault(clip["family"], {"correct": 0, "total": 0})
         score["correct"] += ok
@@ -81,7 +83,8 @@ def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) ->
         frames = decode_frames(path, sample_frames(info, sampling), DecodeConfig(), info)
         verdicts = []
         for start, label in zip(window_starts(len(frames)), video["window_labels"]):
-            answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"], generation)
+            answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"], generation,
+                                      prefill)
             verdicts.append(normalise(answer.answer) == "yes")
             window_hits += verdicts[-1] == label
             window_total += 1
@@ -90,12 +93,16 @@ def run_accuracy(model, suite: str, root: str | Path, progress: bool = False) ->
     anomaly = precision_recall_f1(predicted, actual)
     anomaly.update(videos=len(actual), window_accuracy=window_hits / max(window_total, 1), windows=window_total,
                    window_frames=WINDOW_FRAMES, stride_frames=STRIDE_FRAMES)
-    return {"suite": suite, "model": asker.adapter.name, "families": families,
+    return {"suite": suite, "model": asker.adapter.name, "prefill": dataclasses.asdict(prefill), "families": families,
             "anomaly_videos": anomaly, "answers": answers}
 
 
 def format_report(report: dict) -> str:
-    lines = [f"suite {report['suite']}, model {report['model']}", "", f"{'family':<10} {'accuracy':>9} {'n':>5}"]
+    prune = report["prefill"]["prune"]
+    compute = "full compute" if prune["rho"] == 1 else \
+        f"KV pruning rho {prune['rho']} ({prune['scorer']}, from layer {prune['start_layer']})"
+    lines = [f"suite {report['suite']}, model {report['model']}, {compute}, "
+             f"groups of {report['prefill']['group_frames']} frames", "", f"{'family':<10} {'accuracy':>9} {'n':>5}"]
     for family, score in report["families"].items():
         lines.append(f"{family:<10} {score['accuracy']:>9.1%} {score['total']:>5}")
     a = report["anomaly_videos"]

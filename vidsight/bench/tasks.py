@@ -152,6 +152,41 @@ def anomaly_task(rng, seed: int, frames: int) -> Sample:
     return Sample("anomaly", seed, scene, ANOMALY_QUERY, "Yes" if want else "No", frames)
 
 
+def probe_questions(sample: Sample) -> list[tuple[str, str]]:
+    """Further questions the clip answers exactly, beyond the sample's own.
+
+    Training asks them as later turns of the same conversation, so one clip's vision pass
+    teaches several answers: the colour and shape of each uniquely identifiable object, the
+    object count when it never changes, and which of two objects appeared first.
+    """
+    times = sample.times_s
+    seen = [o for o in sample.scene.objects if any(o.visible(t) for t in times)]
+    first_frame = {id(o): next(k for k, t in enumerate(times) if o.visible(t)) for o in seen}
+    shapes = [o.shape for o in seen]
+    colours = [o.colour_at(t) for o in seen for t in times if o.visible(t)]
+    out = []
+    for obj in seen:
+        palette = {obj.colour_at(t) for t in times if obj.visible(t)}
+        if shapes.count(obj.shape) == 1 and len(palette) == 1:
+            verb = "is" if all(obj.visible(t) for t in times) else "was"
+            out.append((f"What colour {verb} the {obj.shape}?", obj.colour))
+        if len(palette) == 1 and colours.count(obj.colour) == sum(obj.visible(t) for t in times) \
+                and all(obj.visible(t) for t in times):
+            out.append((f"What shape is the {obj.colour} object?", obj.shape))
+    visible_counts = {sum(o.visible(t) for o in seen) for t in times}
+    if len(visible_counts) == 1 and 1 <= len(seen) <= 4:
+        out.append(("How many objects are there?", str(len(seen))))
+    unique = [o for o in seen if shapes.count(o.shape) == 1]
+    for i, a in enumerate(unique):
+        for b in unique[i + 1 :]:
+            if abs(first_frame[id(a)] - first_frame[id(b)]) >= 2:
+                early = a if first_frame[id(a)] < first_frame[id(b)] else b
+                out.append((f"Which appeared first, the {a.shape} or the {b.shape}?", early.shape))
+    if sample.scene.zone is not None:
+        out.append((ANOMALY_QUERY, "Yes" if anomaly_label(sample.scene, times) else "No"))
+    return [qa for qa in out if qa != (sample.question, sample.answer)]
+
+
 FAMILIES: dict[str, Callable] = {
     "count": count_task,
     "attribute": attribute_task,

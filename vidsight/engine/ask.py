@@ -1,22 +1,22 @@
-"""The ask workload: one question about a whole video file, at full compute."""
+"""The ask workload: one question about a whole video file, decoded and prefilled group by group."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from vidsight.engine.forward import PrefillConfig, chunk_bounds, forward
+from vidsight.engine.forward import PrefillConfig
 from vidsight.engine.generate import GenerationConfig, generate
+from vidsight.engine.prefill import Prefilled, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
-from vidsight.ingest import DecodeConfig, FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
-from vidsight.kv import VIDEO, KVCache, TokenTable
+from vidsight.ingest import DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe, sample_frames
+from vidsight.ingest.feed import FrameFeed
 from vidsight.models import load_model
-from vidsight.models.positions import prompt_positions
-from vidsight.vision import VideoInput, preprocess_video
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 MAX_QUESTION_CHARS = 20000
@@ -40,28 +40,25 @@ class AskResult:
         return {"answer": self.answer, "stats": self.stats.to_dict()}
 
 
-def video_rows(frames: FrameBatch, video: VideoInput, merge_size: int, positions: torch.Tensor) -> TokenTable:
-    """Token-table rows for a video span: frame, time and grid cell of every token."""
-    gt, gh, gw = video.grid_thw[0], video.grid_thw[1] // merge_size, video.grid_thw[2] // merge_size
-    tp = video.frames // gt
-    first_frame = torch.clamp(torch.arange(gt) * tp, max=len(frames) - 1)
-    grid = torch.stack(torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij"), -1)
-    grid = grid.reshape(-1, 3)
-    n = grid.shape[0]
-    return TokenTable(
-        kind=torch.full((n,), VIDEO, dtype=torch.int8),
-        frame_index=frames.indices[first_frame][grid[:, 0]].long(),
-        time_s=frames.pts_s[first_frame][grid[:, 0]].double(),
-        grid=grid,
-        position=positions.T.cpu().long(),
-    )
+@dataclasses.dataclass(frozen=True)
+class FeedConfig:
+    """How an ask's frames are decoded.
 
+    Attributes:
+        workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
+            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
+        overlap: Prefill each group as soon as its frames are decoded instead of after the
+            whole video (needs ``workers`` >= 1).
+    """
 
-@dataclasses.dataclass
-class _Prefilled:
-    cache: KVCache
-    logits: torch.Tensor
-    next_position: int
+    workers: int | None = None
+    overlap: bool = True
+
+    def __post_init__(self):
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"workers must be 0 (sequential) or more, got {self.workers}")
+        if self.overlap and self.workers == 0:
+            raise ConfigError("overlapping decoding with prefill needs parallel decoding (workers >= 1)")
 
 
 class Asker:
@@ -83,12 +80,13 @@ class Asker:
         sampling: SamplingConfig = SamplingConfig(),
         generation: GenerationConfig = GenerationConfig(),
         prefill: PrefillConfig = PrefillConfig(),
+        feed: FeedConfig = FeedConfig(),
         progress: bool = False,
     ) -> AskResult:
         """Answer ``question`` about the video file ``video``."""
         _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device)
-        state = self._prefill(video, question, sampling, prefill, generation.max_new_tokens, clock, progress)
+        state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, clock, progress)
         return self._generate(state, generation, clock, progress)
 
     def ask_frames(
@@ -109,7 +107,8 @@ class Asker:
         _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device)
         clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
-        state = self._prefill_frames(frames, fps, question, prefill, generation.max_new_tokens, clock, False)
+        state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
+                              generation.max_new_tokens, clock)
         return self._generate(state, generation, clock, False)
 
     def prefill_logits(
@@ -118,13 +117,14 @@ class Asker:
         question: str,
         sampling: SamplingConfig = SamplingConfig(),
         prefill: PrefillConfig = PrefillConfig(),
+        feed: FeedConfig = FeedConfig(),
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
         _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device)
-        return self._prefill(video, question, sampling, prefill, 1, clock, progress=False).logits
+        return self._prefill(video, question, sampling, prefill, feed, 1, clock, progress=False).logits
 
-    def _generate(self, state: _Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool
+    def _generate(self, state: Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool
                   ) -> AskResult:
         with clock.stage("generate"):
             with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
@@ -134,52 +134,32 @@ class Asker:
         clock.stats.generated_tokens = len(ids)
         return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 
-    def _prefill(self, video, question, sampling, prefill, max_new_tokens, clock: StageClock, progress: bool
-                 ) -> _Prefilled:
-        """Decode, preprocess, encode and prefill; the cache has room for ``max_new_tokens`` more."""
+    def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
+                 max_new_tokens: int, clock: StageClock, progress: bool) -> Prefilled:
+        """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
+        stats = clock.stats
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
-            with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
-                frames = decode_frames(video, indices, DecodeConfig(), info, on_frame=lambda n: bar.update(n - bar.n))
-        clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
-        return self._prefill_frames(frames, len(indices) / info.duration_s, question, prefill, max_new_tokens,
-                                    clock, progress)
+        workers = feed_config.workers
+        with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
+            def on_frame(n):
+                bar.update(n - bar.n)
 
-    def _prefill_frames(self, frames: FrameBatch, sampled_fps: float, question: str, prefill: PrefillConfig,
-                        max_new_tokens: int, clock: StageClock, progress: bool) -> _Prefilled:
-        adapter, stats = self.adapter, clock.stats
-        with clock.stage("preprocess"):
-            video_input = preprocess_video(frames.data.to(adapter.device), adapter.vision, adapter.dtype)
-        with clock.stage("vision"), torch.inference_mode():
-            video_embeds = adapter.encode_video(video_input.pixel_values, video_input.grid_thw)
-
-        with clock.stage("prefill"):
-            layout = adapter.build_prompt(question, video_embeds.shape[0])
-            # The model's temporal positions count seconds between sampled frames.
-            second_per_grid_t = adapter.vision.temporal_patch_size / sampled_fps
-            vpos = adapter.video_positions(video_input.grid_thw, second_per_grid_t, layout.video_start)
-            positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, vpos)
-            video_end = layout.video_start + layout.video_tokens
-            rows = TokenTable.concat([
-                TokenTable.text(positions[:, : layout.video_start]),
-                video_rows(frames, video_input, adapter.vision.merge_size, vpos),
-                TokenTable.text(positions[:, video_end:]),
-            ])
-            cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
-                            len(layout.input_ids) + max_new_tokens, adapter.dtype, adapter.device)
-            with torch.inference_mode():
-                embeds = adapter.embed_tokens(layout.input_ids[None])
-                embeds[0, layout.video_start : video_end] = video_embeds
-            tokens_per_frame = layout.video_tokens // video_input.frames
-            chunk_tokens = tokens_per_frame * _round_up(prefill.chunk_frames, adapter.vision.temporal_patch_size)
-            chunks = chunk_bounds(len(layout.input_ids), layout.video_start, layout.video_tokens, chunk_tokens)
-            for lo, hi in tqdm(chunks, desc="prefill", unit="chunk", disable=not progress, leave=False):
-                hidden = forward(adapter, cache, embeds[:, lo:hi], positions[:, lo:hi], rows[lo:hi])
-            with torch.inference_mode():
-                logits = adapter.logits(hidden[0, -1])
-        stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(layout.input_ids)
-        return _Prefilled(cache, logits, next_position)
+            if feed_config.overlap:
+                feed = FrameFeed.background(video, indices, info, workers, on_frame)
+            else:
+                with clock.stage("decode"):
+                    batch = (decode_frames(video, indices, DecodeConfig(), info, on_frame) if workers == 0 else
+                             decode_parallel(video, indices, DecodeConfig(), info, workers, on_frame=on_frame))
+                feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
+            with feed:
+                state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
+                                      max_new_tokens, clock, progress)
+        stats.frames, stats.frames_lost = len(feed), feed.frames_lost
+        stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
+        stats.decode_workers = (os.cpu_count() or 1) if workers is None else workers
+        return state
 
 
 def _check_question(question: str) -> None:

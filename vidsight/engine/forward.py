@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vidsight.errors import ConfigError
-from vidsight.kv import KVCache, TokenTable
+from vidsight.kv import KVCache, LayerHook, PruneConfig, TokenTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,16 +16,20 @@ class PrefillConfig:
     """How the prompt is fed.
 
     Attributes:
-        chunk_frames: Video frames per prefill chunk (rounded up to whole temporal patches);
-            bounds attention activation memory by the chunk, not the video. 0 feeds the whole
-            prompt at once.
+        group_frames: Video frames per prefill group (rounded up to whole temporal patches);
+            bounds activation memory by the group, not the video (QuickPrefill). 0 feeds the
+            whole prompt at once.
+        prune: Which of each group's video KV the layers keep afterwards (default: all).
     """
 
-    chunk_frames: int = 32
+    group_frames: int = 32
+    prune: PruneConfig = PruneConfig()
 
     def __post_init__(self):
-        if self.chunk_frames < 0:
-            raise ConfigError(f"chunk_frames must be 0 (no chunking) or positive, got {self.chunk_frames}")
+        if self.group_frames < 0:
+            raise ConfigError(f"group_frames must be 0 (one group) or positive, got {self.group_frames}")
+        if self.prune.active and self.group_frames == 0:
+            raise ConfigError("KV pruning works group by group; set group_frames > 0")
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
@@ -39,7 +43,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int)
 
 
 @torch.inference_mode()
-def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable) -> torch.Tensor:
+def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
+            hook: LayerHook | None = None) -> torch.Tensor:
     """Run one chunk through every layer, appending its keys and values to ``cache``.
 
     Args:
@@ -48,23 +53,26 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
         embeds: ``(1, L, hidden)`` input embeddings of the chunk.
         positions: ``(3, L)`` M-RoPE positions of the chunk, computed by the caller.
         rows: What the chunk's tokens are, for the cache's token table.
+        hook: Sees each layer's q, k, v after the chunk attended; what it returns is the part of
+            the chunk's KV the layer keeps (None: all). The chunk's own queries always see all of it.
 
     Returns:
         ``(1, L, hidden)`` hidden states after the last layer (before the final norm).
     """
     rotary = adapter.rotary(positions)
-    past = cache.length
     hidden = embeds
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, rotary)
+        past = cache.filled[layer]
         keys, values = cache.write(layer, k, v)
         hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, past))
+        cache.keep(layer, k.shape[2], hook.after_attention(layer, q, k, v, rows) if hook else None)
     cache.commit(rows)
     return hidden
 
 
 def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
-    """Split a prompt into prefill chunks at video-token boundaries.
+    """Split a prompt into prefill groups at video-token boundaries.
 
     The text before the video rides with the first chunk and the text after it with the last.
     """

@@ -23,6 +23,13 @@ class AskStats:
         visual_tokens: Video tokens in the prompt.
         prompt_tokens: All prompt tokens.
         generated_tokens: Answer tokens, including the end token when one was produced.
+        kept_visual_tokens: Video tokens the last layer's KV cache kept after pruning.
+        groups: Prefill groups.
+        decode_strategy: ``sequential``, ``intervals`` or ``seek``.
+        decode_workers: Concurrent decoders (0: one decoder with FFmpeg's own threads).
+        overlap: Whether prefill ran while decoding continued; the ``decode`` stage is then
+            only the time spent waiting for frames, and ``decode_busy_s`` how long decoding took.
+        decode_busy_s: From the start of decoding to its last frame.
         stages_s: Seconds per stage: decode, preprocess, vision, prefill, generate.
         wall_s: Seconds from start to answer.
         peak_memory_bytes: Peak device memory on CUDA, else the process's peak resident memory.
@@ -34,6 +41,12 @@ class AskStats:
     visual_tokens: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    kept_visual_tokens: int = 0
+    groups: int = 0
+    decode_strategy: str = "sequential"
+    decode_workers: int = 0
+    overlap: bool = False
+    decode_busy_s: float = 0.0
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_s: float = 0.0
     peak_memory_bytes: int = 0

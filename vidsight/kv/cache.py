@@ -66,13 +66,15 @@ class KVCache:
     """Keys and values of every layer in one preallocated buffer.
 
     ``keys[layer]`` and ``values[layer]`` are ``(1, kv_heads, capacity, head_dim)``; the first
-    ``length`` slots are filled. Keys are stored rotated at their token's position.
+    ``filled[layer]`` slots hold tokens. Layers may hold different tokens (and different
+    counts) once pruning has dropped some: ``slot_rows[layer, slot]`` is the row of `tokens`
+    a slot holds. Keys are stored rotated at their token's position.
 
     Args:
         num_layers: Decoder layers.
         num_kv_heads: Key/value heads per layer.
         head_dim: Channels per head.
-        capacity: Slots to allocate (prompt plus generated tokens).
+        capacity: Slots to allocate per layer (kept prompt tokens plus generated tokens).
         dtype: Storage dtype.
         device: Storage device.
     """
@@ -85,27 +87,53 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
-        self.length = 0
+        self.filled = [0] * num_layers
+        self.slot_rows = torch.full((num_layers, capacity), -1, dtype=torch.long)
         self.tokens = TokenTable.empty()
 
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 
+    @property
+    def length(self) -> int:
+        """Tokens fed so far, kept or not (the rows of `tokens`)."""
+        return len(self.tokens)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store a chunk's ``(1, kv_heads, n, head_dim)`` keys and values after the filled slots.
+        """Store a chunk's ``(1, kv_heads, n, head_dim)`` keys and values after the layer's filled slots.
 
         Returns:
-            Views of all keys and values up to and including the chunk.
+            Views of the layer's keys and values up to and including the chunk.
         """
-        end = self.length + k.shape[2]
+        begin = self.filled[layer]
+        end = begin + k.shape[2]
         if end > self.capacity:
             raise ConfigError(f"KV cache full: {end} tokens exceed its capacity of {self.capacity}")
-        self.keys[layer, :, :, self.length : end] = k
-        self.values[layer, :, :, self.length : end] = v
+        self.keys[layer, :, :, begin:end] = k
+        self.values[layer, :, :, begin:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
+    def keep(self, layer: int, chunk_len: int, kept: torch.Tensor | None = None) -> None:
+        """Settle the chunk just written to ``layer``: keep all of it, or only the ``kept`` offsets.
+
+        Kept entries move to the front of the chunk's slots, in order, so a layer's slots stay dense.
+        """
+        begin = self.filled[layer]
+        if kept is None:
+            kept = torch.arange(chunk_len)
+        else:
+            kept = kept.to("cpu")
+            index = kept.to(self.keys.device) + begin
+            for buffer in (self.keys, self.values):
+                buffer[layer, :, :, begin : begin + len(kept)] = buffer[layer, :, :, index]
+        self.slot_rows[layer, begin : begin + len(kept)] = kept + len(self.tokens)
+        self.filled[layer] = begin + len(kept)
+
     def commit(self, rows: TokenTable) -> None:
-        """Mark a chunk written to every layer as filled, recording what its tokens are."""
-        self.length += len(rows)
+        """Record what the chunk's tokens are, once every layer has settled it with `keep`."""
         self.tokens = TokenTable.concat([self.tokens, rows])
+
+    def layer_tokens(self, layer: int) -> TokenTable:
+        """What each filled slot of ``layer`` holds, in slot order."""
+        return self.tokens[self.slot_rows[layer, : self.filled[layer]]]

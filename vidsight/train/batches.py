@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from vidsight.bench.tasks import SAMPLE_FPS, Sample
+from vidsight.bench.tasks import SAMPLE_FPS, Sample, probe_questions
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 
@@ -41,8 +41,26 @@ class Batch:
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
-def make_batch(samples: list[Sample], adapter, augment: bool) -> Batch:
-    """Render, preprocess and tokenise ``samples`` (all with the same frame count)."""
+def _later_turns(sample: Sample, tokenizer, probes: int) -> tuple[list[int], list[int]]:
+    """Up to ``probes`` further user/assistant turns about the same clip: ``(ids, labels)``."""
+    pairs = probe_questions(sample)
+    np.random.default_rng(sample.seed).shuffle(pairs)
+    ids, labels = [], []
+    for question, answer in pairs[:probes]:
+        asked = tokenizer(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False)["input_ids"]
+        answered = tokenizer(f"{answer}<|im_end|>", add_special_tokens=False)["input_ids"]
+        ids += asked + answered
+        labels += [IGNORE] * len(asked) + answered
+    return ids, labels
+
+
+def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -> Batch:
+    """Render, preprocess and tokenise ``samples`` (all with the same frame count).
+
+    The first turn is exactly what inference sees; ``probes`` > 0 appends that many further
+    questions about the clip (`probe_questions`) as later turns, all supervised.
+    """
     rows, labels, positions, pixels, grids, starts = [], [], [], [], [], []
     tokenizer = adapter.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -51,12 +69,13 @@ def make_batch(samples: list[Sample], adapter, augment: bool) -> Batch:
         video = preprocess_video(torch.from_numpy(yuv420_roundtrip(frames) if augment else frames), adapter.vision)
         layout = adapter.build_prompt(sample.question, video.pixel_values.shape[0] // adapter.vision.merge_size ** 2)
         answer = tokenizer(sample.answer, add_special_tokens=False)["input_ids"] + [im_end]
-        ids = torch.cat([layout.input_ids, torch.tensor(answer)])
+        later_ids, later_labels = _later_turns(sample, tokenizer, probes)
+        ids = torch.cat([layout.input_ids, torch.tensor(answer + later_ids, dtype=torch.long)])
         second_per_grid_t = adapter.vision.temporal_patch_size / SAMPLE_FPS
         vpos = adapter.video_positions(video.grid_thw, second_per_grid_t, layout.video_start)
         pos, _ = prompt_positions(len(ids), layout.video_start, vpos)
         label = torch.full_like(ids, IGNORE)
-        label[len(layout.input_ids):] = ids[len(layout.input_ids):]
+        label[len(layout.input_ids):] = torch.tensor(answer + later_labels, dtype=torch.long)
         rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
         grids.append(video.grid_thw), starts.append(len(layout.input_ids))
     length = max(len(r) for r in rows)

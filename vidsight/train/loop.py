@@ -115,7 +115,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     losses: list[float] = []
     began = time.perf_counter() - elapsed
     for step in tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", disable=not progress):
-        loss = model_loss(model, make_batch(step_samples(config, step), adapter, augment=True))
+        loss = model_loss(model, make_batch(step_samples(config, step), adapter, augment=True, probes=config.probes))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -62,6 +62,11 @@ def frame_pixel_budget(spec: VisionSpec, frames: int) -> int:
     return int(max(min(spec.max_pixels, share), spec.min_pixels * 1.05))
 
 
+def video_size(spec: VisionSpec, frames: int, height: int, width: int) -> tuple[int, int]:
+    """The resized ``(height, width)`` of every frame of a ``frames``-frame video (padded count)."""
+    return smart_resize(height, width, spec.factor, spec.min_pixels, frame_pixel_budget(spec, frames))
+
+
 def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Bicubic antialiased resize of ``(T, H, W, 3)`` uint8 frames to ``(T, 3, h, w)`` uint8.
 
@@ -104,6 +109,7 @@ def preprocess_video(
     frames: torch.Tensor,
     spec: VisionSpec,
     dtype: torch.dtype = torch.float32,
+    size: tuple[int, int] | None = None,
 ) -> VideoInput:
     """Turn decoded frames into encoder input.
 
@@ -111,6 +117,8 @@ def preprocess_video(
         frames: ``(T, H, W, 3)`` uint8 frames.
         spec: The model's vision settings.
         dtype: Dtype of the returned pixel values.
+        size: Resized ``(height, width)``; default `video_size` of these frames. A group of a
+            longer video passes the whole video's size.
 
     Returns:
         Patches and grid. The frame count is padded to a multiple of the temporal patch size by
@@ -121,7 +129,6 @@ def preprocess_video(
     pad = -frames.shape[0] % spec.temporal_patch_size
     if pad:
         frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
-    budget = frame_pixel_budget(spec, frames.shape[0])
-    size = smart_resize(frames.shape[1], frames.shape[2], spec.factor, spec.min_pixels, budget)
+    size = size or video_size(spec, frames.shape[0], frames.shape[1], frames.shape[2])
     pixels, grid = patchify(normalize(resize_frames(frames, size), spec, dtype), spec)
     return VideoInput(pixel_values=pixels, grid_thw=grid, resized_hw=size, frames=frames.shape[0])

@@ -1,0 +1,128 @@
+"""Group-wise prefill, KV pruning and decoding overlapped with prefill."""
+
+import math
+
+import pytest
+import torch
+
+from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.engine.prefill import plan_video, video_rows
+from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.feed import FrameFeed
+from vidsight.kv import VIDEO
+from vidsight.vision import preprocess_video
+
+QUESTION = "What colour is the square?"
+FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0), feed=FeedConfig(workers=0, overlap=False))
+VIDEO_SPEC = dict(width=320, height=240, duration_s=6.0, fps=10, gop=8, bframes=True, seed=5)
+
+
+@pytest.fixture(scope="module")
+def long_video(make_test_video):
+    return make_test_video(**VIDEO_SPEC)[0]
+
+
+@pytest.mark.parametrize("prefill,feed", [
+    (PrefillConfig(group_frames=4), FeedConfig(workers=2, overlap=True)),
+    (PrefillConfig(group_frames=3), FeedConfig(workers=1, overlap=True)),
+    (PrefillConfig(group_frames=6), FeedConfig(workers=2, overlap=False)),
+    (PrefillConfig(group_frames=4, prune=PruneConfig(rho=1.0)), FeedConfig(workers=0, overlap=False)),
+])
+def test_rho_one_group_prefill_answers_token_for_token_like_full_compute(tiny_adapter, long_video, prefill, feed):
+    asker = Asker(tiny_adapter)
+    generation = GenerationConfig(max_new_tokens=10)
+    sampling = SamplingConfig(fps=2.0)
+    full = asker.ask(long_video, QUESTION, sampling, generation, **FULL_COMPUTE)
+    grouped = asker.ask(long_video, QUESTION, sampling, generation, prefill, feed)
+    assert grouped.token_ids == full.token_ids
+    assert grouped.stats.groups > 1 and full.stats.groups == 1
+    assert grouped.stats.kept_visual_tokens == full.stats.visual_tokens
+    assert torch.allclose(asker.prefill_logits(long_video, QUESTION, sampling, prefill, feed),
+                          asker.prefill_logits(long_video, QUESTION, sampling, **FULL_COMPUTE), atol=1e-4)
+
+
+def test_pruned_layers_keep_rho_of_each_group_at_their_true_positions(tiny_adapter, long_video):
+    from vidsight.engine.prefill import prefill_video
+    from vidsight.engine.stats import AskStats, StageClock
+
+    info = probe(long_video)
+    batch = decode_frames(long_video, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
+
+    def run(prefill):
+        clock = StageClock(AskStats(), tiny_adapter.device)
+        return prefill_video(tiny_adapter, FrameFeed.decoded(batch), QUESTION, 2.0, prefill, 1, clock), clock.stats
+
+    full, full_stats = run(PrefillConfig(group_frames=4))
+    pruned, stats = run(PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.3, start_layer=1)))
+    per_group = full_stats.visual_tokens * 4 // (len(batch) + len(batch) % 2)  # tokens of 4 frames
+    groups = math.ceil(full_stats.visual_tokens / per_group)
+    assert stats.kept_visual_tokens == groups * math.ceil(0.3 * per_group)
+    # Layer 0 is below start_layer: untouched, identical to the unpruned cache.
+    assert pruned.cache.filled[0] == full.cache.filled[0]
+    last = tiny_adapter.num_layers - 1
+    kept = pruned.cache.layer_tokens(last)
+    video = kept.kind == VIDEO
+    # Every kept token carries the position it had in the full prompt, and text is all kept.
+    all_rows = full.cache.layer_tokens(last)
+    full_positions = {tuple(p) for p in all_rows.position.tolist()}
+    assert {tuple(p) for p in kept.position.tolist()} <= full_positions
+    assert int((~video).sum()) == int((all_rows.kind != VIDEO).sum())
+    # The first group's keys are computed before any pruning: kept ones are its smallest by norm.
+    first = torch.nonzero(all_rows.kind == VIDEO).flatten()[:per_group]
+    norms = full.cache.keys[last, 0, :, first].norm(dim=-1).mean(0)
+    expected = first[torch.topk(-norms, math.ceil(0.3 * per_group)).indices].sort().values
+    slots = torch.nonzero(video).flatten()[: len(expected)]
+    assert torch.equal(pruned.cache.slot_rows[last, slots], expected)
+    assert torch.allclose(pruned.cache.keys[last, 0, :, slots], full.cache.keys[last, 0, :, expected])
+
+
+@pytest.mark.parametrize("scorer", ["key-norm-small", "value-norm", "attention"])
+def test_pruned_ask_answers_with_a_smaller_cache(tiny_adapter, long_video, scorer):
+    prefill = PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5, scorer=scorer))
+    result = Asker(tiny_adapter).ask(long_video, QUESTION, SamplingConfig(fps=2.0), GenerationConfig(max_new_tokens=4),
+                                     prefill)
+    assert 0 < result.stats.kept_visual_tokens <= result.stats.visual_tokens // 2 + result.stats.groups
+    assert len(result.token_ids) >= 1
+
+
+def test_background_feed_frames_equal_sequential_decoding(long_video):
+    info = probe(long_video)
+    indices = sample_frames(info, SamplingConfig(fps=5.0))
+    expected = decode_frames(long_video, indices, info=info)
+    with FrameFeed.background(long_video, indices, info, workers=2) as feed:
+        got = torch.cat([feed.frames(lo, min(lo + 3, len(feed))) for lo in range(0, len(feed), 3)])
+    assert feed.strategy == "intervals" and feed.frames_lost == 0 and feed.decode_s > 0
+    assert torch.equal(got, expected.data)
+    assert torch.equal(feed.indices, expected.indices)
+
+
+def test_plan_matches_whole_video_preprocessing(tiny_adapter, long_video):
+    info = probe(long_video)
+    batch = decode_frames(long_video, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
+    video = preprocess_video(batch.data, tiny_adapter.vision)
+    plan = plan_video(tiny_adapter, len(batch), batch.data.shape[1], batch.data.shape[2])
+    assert plan.grid_thw == tuple(video.grid_thw) and plan.size == video.resized_hw
+
+
+def test_video_rows_record_frame_time_grid_and_position(tiny_adapter, make_test_video):
+    path, truth = make_test_video(width=320, height=240, duration_s=2.5, bframes=True)
+    info = probe(path)
+    feed = FrameFeed.decoded(decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info))
+    plan = plan_video(tiny_adapter, len(feed), feed.height, feed.width)  # 5 frames: 3 temporal patches
+    positions = tiny_adapter.video_positions(plan.grid_thw, 1.0, start=7)
+    rows = video_rows(feed, plan, tiny_adapter.vision, positions)
+    per_patch = plan.tokens_per_patch
+    assert len(rows) == 3 * per_patch and bool((rows.kind == VIDEO).all())
+    expected_frames = feed.indices[[0, 2, 4]].repeat_interleave(per_patch)
+    assert torch.equal(rows.frame_index, expected_frames)
+    assert torch.allclose(rows.time_s, torch.tensor(truth["pts_s"], dtype=torch.float64)[expected_frames])
+    assert rows.grid[:, 0].tolist() == [0] * per_patch + [1] * per_patch + [2] * per_patch
+    assert torch.equal(rows.position, positions.T)
+
+
+@pytest.mark.parametrize("bad", [dict(workers=-1), dict(workers=0, overlap=True)])
+def test_feed_config_rejects_bad_values(bad):
+    from vidsight.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        FeedConfig(**bad)

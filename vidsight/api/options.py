@@ -1,0 +1,49 @@
+"""Command-line options shared by `ask` and the benchmarks: prefill groups, KV pruning, decoding."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _float(text: str) -> float:
+    # Range checks live in the config dataclasses; this only parses.
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def add_prefill_options(parser: argparse.ArgumentParser) -> None:
+    from vidsight.engine import PrefillConfig, PruneConfig
+    from vidsight.kv import SCORERS
+
+    group = parser.add_argument_group("prefill (QuickPrefill)")
+    group.add_argument("--group-frames", type=int, default=PrefillConfig.group_frames,
+                       help=f"video frames per prefill group (default: {PrefillConfig.group_frames}; 0: one group)")
+    group.add_argument("--rho", type=_float, default=PruneConfig.rho,
+                       help="share of each group's video KV every layer keeps (default: 1, lossless)")
+    group.add_argument("--kv-score", default=PruneConfig.scorer, choices=SCORERS,
+                       help=f"what pruning keeps (default: {PruneConfig.scorer}, QuickVideo's)")
+    group.add_argument("--prune-start-layer", type=int, default=PruneConfig.start_layer,
+                       help="layers below this keep all their KV (default: 0)")
+
+
+def add_feed_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decoding (QuickCodec)")
+    group.add_argument("--decode-workers", type=int, default=None,
+                       help="parallel decoders (default: CPU count; 0: one decoder with FFmpeg's threads)")
+    group.add_argument("--no-overlap", action="store_true",
+                       help="decode the whole video before prefilling instead of group by group")
+
+
+def prefill_config(args):
+    from vidsight.engine import PrefillConfig, PruneConfig
+
+    prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer)
+    return PrefillConfig(group_frames=args.group_frames, prune=prune)
+
+
+def feed_config(args):
+    from vidsight.engine import FeedConfig
+
+    return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0)
