@@ -68,10 +68,14 @@ class Asker:
         model: A Hugging Face id, a checkpoint directory, or an already loaded adapter.
         device: Where to run (default: CUDA when available).
         dtype: Weight dtype (default: bfloat16 on CUDA, float32 on CPU).
+        meter_memory: Record each request's peak prefill memory (``prefill_peak_bytes``); on the
+            CPU this watches every tensor operation, so it is meant for benchmarks.
     """
 
-    def __init__(self, model=DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None):
+    def __init__(self, model=DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None,
+                 meter_memory: bool = False):
         self.adapter = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, Path)) else model
+        self.meter_memory = meter_memory
 
     def ask(
         self,
@@ -85,7 +89,7 @@ class Asker:
     ) -> AskResult:
         """Answer ``question`` about the video file ``video``."""
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device)
+        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
         state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, clock, progress)
         return self._generate(state, generation, clock, progress)
 
@@ -105,7 +109,7 @@ class Asker:
             fps: The rate the frames were sampled at (sets the model's temporal positions).
         """
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device)
+        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
         clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
                               generation.max_new_tokens, clock)
@@ -121,7 +125,7 @@ class Asker:
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device)
+        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
         return self._prefill(video, question, sampling, prefill, feed, 1, clock, progress=False).logits
 
     def _generate(self, state: Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool

@@ -8,6 +8,7 @@ group, each layer may drop part of the group's video KV (`PruneConfig`).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 from tqdm import tqdm
@@ -91,6 +92,12 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
         progress: Show a progress bar over groups.
     """
+    with clock.memory():
+        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress)
+
+
+def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
+                    max_new_tokens: int, clock: StageClock, progress: bool) -> Prefilled:
     spec, stats = adapter.vision, clock.stats
     plan = plan_video(adapter, len(feed), feed.height, feed.width)
     layout = adapter.build_prompt(question, plan.grid_thw[0] * plan.tokens_per_patch)
@@ -120,6 +127,7 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         first = group * frames_per_group
         with clock.stage("decode"):
             frames = feed.frames(first, min(first + frames_per_group, len(feed)))
+        began = time.perf_counter()
         with clock.stage("preprocess"):
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)
         with clock.stage("vision"), torch.inference_mode():
@@ -129,6 +137,8 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
             at = max(video_start, lo) - lo
             embeds[0, at : at + video_embeds.shape[0]] = video_embeds
             hidden = forward(adapter, cache, embeds, positions[:, lo:hi], rows[lo:hi], pruner)
+        if group == 0:
+            stats.first_group_s = time.perf_counter() - began
     with clock.stage("prefill"), torch.inference_mode():
         logits = adapter.logits(hidden[0, -1])
     stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(ids)

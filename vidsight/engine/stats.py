@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from vidsight.engine.memory import TensorMemoryMeter
+
 STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
 
 
@@ -30,6 +32,9 @@ class AskStats:
         overlap: Whether prefill ran while decoding continued; the ``decode`` stage is then
             only the time spent waiting for frames, and ``decode_busy_s`` how long decoding took.
         decode_busy_s: From the start of decoding to its last frame.
+        first_group_s: Preprocess, vision and prefill time of the first prefill group.
+        prefill_peak_bytes: Most tensor memory alive at once during preprocess, vision and
+            prefill, above what existed before (weights, frames); 0 unless metered.
         stages_s: Seconds per stage: decode, preprocess, vision, prefill, generate.
         wall_s: Seconds from start to answer.
         peak_memory_bytes: Peak device memory on CUDA, else the process's peak resident memory.
@@ -47,6 +52,8 @@ class AskStats:
     decode_workers: int = 0
     overlap: bool = False
     decode_busy_s: float = 0.0
+    first_group_s: float = 0.0
+    prefill_peak_bytes: int = 0
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_s: float = 0.0
     peak_memory_bytes: int = 0
@@ -57,11 +64,15 @@ class AskStats:
 
 
 class StageClock:
-    """Times named stages, waiting for queued device work so each stage is charged its own time."""
+    """Times named stages, waiting for queued device work so each stage is charged its own time.
 
-    def __init__(self, stats: AskStats, device: torch.device):
+    With ``meter_memory``, `memory` blocks also record their peak tensor memory.
+    """
+
+    def __init__(self, stats: AskStats, device: torch.device, meter_memory: bool = False):
         self.stats = stats
         self.device = device
+        self.meter_memory = meter_memory
         self.started = time.perf_counter()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -79,6 +90,24 @@ class StageClock:
         finally:
             self._sync()
             self.stats.stages_s[name] += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def memory(self):
+        """Record the block's peak tensor memory in ``prefill_peak_bytes`` (when metering)."""
+        if not self.meter_memory:
+            yield
+            return
+        if self.device.type == "cuda":
+            self._sync()
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield
+            self._sync()
+            self.stats.prefill_peak_bytes = int(torch.cuda.max_memory_allocated(self.device) - base)
+            return
+        with TensorMemoryMeter() as meter:
+            yield
+        self.stats.prefill_peak_bytes = meter.peak_bytes
 
     def finish(self) -> AskStats:
         self.stats.wall_s = time.perf_counter() - self.started
