@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from vidsight.bench.scenes import COLOURS, Scene, SceneObject, shape_mask
-from vidsight.bench.tasks import ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, anomaly_label, make_sample
+from vidsight.bench.scenes import COLOURS, SHAPES, Scene, SceneObject, shape_mask
+from vidsight.bench.tasks import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
+                                  probe_questions)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -56,3 +57,37 @@ def test_events_are_recorded():
     assert ("enter_zone", 0) in kinds and ("meet", (0, 1)) in kinds
     enter = next(e["t"] for e in scene.events() if e["event"] == "enter_zone")
     assert enter == pytest.approx(3.25, abs=0.25)  # right edge 20 + 10 t passes x = 50 after 3 s
+
+
+def test_cell_labels_mark_the_cells_an_object_covers():
+    scene = Scene(FRAME, FRAME, 2.0, seed=1)
+    scene.objects.append(SceneObject("square", "blue", 28, 0.0, 5.0, (28.0, 56.0)))  # exactly one 28-px cell
+    sample = Sample("attribute", 1, scene, "What colour is the square?", "blue", 4)
+    labels = sample.cell_labels(28, 2)
+    assert labels.shape == (2, 4, 4)
+    expected = np.zeros((4, 4), dtype=int)
+    expected[2, 1] = 1 + list(COLOURS).index("blue") * len(SHAPES) + SHAPES.index("square")
+    assert (labels == expected).all()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_probe_questions_are_answered_by_the_scene(family):
+    for seed in range(20):
+        sample = make_sample(family, seed)
+        times = sample.times_s
+        seen = [o for o in sample.scene.objects if any(o.visible(t) for t in times)]
+        for question, answer in probe_questions(sample):
+            if question.startswith("What colour"):
+                shape = question.split()[-1].rstrip("?")
+                assert [o.colour for o in seen if o.shape == shape] == [answer]
+            elif question.startswith("What shape"):
+                colour = question.split()[-2]
+                assert [o.shape for o in seen if o.colour == colour] == [answer]
+            elif question.startswith("How many"):
+                assert int(answer) == len(seen)
+            elif question.startswith("Which appeared"):
+                a, b = question.rstrip("?").split(", the ")[1].split(" or the ")
+                appears = {o.shape: min(k for k, t in enumerate(times) if o.visible(t)) for o in seen}
+                assert answer == (a if appears[a] < appears[b] else b) and abs(appears[a] - appears[b]) >= 2
+            else:
+                assert question == ANOMALY_QUERY and answer == ("Yes" if anomaly_label(sample.scene, times) else "No")

@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     decode.add_argument("--json", action="store_true", help="print the JSON report")
 
+    bench_ask = bench_commands.add_parser("ask", parents=[common],
+                                          help="full-compute ask vs parallel decoding + group prefill + pruning + overlap")
+    bench_ask.add_argument("video", nargs="?", default=None, help="video file (default: a generated 5-min 1280x720 one)")
+    bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
+                           "qwen2.5-vl-7b (default: small)")
+    bench_ask.add_argument("--rho", type=_float, nargs="+", default=[0.5, 0.2], help="pruning ratios (default: 0.5 0.2)")
+    bench_ask.add_argument("--group-frames", type=int, default=32, help="frames per prefill group (default: 32)")
+    bench_ask.add_argument("--workers", type=int, default=None, help="parallel decoders (default: CPU count)")
+    bench_ask.add_argument("--fps", type=_float, default=1.0, help="sampling rate (default: 1)")
+    bench_ask.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
+    bench_ask.add_argument("--json", action="store_true", help="print the JSON report")
+
     train = add("train", help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
     train.add_argument("--steps", type=int, default=TrainConfig.steps)
@@ -138,6 +150,8 @@ def _run_model(args) -> int:
 def _run_bench(args) -> int:
     if args.bench_command == "decode":
         return _run_bench_decode(args)
+    if args.bench_command == "ask":
+        return _run_bench_ask(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
@@ -155,6 +169,17 @@ def _run_bench_decode(args) -> int:
     report = run_decode_bench(video, args.fps, args.workers, args.repeats)
     json_path, png_path = write_decode_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_decode_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _run_bench_ask(args) -> int:
+    from vidsight.bench.ask import ask_video, format_ask_report, run_ask_bench, write_ask_report
+
+    video = args.video or ask_video(args.out)
+    report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
+                           progress=sys.stderr.isatty() and not args.json)
+    json_path, png_path = write_ask_report(report, args.out)
+    print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

@@ -124,14 +124,22 @@ class Scene:
                 self._draw(frame, obj, t)
         return frame
 
-    def _draw(self, frame: np.ndarray, obj: SceneObject, t: float) -> None:
+    def _draw(self, frame: np.ndarray, obj: SceneObject, t: float, value=None) -> None:
         x0, y0, x1, y1 = obj.box(t)
         mask = shape_mask(obj.shape, obj.size)
         cx0, cy0, cx1, cy1 = max(x0, 0), max(y0, 0), min(x1, self.width), min(y1, self.height)
         if cx0 >= cx1 or cy0 >= cy1:
             return
         sub = mask[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
-        frame[cy0:cy1, cx0:cx1][sub] = COLOURS[obj.colour_at(t)]
+        frame[cy0:cy1, cx0:cx1][sub] = COLOURS[obj.colour_at(t)] if value is None else value
+
+    def object_map(self, t: float) -> np.ndarray:
+        """``(height, width)`` index of the object drawn at each pixel at time ``t``, -1 for none."""
+        out = np.full((self.height, self.width), -1, dtype=np.int16)
+        for i, obj in enumerate(self.objects):
+            if obj.visible(t):
+                self._draw(out, obj, t, value=i)
+        return out
 
     def in_zone(self, obj: SceneObject, t: float) -> bool:
         """Whether the object's visible pixels overlap the zone at time ``t``."""

@@ -40,6 +40,32 @@ class Sample:
         """``(frames, FRAME, FRAME, 3)`` uint8 frames at the sample times."""
         return np.stack([self.scene.render(t) for t in self.times_s])
 
+    def cell_labels(self, cell: int, frames_per_step: int) -> np.ndarray:
+        """What covers each ``cell`` x ``cell`` block per step of ``frames_per_step`` frames.
+
+        Returns ``(steps, FRAME // cell, FRAME // cell)`` ints: 0 for background, else
+        ``1 + colour * len(SHAPES) + shape`` of the object covering most of the block (at least
+        a tenth of it) over the step's frames. Training uses these as dense per-token targets.
+        """
+        maps = np.stack([self.scene.object_map(t) for t in self.times_s])
+        pad = -len(maps) % frames_per_step
+        maps = np.concatenate([maps, maps[-1:].repeat(pad, axis=0)]) if pad else maps
+        steps, side = len(maps) // frames_per_step, FRAME // cell
+        blocks = maps.reshape(steps, frames_per_step, side, cell, side, cell).transpose(0, 2, 4, 1, 3, 5)
+        blocks = blocks.reshape(steps, side, side, -1)
+        labels = np.zeros((steps, side, side), dtype=np.int64)
+        if not self.scene.objects:
+            return labels
+        cover = np.stack([(blocks == i).mean(axis=-1) for i in range(len(self.scene.objects))])
+        winner = cover.argmax(axis=0)
+        step_times = self.times_s[np.minimum(np.arange(steps) * frames_per_step, len(self.times_s) - 1)]
+        colours = list(COLOURS)
+        for i, obj in enumerate(self.scene.objects):
+            colour = np.array([colours.index(obj.colour_at(t)) for t in step_times])[:, None, None]
+            mine = (winner == i) & (cover[i] >= 0.1)
+            labels = np.where(mine, 1 + colour * len(SHAPES) + SHAPES.index(obj.shape), labels)
+        return labels
+
 
 def _quadrant_object(rng, quadrant: int, shape: str, colour: str, t_in: float, t_out: float,
                      speed: float = 3.0) -> SceneObject:

@@ -36,6 +36,7 @@ class Batch:
     pixel_values: torch.Tensor     # (B * patches, patch_dim)
     grid_thw: torch.Tensor         # (B, 3)
     answer_start: torch.Tensor     # (B,) index of each first answer token
+    token_labels: torch.Tensor     # (B, L) what covers each video token's cell (`Sample.cell_labels`), IGNORE elsewhere
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
@@ -61,7 +62,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
     The first turn is exactly what inference sees; ``probes`` > 0 appends that many further
     questions about the clip (`probe_questions`) as later turns, all supervised.
     """
-    rows, labels, positions, pixels, grids, starts = [], [], [], [], [], []
+    rows, labels, positions, pixels, grids, starts, cells = [], [], [], [], [], [], []
     tokenizer = adapter.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for sample in samples:
@@ -76,6 +77,11 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         pos, _ = prompt_positions(len(ids), layout.video_start, vpos)
         label = torch.full_like(ids, IGNORE)
         label[len(layout.input_ids):] = torch.tensor(answer + later_labels, dtype=torch.long)
+        cell = torch.full_like(ids, IGNORE)
+        spec = adapter.vision
+        grid_labels = sample.cell_labels(spec.patch_size * spec.merge_size, spec.temporal_patch_size)
+        cell[layout.video_start : layout.video_start + layout.video_tokens] = torch.from_numpy(grid_labels.reshape(-1))
+        cells.append(cell)
         rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
         grids.append(video.grid_thw), starts.append(len(layout.input_ids))
     length = max(len(r) for r in rows)
@@ -91,4 +97,5 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         pixel_values=torch.cat(pixels),
         grid_thw=torch.tensor(grids),
         answer_start=torch.tensor(starts),
+        token_labels=torch.stack([padded(c, IGNORE) for c in cells]),
     )

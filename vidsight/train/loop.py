@@ -18,7 +18,8 @@ from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
-from vidsight.train.batches import Batch, make_batch
+from vidsight.bench.scenes import COLOURS, SHAPES
+from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.recipe import TrainConfig, model_config, write_checkpoint
 from vidsight.train.tokenizer import build_task_tokenizer
 
@@ -29,6 +30,7 @@ HELD_OUT_SEED = 1_000_000_000
 # One family per step, harder families more often.
 SCHEDULE = ("count", "attribute", "order", "anomaly", "needle", "order", "anomaly", "needle")
 NEEDLE_TRAIN_FRAMES = (16, 32, 48, 64)
+CELL_CLASSES = 1 + len(COLOURS) * len(SHAPES)
 VISION = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
                     min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024,
                     tokens_per_second=2)
@@ -54,10 +56,25 @@ def step_samples(config: TrainConfig, step: int) -> list:
     return [make_sample(family, base + i, frames) for i in range(count)]
 
 
-def model_loss(model, batch: Batch) -> torch.Tensor:
+def cell_head(model) -> torch.nn.Linear:
+    """A training-only probe: from each video token's last hidden state, what covers its cell.
+
+    Dense per-token targets teach the vision tower and the lower layers to mark objects far
+    sooner than answer tokens alone; the head is dropped when the model is exported.
+    """
+    return torch.nn.Linear(model.config.text_config.hidden_size, CELL_CLASSES, device=model.device)
+
+
+def model_loss(model, batch: Batch, head: torch.nn.Linear | None = None, head_weight: float = 0.0) -> torch.Tensor:
     batch = batch.to(model.device)
-    return model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
-                 pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).loss
+    out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
+                pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
+                output_hidden_states=head is not None)
+    if head is None or head_weight == 0:
+        return out.loss
+    cells = batch.token_labels != IGNORE
+    cell_loss = torch.nn.functional.cross_entropy(head(out.hidden_states[-1][cells]), batch.token_labels[cells])
+    return out.loss + head_weight * cell_loss
 
 
 @torch.no_grad()
@@ -101,13 +118,16 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     out.mkdir(parents=True, exist_ok=True)
     adapter = build_adapter(config.seed)
     model = adapter.model.to(resolve_device(device)).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    head = cell_head(model)
+    optimizer = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=config.lr,
+                                  weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
     start, history, elapsed = 0, [], 0.0
     checkpoint = out / "checkpoint.pt"
     if resume and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False, map_location=model.device)
         model.load_state_dict(state["model"])
+        head.load_state_dict(state["cell_head"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start, history, elapsed = state["step"], state["history"], state["elapsed_s"]
@@ -115,7 +135,8 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     losses: list[float] = []
     began = time.perf_counter() - elapsed
     for step in tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", disable=not progress):
-        loss = model_loss(model, make_batch(step_samples(config, step), adapter, augment=True, probes=config.probes))
+        batch = make_batch(step_samples(config, step), adapter, augment=True, probes=config.probes)
+        loss = model_loss(model, batch, head, config.cell_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -131,7 +152,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
             losses = []
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(entry) + "\n")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            torch.save({"model": model.state_dict(), "cell_head": head.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "step": done, "history": history,
                         "elapsed_s": entry["elapsed_s"], "config": config.__dict__}, checkpoint)
             plot_history(history, out / "curves.png")

@@ -1,0 +1,147 @@
+"""`vidsight bench ask`: full-compute ask against QuickVideo's pipeline, in one process on one video.
+
+Runs, all with the same random-weight model shape, video, sampling and question:
+
+* ``full compute``: one sequential decoder (FFmpeg's threads), then the whole prompt in one prefill;
+* ``decode, then groups``: interval-parallel decoding of the whole video, then group prefill with
+  pruning at the first ratio (the stages alone, for the overlap check);
+* ``overlap, rho=R``: decoding overlapped with group prefill, for rho 1 and each ratio.
+
+The overlap is real when an overlapped run's wall time is within 15 % of max(decoding, prefill)
+plus the first group, taken from the ``decode, then groups`` run (QuickVideo section 3.3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from vidsight.bench.decode import bench_video
+from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.ingest import SamplingConfig, SyntheticSpec, probe
+
+# The issue's video: 5 minutes, sampled at 1 fps.
+ASK_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=300, gop=16, bframes=True, square_size=96)
+ASK_FPS = 1.0
+QUESTION = "What happens in this video?"
+OVERLAP_TOLERANCE = 0.15
+STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
+
+
+def _runs(rhos, group_frames: int, workers: int | None) -> dict[str, tuple[PrefillConfig, FeedConfig]]:
+    first = PruneConfig(rho=rhos[0])
+    runs = {"full compute": (PrefillConfig(group_frames=0), FeedConfig(workers=0, overlap=False)),
+            f"decode, then groups, rho={rhos[0]:g}": (PrefillConfig(group_frames, first),
+                                                      FeedConfig(workers, overlap=False))}
+    for rho in (1.0, *rhos):
+        runs[f"overlap, rho={rho:g}"] = (PrefillConfig(group_frames, PruneConfig(rho=rho)), FeedConfig(workers))
+    return runs
+
+
+def run_ask_bench(video: str | Path, shape: str = "small", rhos=(0.5, 0.2), group_frames: int = 32,
+                  workers: int | None = None, fps: float = ASK_FPS, max_new_tokens: int = 8,
+                  progress: bool = False) -> dict:
+    """Time every run on ``video`` with a random-weight model of ``shape``; see the module docstring."""
+    from vidsight.models.shapes import build_shape
+
+    adapter = build_shape(shape)
+    asker = Asker(adapter, meter_memory=True)
+    info = probe(video)
+    sampling = SamplingConfig(fps=fps, max_frames=100_000)
+    generation = GenerationConfig(max_new_tokens=max_new_tokens)
+    report = {"video": str(video), "size": f"{info.width}x{info.height}", "duration_s": info.duration_s,
+              "sample_fps": fps, "shape": shape, "group_frames": group_frames, "cpu_count": os.cpu_count(),
+              "machine": platform.processor() or platform.machine(), "device": str(adapter.device), "runs": {}}
+    answers = {}
+    for name, (prefill, feed) in _runs(tuple(rhos), group_frames, workers).items():
+        result = asker.ask(video, QUESTION, sampling, generation, prefill, feed, progress=progress)
+        report["runs"][name] = result.stats.to_dict()
+        answers[name] = result.token_ids
+    report["rho1_answer_identical"] = answers["overlap, rho=1"] == answers["full compute"]
+    _summarise(report, rhos)
+    return report
+
+
+def _summarise(report: dict, rhos) -> None:
+    runs = report["runs"]
+    base = runs["full compute"]
+    for stats in runs.values():
+        stats["speedup"] = base["wall_s"] / stats["wall_s"]
+        stats["memory_reduction"] = base["prefill_peak_bytes"] / max(stats["prefill_peak_bytes"], 1)
+        stats["stage_sum_s"] = sum(stats["stages_s"].values())
+    alone = runs[f"decode, then groups, rho={rhos[0]:g}"]
+    decoding = alone["stages_s"]["decode"]
+    prefill = sum(alone["stages_s"][s] for s in ("preprocess", "vision", "prefill"))
+    bound = max(decoding, prefill) + alone["first_group_s"] + alone["stages_s"]["generate"]
+    overlapped = runs[f"overlap, rho={rhos[0]:g}"]
+    report["overlap"] = {"decoding_alone_s": decoding, "prefill_alone_s": prefill,
+                         "first_group_s": alone["first_group_s"], "bound_s": bound,
+                         "overlapped_wall_s": overlapped["wall_s"],
+                         "within_tolerance": overlapped["wall_s"] <= (1 + OVERLAP_TOLERANCE) * bound}
+
+
+def format_ask_report(report: dict) -> str:
+    lines = [f"{report['video']}: {report['size']}, {report['duration_s']:.0f} s at {report['sample_fps']:g} fps; "
+             f"shape {report['shape']} on {report['device']} ({report['cpu_count']} CPUs); "
+             f"groups of {report['group_frames']} frames",
+             "", f"{'run':<30} {'wall s':>8} {'speed-up':>9} {'peak MiB':>9} {'mem ÷':>6} {'kept/visual':>12}  stages"]
+    for name, s in report["runs"].items():
+        stages = " ".join(f"{k[:4]} {s['stages_s'][k]:.1f}" for k in STAGES)
+        lines.append(f"{name:<30} {s['wall_s']:8.1f} {s['speedup']:8.2f}x {s['prefill_peak_bytes'] / 2**20:9.0f} "
+                     f"{s['memory_reduction']:5.1f}x {s['kept_visual_tokens']:>5}/{s['visual_tokens']:<6}  {stages}")
+    o = report["overlap"]
+    lines += ["", f"overlap: wall {o['overlapped_wall_s']:.1f} s vs max(decoding {o['decoding_alone_s']:.1f}, "
+                  f"prefill {o['prefill_alone_s']:.1f}) + first group {o['first_group_s']:.1f} (+ generate) = "
+                  f"{o['bound_s']:.1f} s: {'within' if o['within_tolerance'] else 'NOT within'} "
+                  f"{OVERLAP_TOLERANCE:.0%}",
+              f"rho=1 answer identical to full compute: {report['rho1_answer_identical']}"]
+    return "\n".join(lines)
+
+
+def plot_ask_report(report: dict, path: str | Path) -> Path:
+    """A latency breakdown per run (QuickVideo's Figure 5) and prefill peak memory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    names = list(runs)
+    y = np.arange(len(names))
+    fig, (bars, memory) = plt.subplots(1, 2, figsize=(14, 0.6 * len(names) + 2.5),
+                                       gridspec_kw={"width_ratios": [2, 1]})
+    left = np.zeros(len(names))
+    for stage in STAGES:
+        seconds = np.array([runs[n]["stages_s"][stage] for n in names])
+        bars.barh(y, seconds, left=left, label=stage if stage != "decode" else "decode (waiting, when overlapped)")
+        left += seconds
+    bars.scatter([runs[n]["wall_s"] for n in names], y, color="black", marker="|", s=300, label="wall time", zorder=3)
+    bars.set_yticks(y, names)
+    bars.invert_yaxis()
+    bars.set(xlabel="seconds", title=f"ask latency, {report['duration_s'] / 60:.0f}-min {report['size']} video, "
+                                     f"shape {report['shape']}")
+    bars.legend(fontsize=8)
+    memory.barh(y, [runs[n]["prefill_peak_bytes"] / 2**20 for n in names], color="tab:purple")
+    memory.set_yticks(y, [])
+    memory.invert_yaxis()
+    memory.set(xlabel="MiB", title="peak prefill memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_ask_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ask.json").write_text(json.dumps(report, indent=1))
+    return out / "ask.json", plot_ask_report(report, out / "ask.png")
+
+
+def ask_video(directory: str | Path) -> Path:
+    """The generated 5-minute 1280x720 benchmark video, made once and reused."""
+    return bench_video(directory, ASK_VIDEO)
