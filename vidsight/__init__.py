@@ -7,7 +7,7 @@ The public API::
     print(result.answer, result.stats.stages_s)
 """
 
-from vidsight.engine import AskResult, AskStats, Asker, GenerationConfig, PrefillConfig, ask
+from vidsight.engine import AskResult, AskStats, Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig, ask
 from vidsight.errors import ConfigError, ModelError, VideoError, VidsightError
 from vidsight.ingest import (
     CodecInfo,
@@ -17,6 +17,7 @@ from vidsight.ingest import (
     SyntheticSpec,
     VideoInfo,
     decode_frames,
+    decode_parallel,
     make_video,
     probe,
     sample_frames,
@@ -24,8 +25,9 @@ from vidsight.ingest import (
 from vidsight.models import load_model, write_tiny_model
 
 __all__ = [
-    "AskResult", "AskStats", "Asker", "CodecInfo", "ConfigError", "DecodeConfig", "FrameBatch",
-    "GenerationConfig", "ModelError", "PrefillConfig", "SamplingConfig", "SyntheticSpec", "VideoError",
-    "VideoInfo", "VidsightError", "ask", "decode_frames", "load_model", "make_video", "probe",
+    "AskResult", "AskStats", "Asker", "CodecInfo", "ConfigError", "DecodeConfig", "FeedConfig", "FrameBatch",
+    "GenerationConfig", "ModelError", "PrefillConfig", "PruneConfig", "SamplingConfig", "SyntheticSpec",
+    "VideoError", "VideoInfo", "VidsightError", "ask", "decode_frames", "decode_parallel", "load_model",
+    "make_video", "probe",
     "sample_frames", "write_tiny_model",
 ]
