@@ -85,6 +85,9 @@ class VLMAdapter(Protocol):
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def rerotate_keys(self, keys: torch.Tensor, old_positions: torch.Tensor, new_positions: torch.Tensor
+                      ) -> torch.Tensor: ...
+
     def qkv(self, layer: int, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 

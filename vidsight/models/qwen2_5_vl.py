@@ -97,6 +97,14 @@ class Qwen25VLAdapter:
         probe = self._lm.embed_tokens.weight[:1]
         return self._lm.rotary_emb(probe, positions.to(self.device)[:, None, :])
 
+    def rerotate_keys(self, keys: torch.Tensor, old_positions: torch.Tensor, new_positions: torch.Tensor
+                      ) -> torch.Tensor:
+        """Keys ``(1, KVH, n, D)`` rotated at ``old_positions`` ``(3, n)``, moved to ``new_positions``.
+
+        Rotations compose, so one rotation by the difference (per M-RoPE axis) is enough.
+        """
+        return apply_rotary(keys, self.rotary(new_positions - old_positions))
+
     def qkv(self, layer: int, hidden: torch.Tensor, rotary):
         """Rotated queries ``(1, H, L, D)``, keys and values ``(1, KVH, L, D)`` of one layer."""
         block = self._lm.layers[layer]

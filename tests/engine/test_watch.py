@@ -1,0 +1,81 @@
+"""The watch workload: decode once, sliding windows, verdicts, and KV reuse against Full-Comp."""
+
+import pytest
+import torch
+
+from vidsight.engine.watch import WatchConfig, Watcher
+from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
+
+QUERY = "Is there a red object in the zone? Answer Yes or No."
+WINDOWS = WindowConfig(window_s=4.0, stride_fraction=0.25, fps=2.0)  # 8 frames, stride 2
+
+
+@pytest.fixture(scope="module")
+def stream_video(make_test_video):
+    return make_test_video(width=224, height=168, duration_s=9.0, fps=8, gop=24, bframes=False, seed=3)[0]
+
+
+def test_each_frame_is_decoded_once_however_many_windows_hold_it(stream_video):
+    source = StreamSource(stream_video, fps=WINDOWS.fps)
+    windows = list(sliding_windows(iter(source), WINDOWS))
+    assert len(windows) == 6  # 18 samples, windows of 8 every 2
+    assert source.frames_decoded == 72  # 9 s at 8 fps, each once
+    held = sum(len(w) for w in windows)
+    assert held > 18
+    assert [w[0].index for w in windows] == [0, 2, 4, 6, 8, 10]
+    assert all(w[k].index == w[0].index + k for w in windows for k in range(len(w)))
+
+
+def test_sampled_frames_carry_the_motion_of_every_frame_since_the_last_sample(stream_video):
+    samples = list(StreamSource(stream_video, fps=2.0))
+    moving = [s for s in samples[1:] if s.codec.frame_type != "I"]
+    assert all(s.codec.motion is not None for s in samples)
+    assert sum(float(s.codec.motion.max()) > 0 for s in moving) >= len(moving) * 0.8
+    assert [round(s.pts_s * 2) for s in samples] == list(range(len(samples)))
+
+
+def test_refreshing_every_token_equals_full_comp(tiny_adapter, stream_video):
+    full = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS)).watch(StreamSource(stream_video, 2.0)))
+    every = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh="all")).watch(StreamSource(stream_video,
+                                                                                                      2.0)))
+    assert [v.answer for v in every] == [v.answer for v in full]
+    assert all(v.reused_tokens > 0 for v in every[1:]) and every[0].reused_tokens == 0
+    for a, b in zip(every, full):
+        assert torch.allclose(a.logits, b.logits, atol=1e-4)
+        assert a.p_yes == pytest.approx(b.p_yes, abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["anchors", "reuse", "deviation"])
+def test_partial_refresh_reuses_most_tokens(tiny_adapter, stream_video, mode):
+    verdicts = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh=mode)).watch(
+        StreamSource(stream_video, 2.0)))
+    later = verdicts[1:]
+    assert all(v.reused_tokens == v.visual_tokens * 6 // 8 for v in later)
+    if mode == "reuse":
+        assert all(v.refreshed_tokens == 0 for v in later)
+    else:
+        assert all(0 < v.refreshed_tokens < v.reused_tokens for v in later)
+    assert all(0 <= v.p_yes <= 1 for v in verdicts)
+
+
+def test_two_consecutive_yes_windows_raise_one_alert(tiny_adapter, stream_video, monkeypatch):
+    watcher = Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS))
+    answers = iter([False, True, True, True, False, True])
+    original = watcher.judge
+
+    def judged(frames, number=0):
+        verdict = original(frames, number)
+        verdict.yes = next(answers)
+        return verdict
+
+    monkeypatch.setattr(watcher, "judge", judged)
+    alerts = [v.alert for v in watcher.watch(StreamSource(stream_video, 2.0))]
+    assert alerts == [False, False, True, False, False, False]
+
+
+@pytest.mark.parametrize("bad", [dict(refresh="sometimes"), dict(alert_after=0), dict(deviation_ratio=0)])
+def test_watch_config_rejects_bad_values(bad):
+    from vidsight.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        WatchConfig(**bad)

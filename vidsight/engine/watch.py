@@ -1,0 +1,249 @@
+"""The watch workload: a standing Yes/No query over sliding windows of a stream (CodecSight).
+
+Each window's prompt is ``[text before the video][window's video tokens][query]``. At Full-Comp
+every window is prefilled from scratch. With KV reuse the previous window's cache stays on the
+device: the prefix is kept, the overlapping video tokens keep their values and have their keys
+re-rotated to their new positions, a chosen set of them is recomputed under the new context from
+their cached visual embeddings (CodecSight's anchors, CacheBlend's most-deviating tokens, all or
+none), and only the new frames and the query are prefilled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from vidsight.engine.forward import forward
+from vidsight.engine.prefill import plan_video, video_rows
+from vidsight.engine.stats import AskStats, StageClock
+from vidsight.errors import ConfigError
+from vidsight.ingest.feed import FrameFeed
+from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
+from vidsight.kv import KVCache, TokenTable
+from vidsight.models.positions import prompt_positions
+from vidsight.vision import preprocess_video
+
+# full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
+# deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).
+REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
+ALERT_AFTER = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchConfig:
+    """How a `Watcher` judges windows.
+
+    Attributes:
+        windows: Window length, stride and sampling rate (CodecSight's defaults).
+        refresh: One of ``REFRESH_MODES``; ``full-comp`` is exact.
+        deviation_ratio: Share of reused tokens the ``deviation`` mode recomputes (CacheBlend's 15 %).
+        alert_after: Consecutive Yes windows that raise an alert (CodecSight's rule: 2).
+    """
+
+    windows: WindowConfig = WindowConfig()
+    refresh: str = "full-comp"
+    deviation_ratio: float = 0.15
+    alert_after: int = ALERT_AFTER
+
+    def __post_init__(self):
+        if self.refresh not in REFRESH_MODES:
+            raise ConfigError(f"unknown refresh mode {self.refresh!r}; choose one of {', '.join(REFRESH_MODES)}")
+        if not 0 < self.deviation_ratio <= 1:
+            raise ConfigError(f"deviation_ratio must be in (0, 1], got {self.deviation_ratio}")
+        if self.alert_after < 1:
+            raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
+
+
+@dataclasses.dataclass
+class WindowVerdict:
+    """One window's answer to the standing query, and what it cost."""
+
+    window: int
+    start_s: float
+    end_s: float
+    answer: str
+    p_yes: float
+    yes: bool
+    alert: bool
+    visual_tokens: int
+    reused_tokens: int
+    refreshed_tokens: int
+    stages_s: dict[str, float]
+    logits: torch.Tensor = dataclasses.field(repr=False)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("logits")
+        return out
+
+
+@dataclasses.dataclass
+class _Window:
+    """What the next window reuses: the cache and the visual embeddings behind it."""
+
+    cache: KVCache
+    samples: list[int]          # stream sample number of each frame
+    gops: list[int]             # GOP of each frame
+    video_embeds: torch.Tensor  # (video tokens, hidden)
+    video_start: int
+    tokens_per_patch: int
+
+
+class Watcher:
+    """A standing query over one stream's sliding windows.
+
+    Args:
+        adapter: A loaded model (`load_model`).
+        query: A Yes/No question, e.g. "Is there a red object in the zone? Answer Yes or No."
+        config: Windows, refresh mode and alert rule.
+    """
+
+    def __init__(self, adapter, query: str, config: WatchConfig = WatchConfig()):
+        if not query.strip():
+            raise ConfigError("the query is empty")
+        self.adapter, self.query, self.config = adapter, query, config
+        self.yes_id = adapter.tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
+        self._previous: _Window | None = None
+
+    def watch(self, source: StreamSource) -> Iterator[WindowVerdict]:
+        """Judge every window of ``source``, in order; ``alert`` marks the alerting windows."""
+        streak = 0
+        frames = iter(source)
+        clock_start = time.perf_counter()
+        for number, window in enumerate(sliding_windows(frames, self.config.windows)):
+            waited = time.perf_counter() - clock_start
+            verdict = self.judge(window, number)
+            verdict.stages_s["decode"] = waited
+            streak = streak + 1 if verdict.yes else 0
+            verdict.alert = streak == self.config.alert_after
+            yield verdict
+            clock_start = time.perf_counter()
+
+    def judge(self, frames: list[SampledFrame], number: int = 0) -> WindowVerdict:
+        """The verdict on one window of sampled frames (reusing the previous window's KV when allowed)."""
+        clock = StageClock(AskStats(), self.adapter.device)
+        with torch.inference_mode():
+            logits, reused, refreshed, tokens = self._prefill(frames, clock)
+        probs = torch.softmax(logits.float(), dim=-1)
+        answer = self.adapter.decode_text([int(logits.argmax())]).strip()
+        return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=frames[-1].pts_s, answer=answer,
+                             p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
+                             visual_tokens=tokens, reused_tokens=reused, refreshed_tokens=refreshed,
+                             stages_s=dict(clock.stats.stages_s), logits=logits)
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def _prefill(self, frames: list[SampledFrame], clock: StageClock):
+        adapter, spec = self.adapter, self.adapter.vision
+        feed = FrameFeed.decoded(as_batch(frames))
+        plan = plan_video(adapter, len(feed), feed.height, feed.width)
+        layout = adapter.build_prompt(self.query, plan.grid_thw[0] * plan.tokens_per_patch)
+        ids, video_start, n_video = layout.input_ids, layout.video_start, layout.video_tokens
+        vpos = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps, video_start)
+        positions, _ = prompt_positions(len(ids), video_start, vpos)
+        rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video_rows(feed, plan, spec, vpos),
+                                  TokenTable.text(positions[:, video_start + n_video:])])
+        cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
+                        adapter.device)
+        samples = [f.index for f in frames]
+        reused_patches = self._reusable_patches(samples, plan.tokens_per_patch, video_start)
+        done = 0  # prompt tokens already in the cache
+        refreshed = 0
+        if reused_patches:
+            done, refreshed = self._reuse(cache, reused_patches, positions, rows, video_start, clock)
+        new_from = (done - video_start) // plan.tokens_per_patch * spec.temporal_patch_size if done else 0
+        with clock.stage("preprocess"):
+            video = preprocess_video(feed.data[new_from:].to(adapter.device), spec, adapter.dtype, size=plan.size)
+        with clock.stage("vision"):
+            new_embeds = adapter.encode_video(video.pixel_values, video.grid_thw)
+        with clock.stage("prefill"):
+            embeds = adapter.embed_tokens(ids[done:][None])
+            at = max(video_start - done, 0)
+            embeds[0, at : at + new_embeds.shape[0]] = new_embeds
+            hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
+            logits = adapter.logits(hidden[0, -1])
+        old = self._previous.video_embeds[-(done - video_start):] if done > video_start else new_embeds[:0]
+        if self.config.refresh != "full-comp":
+            self._previous = _Window(cache, samples, [f.codec.gop_index for f in frames],
+                                     torch.cat([old, new_embeds]), video_start, plan.tokens_per_patch)
+        reused = max(done - video_start, 0)
+        return logits, reused, refreshed, n_video
+
+    def _reusable_patches(self, samples: list[int], tokens_per_patch: int, video_start: int) -> int:
+        """Temporal patches at the start of this window that the previous window also held."""
+        previous, tp = self._previous, self.adapter.vision.temporal_patch_size
+        if previous is None or previous.video_start != video_start or previous.tokens_per_patch != tokens_per_patch:
+            return 0
+        if samples[0] not in previous.samples:
+            return 0
+        shift = previous.samples.index(samples[0])
+        overlap = len(previous.samples) - shift
+        if shift % tp or samples[:overlap] != previous.samples[shift:]:
+            return 0
+        return overlap // tp
+
+    def _reuse(self, cache: KVCache, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int,
+               clock: StageClock) -> tuple[int, int]:
+        """Fill ``cache`` with the prefix and the reused patches; returns (tokens filled, tokens refreshed)."""
+        previous, tp = self._previous, self.adapter.vision.temporal_patch_size
+        old = previous.cache
+        count = patches * previous.tokens_per_patch
+        first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
+        done = video_start + count
+        with clock.stage("prefill"):
+            source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
+            old_positions = old.tokens.position[source].T
+            for layer in range(self.adapter.num_layers):
+                keys = old.keys[layer][:, :, source]
+                cache.keys[layer, :, :, :done] = self.adapter.rerotate_keys(keys, old_positions, positions[:, :done])
+                cache.values[layer, :, :, :done] = old.values[layer][:, :, source]
+                cache.keep(layer, done)
+            cache.commit(rows[:done])
+            picked = self._refresh_choice(previous, patches, tp)
+            refreshed = _refresh(self.adapter, cache, picked + video_start,
+                                 previous.video_embeds[-count:][picked] if len(picked) else None,
+                                 positions[:, picked + video_start], self.config, len(picked))
+        return done, refreshed
+
+    def _refresh_choice(self, previous: _Window, patches: int, tp: int) -> torch.Tensor:
+        """Offsets (within the reused tokens) to recompute under the new context."""
+        per_patch, count = previous.tokens_per_patch, patches * previous.tokens_per_patch
+        mode = self.config.refresh
+        if mode == "reuse":
+            return torch.empty(0, dtype=torch.long)
+        if mode in ("all", "deviation"):
+            return torch.arange(count)
+        # Anchors: the first sampled frame of each GOP in the overlap, and the overlap's first frame.
+        gops = previous.gops[len(previous.gops) - patches * tp:]
+        anchor_frames = [k for k in range(len(gops)) if k == 0 or gops[k] != gops[k - 1]]
+        anchor_patches = sorted({k // tp for k in anchor_frames})
+        return torch.cat([torch.arange(p * per_patch, (p + 1) * per_patch) for p in anchor_patches])
+
+
+def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor,
+             config: WatchConfig, count: int) -> int:
+    """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
+    attending to every cached token before it. Returns how many tokens the last layer refreshed."""
+    if count == 0:
+        return 0
+    hidden = embeds[None].to(adapter.dtype)
+    filled = cache.filled[0]
+    for layer in range(adapter.num_layers):
+        q, k, v = adapter.qkv(layer, hidden, adapter.rotary(positions))
+        if config.refresh == "deviation" and layer == 1:
+            # CacheBlend: after one layer under the new context, keep recomputing only the tokens
+            # whose values moved most from the reused ones.
+            drift = (v - cache.values[layer][:, :, slots]).float().norm(dim=-1).mean(dim=(0, 1))
+            keep = torch.topk(drift, max(1, round(config.deviation_ratio * len(slots)))).indices.sort().values
+            slots, positions, hidden, q, k, v = (slots[keep], positions[:, keep], hidden[:, keep], q[:, :, keep],
+                                                 k[:, :, keep], v[:, :, keep])
+        cache.keys[layer][:, :, slots] = k
+        cache.values[layer][:, :, slots] = v
+        mask = torch.arange(filled, device=q.device)[None, :] <= slots.to(q.device)[:, None]
+        attn = F.scaled_dot_product_attention(q, cache.keys[layer][:, :, :filled], cache.values[layer][:, :, :filled],
+                                              attn_mask=mask, enable_gqa=True)
+        hidden = adapter.finish_layer(layer, hidden, attn)
+    return len(slots)

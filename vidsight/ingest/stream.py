@@ -1,0 +1,175 @@
+"""Live sources for the watch workload: every frame decoded once, sampled, cut into sliding windows.
+
+A source is a video file (replayed as fast as possible or at its real rate) or a network stream
+FFmpeg can open (RTSP, HTTP, ...), reopened with exponential back-off when it drops. Frames are
+sampled at a fixed rate by presentation time; the motion between two sampled frames is the
+largest motion any decoded frame between them shows (CodecSight section 3.3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+
+from vidsight.errors import ConfigError, VideoError
+from vidsight.ingest.container import check_readable
+from vidsight.ingest.decode import _FRAME_TYPES
+from vidsight.ingest.motion import motion_map
+from vidsight.ingest.types import CodecInfo, FrameBatch
+
+log = logging.getLogger(__name__)
+
+NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowConfig:
+    """Sliding windows over the sampled frames: ``[k * stride, k * stride + window)``.
+
+    Defaults are CodecSight's: 40-second windows, a stride of 20 % of the window, 2 fps.
+
+    Attributes:
+        window_s: Window length in seconds.
+        stride_fraction: Stride as a share of the window.
+        fps: Sampling rate.
+    """
+
+    window_s: float = 40.0
+    stride_fraction: float = 0.2
+    fps: float = 2.0
+
+    def __post_init__(self):
+        if not 0 < self.fps <= 120:
+            raise ConfigError(f"fps must be in (0, 120], got {self.fps}")
+        if self.window_frames < 2:
+            raise ConfigError(f"a window of {self.window_s} s at {self.fps} fps holds fewer than 2 frames")
+        if not 0 < self.stride_fraction <= 1:
+            raise ConfigError(f"stride_fraction must be in (0, 1], got {self.stride_fraction}")
+
+    @property
+    def window_frames(self) -> int:
+        return int(round(self.window_s * self.fps))
+
+    @property
+    def stride_frames(self) -> int:
+        return max(1, int(round(self.window_frames * self.stride_fraction)))
+
+
+@dataclasses.dataclass
+class SampledFrame:
+    """One sampled frame with the codec signals of the frames decoded since the previous sample."""
+
+    index: int            # sample number in the stream, from 0
+    frame_index: int      # decoded-frame number in the stream
+    pts_s: float
+    rgb: torch.Tensor     # (H, W, 3) uint8
+    codec: CodecInfo      # its frame type and GOP; motion = max over the decoded frames since the last sample
+
+
+class StreamSource:
+    """Decodes a file or network stream once and yields frames sampled at ``fps``.
+
+    Args:
+        source: A file path or a stream URL.
+        fps: Sampling rate.
+        realtime: Pace a file at its own frame rate, as a camera would deliver it.
+        with_motion: Collect H.264 motion vectors (for motion-guided pruning).
+        reconnect_tries: Reopen a network stream this many times after it drops (0 for files).
+    """
+
+    def __init__(self, source: str | Path, fps: float, realtime: bool = False, with_motion: bool = True,
+                 reconnect_tries: int = 5):
+        self.source = str(source)
+        self.network = self.source.startswith(NETWORK_SCHEMES)
+        if not self.network:
+            check_readable(self.source)
+        self.fps, self.realtime, self.with_motion = fps, realtime, with_motion
+        self.reconnect_tries = reconnect_tries if self.network else 0
+        self.frames_decoded = 0   # every decoded frame, counted once
+
+    def __iter__(self) -> Iterator[SampledFrame]:
+        attempt, sampled, resume_after, motion = 0, 0, -1.0, None
+        while True:
+            try:
+                for frame, index, pts_s, kind, gop, step in self._decoded(resume_after):
+                    motion = step if motion is None or step is None else np.maximum(motion, step)
+                    resume_after = pts_s
+                    if pts_s < sampled / self.fps - 1e-6 and sampled > 0:
+                        continue
+                    rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
+                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion))
+                    sampled, motion = sampled + 1, None
+                return
+            except (av.error.FFmpegError, OSError) as exc:
+                if attempt >= self.reconnect_tries:
+                    raise VideoError(f"{self.source}: stream failed ({exc})") from exc
+                wait = min(30.0, 2.0 ** attempt)
+                log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
+                time.sleep(wait)
+                attempt += 1
+
+    def _decoded(self, resume_after: float):
+        """``(frame, index, pts_s, type, gop, motion)`` of every frame after ``resume_after`` seconds."""
+        try:
+            container = av.open(self.source, mode="r", timeout=10.0 if self.network else None)
+        except av.error.FFmpegError as exc:
+            if self.network:
+                raise
+            raise VideoError(f"{self.source}: not a readable video file ({exc.strerror or exc})") from exc
+        with container:
+            if not container.streams.video:
+                raise VideoError(f"{self.source}: no video stream")
+            stream = container.streams.video[0]
+            if self.with_motion:
+                stream.codec_context.options = {"flags2": "+export_mvs"}
+                stream.thread_type = "SLICE"
+            time_base = float(stream.time_base)
+            start, gop, began = None, -1, time.perf_counter()
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                pts_s = frame.pts * time_base
+                kind = _FRAME_TYPES.get(int(frame.pict_type), "?")
+                gop += kind == "I"
+                if pts_s <= resume_after:
+                    continue
+                self.frames_decoded += 1
+                start = pts_s if start is None else start
+                if self.realtime:
+                    time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
+                motion = None
+                if self.with_motion:
+                    side = frame.side_data.get("MOTION_VECTORS")
+                    motion = motion_map(side.to_ndarray() if side is not None else None, frame.height, frame.width)
+                yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0), motion
+
+
+def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:
+    """Windows of ``config.window_frames`` sampled frames every ``config.stride_frames``; a
+    stream shorter than one window yields what it had, once."""
+    buffer: deque[SampledFrame] = deque(maxlen=config.window_frames)
+    emitted = False
+    for frame in frames:
+        buffer.append(frame)
+        first = frame.index - config.window_frames + 1
+        if first >= 0 and first % config.stride_frames == 0:
+            emitted = True
+            yield list(buffer)
+    if not emitted and buffer:
+        yield list(buffer)
+
+
+def as_batch(frames: list[SampledFrame]) -> FrameBatch:
+    """A window as a `FrameBatch` (for the ask path)."""
+    return FrameBatch(data=torch.stack([f.rgb for f in frames]),
+                      pts_s=torch.tensor([f.pts_s for f in frames], dtype=torch.float64),
+                      indices=torch.tensor([f.frame_index for f in frames]),
+                      codec=[f.codec for f in frames])
