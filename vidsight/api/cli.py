@@ -17,6 +17,7 @@ EXIT_BAD_INPUT = 2
 
 def build_parser() -> argparse.ArgumentParser:
     from vidsight.engine import DEFAULT_MODEL, GenerationConfig
+    from vidsight.engine.watch import ALERT_AFTER, REFRESH_MODES
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
     from vidsight.bench.tasks import FAMILIES
     from vidsight.models import TASK_MODEL
@@ -44,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_prefill_options(ask)
     add_feed_options(ask)
+
+    watch = add("watch", help="a standing Yes/No query over sliding windows of a file or stream")
+    watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
+    watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
+    watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
+    watch.add_argument("--window", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
+    watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
+    watch.add_argument("--fps", type=_float, default=2.0, help="frames sampled per second (default: 2)")
+    watch.add_argument("--refresh", default="full-comp", choices=REFRESH_MODES,
+                       help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
+    watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
+                       help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
+    watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
+    watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
 
     probe = add("probe", help="describe a video's stream without decoding it")
     probe.add_argument("video")
@@ -123,6 +139,32 @@ def _run_ask(args) -> int:
         print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({s.kept_visual_tokens} kept), "
               f"{s.generated_tokens} generated; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
+    return 0
+
+
+def _run_watch(args) -> int:
+    from vidsight.engine.watch import WatchConfig, Watcher
+    from vidsight.ingest.stream import StreamSource, WindowConfig
+    from vidsight.models import load_model
+
+    windows = WindowConfig(window_s=args.window, stride_fraction=args.stride, fps=args.fps)
+    config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after)
+    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False)
+    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
+    for verdict in watcher.watch(source):
+        record = {"type": "window", **verdict.to_dict()}
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) {verdict.p_yes:.2f}  "
+                  f"tokens {verdict.visual_tokens} (reused {verdict.reused_tokens}, refreshed "
+                  f"{verdict.refreshed_tokens})", flush=True)
+        if verdict.alert:
+            alert = {"type": "alert", "window": verdict.window, "start_s": verdict.start_s, "end_s": verdict.end_s,
+                     "query": args.query}
+            print(json.dumps(alert) if args.json else f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
+    print(json.dumps({"type": "end", "frames_decoded": source.frames_decoded}) if args.json else
+          f"[{source.frames_decoded} frames decoded]", flush=True)
     return 0
 
 
@@ -220,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
         _quiet_libraries()
-    handlers = {"ask": _run_ask, "probe": _run_probe, "model": _run_model, "demo": _run_demo, "bench": _run_bench,
+    handlers = {"ask": _run_ask, "watch": _run_watch, "probe": _run_probe, "model": _run_model, "demo": _run_demo, "bench": _run_bench,
                 "train": _run_train}
     try:
         return handlers[args.command](args)
