@@ -80,11 +80,51 @@ class Qwen25VLAdapter:
         return self._lm.embed_tokens(ids.to(self.device))
 
     # -- vision --------------------------------------------------------------------------------
-    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        """Vision encoder + merger: ``(patches, dim)`` to ``(tokens, hidden)``."""
+    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Vision encoder + merger: ``(patches, dim)`` to ``(tokens, hidden)``.
+
+        Args:
+            pixel_values: The video's patches (`preprocess_video`).
+            grid_thw: Temporal patches and patch rows/columns.
+            keep: ``(T, H/m, W/m)`` bool: the merge groups to encode (all if None). The encoder then
+                runs on those patches only, each window and frame attending within its kept part,
+                and the result holds the kept groups' tokens in (t, h, w) order.
+        """
         grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
-        out = self._visual(pixel_values.to(device=self.device, dtype=self._visual.dtype), grid_thw=grid)
-        return out.pooler_output.to(self.dtype)
+        pixels = pixel_values.to(device=self.device, dtype=self._visual.dtype)
+        if keep is None or bool(keep.all()):
+            return self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype)
+        subset = self._kept_patches(grid, keep.to(self.device).reshape(-1))
+        unit = self.vision.merge_size ** 2
+        pixels = pixels.view(-1, unit, pixels.shape[-1])[subset.pop("units")].reshape(-1, pixels.shape[-1])
+        return self._visual(pixels, grid_thw=grid, **subset).pooler_output.to(self.dtype)
+
+    def _kept_patches(self, grid: torch.Tensor, keep: torch.Tensor) -> dict:
+        """Positions and attention boundaries of the encoder restricted to the kept merge groups."""
+        from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+
+        visual, unit = self._visual, self.vision.merge_size ** 2
+        units = torch.nonzero(keep).flatten()
+        local = torch.full_like(keep, -1, dtype=torch.long)
+        local[units] = torch.arange(len(units), device=keep.device)
+        positions = get_vision_position_ids(grid, visual.spatial_merge_size)
+        positions = positions.view(-1, unit, positions.shape[-1])[units].reshape(-1, positions.shape[-1])
+        window_index, cu_windows = get_vision_window_index(grid, visual.spatial_merge_size, visual.window_size,
+                                                           visual.patch_size)
+        window_index, cu_windows = window_index.to(keep.device), cu_windows.to(keep.device)
+        window_of = torch.searchsorted(cu_windows[1:], torch.arange(len(window_index), device=keep.device) * unit,
+                                       right=True)
+        kept_in_order = keep[window_index]
+        per_window = torch.bincount(window_of[kept_in_order], minlength=len(cu_windows) - 1) * unit
+        per_frame = keep.view(int(grid[0, 0]), -1).sum(dim=1) * unit
+
+        def boundaries(lengths: torch.Tensor) -> torch.Tensor:
+            cumulative = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+            return torch.unique_consecutive(cumulative)
+
+        return {"units": units, "position_ids": positions, "cu_seqlens": boundaries(per_frame),
+                "window_index": local[window_index[kept_in_order]], "cu_window_seqlens": boundaries(per_window)}
 
     def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
         return video_grid_positions(
