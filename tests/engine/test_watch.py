@@ -79,3 +79,47 @@ def test_watch_config_rejects_bad_values(bad):
 
     with pytest.raises(ConfigError):
         WatchConfig(**bad)
+
+
+def test_motion_pruning_drops_static_patches_and_keeps_the_moving_square(tiny_adapter, make_test_video):
+    import math
+
+    from vidsight.engine.prefill import plan_video
+    from vidsight.vision.motion import MotionPruneConfig
+
+    path, truth = make_test_video(width=320, height=240, duration_s=8.0, fps=10, gop=40, bframes=False, seed=8,
+                                  square_size=40)
+    config = WatchConfig(WindowConfig(window_s=4.0, stride_fraction=0.5, fps=2.0), prune=MotionPruneConfig(tau=0.25))
+    watcher = Watcher(tiny_adapter, QUERY, config)
+    frames = list(StreamSource(path, fps=2.0))
+    windows = list(sliding_windows(iter(frames), config.windows))
+    pruned_share = []
+    for window in windows:
+        verdict = watcher.judge(window)
+        pruned_share.append(1 - verdict.kept_tokens / verdict.visual_tokens)
+        plan = plan_video(tiny_adapter, len(window), 240, 320)
+        keep = watcher._keep(window, plan.grid_thw)
+        (height, width), (rows_h, cols_w) = plan.size, keep.shape[1:]
+        sy, sx = height / 240, width / 320
+        for k, frame in enumerate(window):
+            x, y = truth["square_xy"][frame.frame_index]
+            size = truth["square_size"]
+            rows = range(int(y * sy) // 28, min(rows_h, math.ceil((y + size) * sy / 28)))
+            cols = range(int(x * sx) // 28, min(cols_w, math.ceil((x + size) * sx / 28)))
+            assert all(keep[k // 2, r, c] for r in rows for c in cols), (frame.index, rows, cols)
+    # Windows after the first hold no GOP start: only the square's trail is encoded.
+    assert min(pruned_share[1:]) >= 0.5, pruned_share
+
+
+def test_pruning_with_every_token_refreshed_equals_pruned_full_comp(tiny_adapter, stream_video):
+    from vidsight.vision.motion import MotionPruneConfig
+
+    prune = MotionPruneConfig()
+    full = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, prune=prune)).watch(StreamSource(stream_video, 2.0)))
+    every = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh="all", prune=prune)).watch(
+        StreamSource(stream_video, 2.0)))
+    assert any(v.kept_tokens < v.visual_tokens for v in full)
+    assert any(v.reused_tokens > 0 for v in every)
+    for a, b in zip(every, full):
+        assert a.kept_tokens == b.kept_tokens
+        assert torch.allclose(a.logits, b.logits, atol=1e-4)

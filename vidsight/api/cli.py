@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
     watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
                        help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
+    watch.add_argument("--prune-tau", type=_float, default=None,
+                       help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
+                            "default: off, lossless)")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
@@ -146,10 +149,12 @@ def _run_watch(args) -> int:
     from vidsight.engine.watch import WatchConfig, Watcher
     from vidsight.ingest.stream import StreamSource, WindowConfig
     from vidsight.models import load_model
+    from vidsight.vision.motion import MotionPruneConfig
 
     windows = WindowConfig(window_s=args.window, stride_fraction=args.stride, fps=args.fps)
-    config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after)
-    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False)
+    prune = MotionPruneConfig(tau=args.prune_tau) if args.prune_tau is not None else None
+    config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after, prune=prune)
+    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=prune is not None)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):
         record = {"type": "window", **verdict.to_dict()}
@@ -157,8 +162,8 @@ def _run_watch(args) -> int:
             print(json.dumps(record), flush=True)
         else:
             print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) {verdict.p_yes:.2f}  "
-                  f"tokens {verdict.visual_tokens} (reused {verdict.reused_tokens}, refreshed "
-                  f"{verdict.refreshed_tokens})", flush=True)
+                  f"tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused {verdict.reused_tokens}, "
+                  f"refreshed {verdict.refreshed_tokens})", flush=True)
         if verdict.alert:
             alert = {"type": "alert", "window": verdict.window, "start_s": verdict.start_s, "end_s": verdict.end_s,
                      "query": args.query}

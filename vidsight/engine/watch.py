@@ -26,6 +26,7 @@ from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_
 from vidsight.kv import KVCache, TokenTable
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
+from vidsight.vision.motion import MotionMasker, MotionPruneConfig, group_mask
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
 # deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).
@@ -42,12 +43,14 @@ class WatchConfig:
         refresh: One of ``REFRESH_MODES``; ``full-comp`` is exact.
         deviation_ratio: Share of reused tokens the ``deviation`` mode recomputes (CacheBlend's 15 %).
         alert_after: Consecutive Yes windows that raise an alert (CodecSight's rule: 2).
+        prune: Motion-vector patch pruning before the encoder (off when None; lossy).
     """
 
     windows: WindowConfig = WindowConfig()
     refresh: str = "full-comp"
     deviation_ratio: float = 0.15
     alert_after: int = ALERT_AFTER
+    prune: MotionPruneConfig | None = None
 
     def __post_init__(self):
         if self.refresh not in REFRESH_MODES:
@@ -69,7 +72,8 @@ class WindowVerdict:
     p_yes: float
     yes: bool
     alert: bool
-    visual_tokens: int
+    visual_tokens: int          # before pruning
+    kept_tokens: int            # after pruning: what the language model sees
     reused_tokens: int
     refreshed_tokens: int
     stages_s: dict[str, float]
@@ -90,7 +94,7 @@ class _Window:
     gops: list[int]             # GOP of each frame
     video_embeds: torch.Tensor  # (video tokens, hidden)
     video_start: int
-    tokens_per_patch: int
+    patch_tokens: list[int]     # tokens of each temporal patch (after pruning)
 
 
 class Watcher:
@@ -108,6 +112,8 @@ class Watcher:
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
         self._previous: _Window | None = None
+        self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
+        self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
 
     def watch(self, source: StreamSource) -> Iterator[WindowVerdict]:
         """Judge every window of ``source``, in order; ``alert`` marks the alerting windows."""
@@ -127,70 +133,94 @@ class Watcher:
         """The verdict on one window of sampled frames (reusing the previous window's KV when allowed)."""
         clock = StageClock(AskStats(), self.adapter.device)
         with torch.inference_mode():
-            logits, reused, refreshed, tokens = self._prefill(frames, clock)
+            logits, reused, refreshed, tokens, kept = self._prefill(frames, clock)
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
         return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=frames[-1].pts_s, answer=answer,
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
-                             visual_tokens=tokens, reused_tokens=reused, refreshed_tokens=refreshed,
+                             visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused, refreshed_tokens=refreshed,
                              stages_s=dict(clock.stats.stages_s), logits=logits)
+
+    def _keep(self, frames: list[SampledFrame], grid_thw: tuple[int, int, int]) -> torch.Tensor | None:
+        """Kept merge groups ``(T, H/m, W/m)`` of the window, from each frame's stream-level mask."""
+        if self._masker is None:
+            return None
+        grid_hw = (grid_thw[1], grid_thw[2])
+        for frame in frames:
+            mask = self._masks.get(frame.index)
+            if mask is None or mask.shape != grid_hw:
+                self._masks[frame.index] = self._masker.frame_mask(frame.codec, grid_hw)
+        for old in [k for k in self._masks if k < frames[0].index]:
+            del self._masks[old]
+        return group_mask([self._masks[f.index] for f in frames], self.adapter.vision)
 
     # -- prefill ---------------------------------------------------------------------------------
     def _prefill(self, frames: list[SampledFrame], clock: StageClock):
         adapter, spec = self.adapter, self.adapter.vision
         feed = FrameFeed.decoded(as_batch(frames))
         plan = plan_video(adapter, len(feed), feed.height, feed.width)
-        layout = adapter.build_prompt(self.query, plan.grid_thw[0] * plan.tokens_per_patch)
+        with clock.stage("preprocess"):
+            keep = self._keep(frames, plan.grid_thw)
+        kept = keep.reshape(-1) if keep is not None else torch.ones(plan.grid_thw[0] * plan.tokens_per_patch,
+                                                                    dtype=torch.bool)
+        patch_tokens = kept.view(plan.grid_thw[0], -1).sum(dim=1).tolist()
+        layout = adapter.build_prompt(self.query, int(kept.sum()))
         ids, video_start, n_video = layout.input_ids, layout.video_start, layout.video_tokens
-        vpos = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps, video_start)
+        # Kept tokens keep their true positions in the full grid.
+        vpos = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps,
+                                       video_start)[:, kept]
         positions, _ = prompt_positions(len(ids), video_start, vpos)
-        rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video_rows(feed, plan, spec, vpos),
+        video = video_rows(feed, plan, spec, adapter.video_positions(
+            plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps, video_start))[kept]
+        rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video,
                                   TokenTable.text(positions[:, video_start + n_video:])])
         cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                         adapter.device)
         samples = [f.index for f in frames]
-        reused_patches = self._reusable_patches(samples, plan.tokens_per_patch, video_start)
-        done = 0  # prompt tokens already in the cache
-        refreshed = 0
-        if reused_patches:
-            done, refreshed = self._reuse(cache, reused_patches, positions, rows, video_start, clock)
-        new_from = (done - video_start) // plan.tokens_per_patch * spec.temporal_patch_size if done else 0
+        patches = self._reusable_patches(samples, patch_tokens, video_start)
+        done, refreshed = video_start if patches else 0, 0
+        if patches:
+            done, refreshed = self._reuse(cache, patches, positions, rows, video_start, clock)
+        first_new = patches * spec.temporal_patch_size
         with clock.stage("preprocess"):
-            video = preprocess_video(feed.data[new_from:].to(adapter.device), spec, adapter.dtype, size=plan.size)
+            pixels = preprocess_video(feed.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
         with clock.stage("vision"):
-            new_embeds = adapter.encode_video(video.pixel_values, video.grid_thw)
+            new_keep = keep[patches:] if keep is not None else None
+            new_embeds = adapter.encode_video(pixels.pixel_values, pixels.grid_thw, new_keep)
         with clock.stage("prefill"):
             embeds = adapter.embed_tokens(ids[done:][None])
             at = max(video_start - done, 0)
             embeds[0, at : at + new_embeds.shape[0]] = new_embeds
             hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
             logits = adapter.logits(hidden[0, -1])
-        old = self._previous.video_embeds[-(done - video_start):] if done > video_start else new_embeds[:0]
+        reused = done - video_start if patches else 0
         if self.config.refresh != "full-comp":
+            old = self._previous.video_embeds[self._previous.video_embeds.shape[0] - reused:] if reused else \
+                new_embeds[:0]
             self._previous = _Window(cache, samples, [f.codec.gop_index for f in frames],
-                                     torch.cat([old, new_embeds]), video_start, plan.tokens_per_patch)
-        reused = max(done - video_start, 0)
-        return logits, reused, refreshed, n_video
+                                     torch.cat([old, new_embeds]), video_start, patch_tokens)
+        return logits, reused, refreshed, plan.grid_thw[0] * plan.tokens_per_patch, n_video
 
-    def _reusable_patches(self, samples: list[int], tokens_per_patch: int, video_start: int) -> int:
+    def _reusable_patches(self, samples: list[int], patch_tokens: list[int], video_start: int) -> int:
         """Temporal patches at the start of this window that the previous window also held."""
         previous, tp = self._previous, self.adapter.vision.temporal_patch_size
-        if previous is None or previous.video_start != video_start or previous.tokens_per_patch != tokens_per_patch:
-            return 0
-        if samples[0] not in previous.samples:
+        if previous is None or previous.video_start != video_start or samples[0] not in previous.samples:
             return 0
         shift = previous.samples.index(samples[0])
         overlap = len(previous.samples) - shift
-        if shift % tp or samples[:overlap] != previous.samples[shift:]:
+        if shift % tp or overlap % tp or samples[:overlap] != previous.samples[shift:]:
             return 0
-        return overlap // tp
+        patches = overlap // tp
+        if previous.patch_tokens[shift // tp :] != patch_tokens[:patches]:
+            return 0
+        return patches
 
     def _reuse(self, cache: KVCache, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int,
                clock: StageClock) -> tuple[int, int]:
         """Fill ``cache`` with the prefix and the reused patches; returns (tokens filled, tokens refreshed)."""
         previous, tp = self._previous, self.adapter.vision.temporal_patch_size
         old = previous.cache
-        count = patches * previous.tokens_per_patch
+        count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
         first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
         done = video_start + count
         with clock.stage("prefill"):
@@ -210,7 +240,9 @@ class Watcher:
 
     def _refresh_choice(self, previous: _Window, patches: int, tp: int) -> torch.Tensor:
         """Offsets (within the reused tokens) to recompute under the new context."""
-        per_patch, count = previous.tokens_per_patch, patches * previous.tokens_per_patch
+        counts = previous.patch_tokens[len(previous.patch_tokens) - patches:]
+        starts = [sum(counts[:p]) for p in range(patches)]
+        count = sum(counts)
         mode = self.config.refresh
         if mode == "reuse":
             return torch.empty(0, dtype=torch.long)
@@ -220,7 +252,7 @@ class Watcher:
         gops = previous.gops[len(previous.gops) - patches * tp:]
         anchor_frames = [k for k in range(len(gops)) if k == 0 or gops[k] != gops[k - 1]]
         anchor_patches = sorted({k // tp for k in anchor_frames})
-        return torch.cat([torch.arange(p * per_patch, (p + 1) * per_patch) for p in anchor_patches])
+        return torch.cat([torch.arange(starts[p], starts[p] + counts[p]) for p in anchor_patches])
 
 
 def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor,

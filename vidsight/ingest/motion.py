@@ -27,14 +27,35 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int) -> np.ndarra
         return out
     magnitude = np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
     direction = (vectors["source"] > 0).astype(np.int64)
+    which, r, c = _destination_blocks(vectors, rows, cols)
+    np.maximum.at(out, (direction[which], r, c), magnitude[which].astype(np.float32))
+    return out
+
+
+def intra_blocks(vectors: np.ndarray | None, height: int, width: int) -> np.ndarray:
+    """``(ceil(height/4), ceil(width/4))`` bool: blocks of an inter frame that no vector predicts.
+
+    Those were intra-coded: the encoder found nothing to copy, so their content is new.
+    """
+    rows, cols = -(-height // BLOCK), -(-width // BLOCK)
+    covered = np.zeros((rows, cols), dtype=bool)
+    if vectors is not None and len(vectors):
+        _, r, c = _destination_blocks(vectors, rows, cols)
+        covered[r, c] = True
+    return ~covered
+
+
+def _destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(vector index, block row, block column)`` of every block a vector's destination covers."""
     top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // BLOCK
     left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // BLOCK
-    # Partitions come in a handful of sizes; one vectorised scatter per block offset inside them.
+    which, r, c = [], [], []
+    # Partitions come in a handful of sizes; one vectorised pass per block offset inside them.
     for bh, bw in {(int(h), int(w)) for h, w in zip(vectors["h"], vectors["w"])}:
-        sel = (vectors["h"] == bh) & (vectors["w"] == bw)
+        sel = np.flatnonzero((vectors["h"] == bh) & (vectors["w"] == bw))
         for dy in range(max(1, bh // BLOCK)):
             for dx in range(max(1, bw // BLOCK)):
-                r = np.clip(top[sel] + dy, 0, rows - 1)
-                c = np.clip(left[sel] + dx, 0, cols - 1)
-                np.maximum.at(out, (direction[sel], r, c), magnitude[sel].astype(np.float32))
-    return out
+                which.append(sel)
+                r.append(np.clip(top[sel] + dy, 0, rows - 1))
+                c.append(np.clip(left[sel] + dx, 0, cols - 1))
+    return np.concatenate(which), np.concatenate(r), np.concatenate(c)

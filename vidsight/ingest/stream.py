@@ -22,7 +22,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable
 from vidsight.ingest.decode import _FRAME_TYPES
-from vidsight.ingest.motion import motion_map
+from vidsight.ingest.motion import intra_blocks, motion_map
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class SampledFrame:
     frame_index: int      # decoded-frame number in the stream
     pts_s: float
     rgb: torch.Tensor     # (H, W, 3) uint8
-    codec: CodecInfo      # its frame type and GOP; motion = max over the decoded frames since the last sample
+    codec: CodecInfo      # its type and GOP; motion (max) and intra blocks (union) over the frames since the last sample
 
 
 class StreamSource:
@@ -96,17 +96,18 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
-        attempt, sampled, resume_after, motion = 0, 0, -1.0, None
+        attempt, sampled, resume_after, motion, intra = 0, 0, -1.0, None, None
         while True:
             try:
-                for frame, index, pts_s, kind, gop, step in self._decoded(resume_after):
+                for frame, index, pts_s, kind, gop, (step, new) in self._decoded(resume_after):
                     motion = step if motion is None or step is None else np.maximum(motion, step)
+                    intra = new if intra is None or new is None else intra | new
                     resume_after = pts_s
                     if pts_s < sampled / self.fps - 1e-6 and sampled > 0:
                         continue
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
-                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion))
-                    sampled, motion = sampled + 1, None
+                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion, intra))
+                    sampled, motion, intra = sampled + 1, None, None
                 return
             except (av.error.FFmpegError, OSError) as exc:
                 if attempt >= self.reconnect_tries:
@@ -117,7 +118,7 @@ class StreamSource:
                 attempt += 1
 
     def _decoded(self, resume_after: float):
-        """``(frame, index, pts_s, type, gop, motion)`` of every frame after ``resume_after`` seconds."""
+        """``(frame, index, pts_s, type, gop, (motion, intra))`` of every frame after ``resume_after`` s."""
         try:
             container = av.open(self.source, mode="r", timeout=10.0 if self.network else None)
         except av.error.FFmpegError as exc:
@@ -145,11 +146,13 @@ class StreamSource:
                 start = pts_s if start is None else start
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
-                motion = None
+                signals = (None, None)
                 if self.with_motion:
                     side = frame.side_data.get("MOTION_VECTORS")
-                    motion = motion_map(side.to_ndarray() if side is not None else None, frame.height, frame.width)
-                yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0), motion
+                    vectors = side.to_ndarray() if side is not None else None
+                    intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
+                    signals = (motion_map(vectors, frame.height, frame.width), intra)
+                yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0), signals
 
 
 def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:

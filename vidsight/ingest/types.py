@@ -79,11 +79,14 @@ class CodecInfo:
             channel 0 from past references, channel 1 from future ones (B-frames), each block
             holding the largest magnitude of any vector whose destination covers it. ``None``
             when the codec exports no vectors (codecs other than H.264, or vectors not asked for).
+        intra: ``(ceil(H/4), ceil(W/4))`` bool, blocks of an inter frame that no vector predicts
+            (intra-coded: new content); ``None`` for I-frames or without vectors.
     """
 
     frame_type: str
     gop_index: int
     motion: np.ndarray | None = None
+    intra: np.ndarray | None = None
 
 
 @dataclasses.dataclass
