@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
-from vidsight.errors import VidsightError
+from vidsight.errors import ConfigError, VidsightError
 
 EXIT_BAD_INPUT = 2
 
@@ -104,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench_ask.add_argument("--fps", type=_float, default=1.0, help="sampling rate (default: 1)")
     bench_ask.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_ask.add_argument("--json", action="store_true", help="print the JSON report")
+
+    bench_watch = bench_commands.add_parser("watch", parents=[common],
+                                            help="Full-Comp vs motion pruning vs KV refresh vs both on labelled videos")
+    bench_watch.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
+    bench_watch.add_argument("--shape", default=None, help="time a random-weight model shape instead of --model")
+    bench_watch.add_argument("--videos", type=int, default=20, help="generated anomaly videos (default: 20)")
+    bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
+    bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
+    bench_watch.add_argument("--sweeps", action="store_true", help="also sweep stride, tau and GOP length")
+    bench_watch.add_argument("--folder", default=None, help="a folder of videos to use instead (UCF-Crime style)")
+    bench_watch.add_argument("--labels", default=None, help="with --folder: CSV with video,label columns")
+    bench_watch.add_argument("--query", default=None, help="with --folder: the standing query")
+    bench_watch.add_argument("--root", default="out/suites", help="where generated videos go (default: out/suites)")
+    bench_watch.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
+    bench_watch.add_argument("--json", action="store_true", help="print the JSON report")
 
     train = add("train", help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
@@ -199,6 +214,8 @@ def _run_bench(args) -> int:
         return _run_bench_decode(args)
     if args.bench_command == "ask":
         return _run_bench_ask(args)
+    if args.bench_command == "watch":
+        return _run_bench_watch(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
@@ -227,6 +244,28 @@ def _run_bench_ask(args) -> int:
                            progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_ask_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _run_bench_watch(args) -> int:
+    from vidsight.bench.watch import (anomaly_videos, format_watch_report, labelled_folder, run_watch_bench,
+                                      write_watch_report)
+    from vidsight.models import load_model
+    from vidsight.models.shapes import build_shape
+
+    if args.folder:
+        if not args.labels or not args.query:
+            raise ConfigError("--folder needs --labels and --query")
+        videos = labelled_folder(args.folder, args.labels, args.query)
+    else:
+        if args.videos < 1 or args.gop < 1:
+            raise ConfigError("--videos and --gop must be positive")
+        videos = anomaly_videos(args.root, args.videos, args.gop)
+    adapter = build_shape(args.shape) if args.shape else load_model(args.model)
+    report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root,
+                             progress=sys.stderr.isatty() and not args.json)
+    json_path, png_path = write_watch_report(report, args.out)
+    print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

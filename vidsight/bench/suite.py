@@ -39,9 +39,19 @@ def window_starts(frames: int) -> list[int]:
     return list(range(0, frames - WINDOW_FRAMES + 1, STRIDE_FRAMES))
 
 
-def _write_scene(path: Path, scene, duration_s: float, seed: int) -> None:
+def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8) -> None:
+    """Render ``scene`` to H.264 at ``VIDEO_FPS`` (B-frames for odd seeds)."""
     times = np.arange(int(round(duration_s * VIDEO_FPS))) / VIDEO_FPS
-    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=8, bframes=seed % 2 == 1)
+    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=gop, bframes=seed % 2 == 1)
+
+
+def anomaly_video_scene(number: int):
+    """The ``number``-th held-out anomaly video: ``(scene, seed, per-window labels)``; even ones hold a Yes."""
+    sampled = np.arange(int(ANOMALY_VIDEO_S * SAMPLE_FPS)) / SAMPLE_FPS
+    seed = SUITE_SEED + 500_000 + number
+    scene = anomaly_scene(np.random.default_rng(seed), seed, ANOMALY_VIDEO_S, want=number % 2 == 0, times_s=sampled)
+    labels = [anomaly_label(scene, sampled[k : k + WINDOW_FRAMES]) for k in window_starts(len(sampled))]
+    return scene, seed, labels
 
 
 def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
@@ -64,17 +74,13 @@ def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
     for family, i in tqdm(jobs, desc=f"suite {name}", disable=not progress):
         sample = make_sample(family, SUITE_SEED + i)
         path = directory / f"{family}_{i:03d}.mp4"
-        _write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed)
+        write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed)
         clips.append({"family": family, "video": path.name, "question": sample.question, "answer": sample.answer,
                       "frames": sample.frames, "scene": sample.scene.to_dict()})
-    sampled = np.arange(int(ANOMALY_VIDEO_S * SAMPLE_FPS)) / SAMPLE_FPS
     for i in range(spec.anomaly_videos):
-        seed = SUITE_SEED + 500_000 + i
-        rng = np.random.default_rng(seed)
-        scene = anomaly_scene(rng, seed, ANOMALY_VIDEO_S, want=i % 2 == 0, times_s=sampled)
+        scene, seed, labels = anomaly_video_scene(i)
         path = directory / f"anomaly_video_{i:03d}.mp4"
-        _write_scene(path, scene, ANOMALY_VIDEO_S, seed)
-        labels = [anomaly_label(scene, sampled[k : k + WINDOW_FRAMES]) for k in window_starts(len(sampled))]
+        write_scene(path, scene, ANOMALY_VIDEO_S, seed)
         videos.append({"video": path.name, "query": ANOMALY_QUERY, "label": any(labels), "window_labels": labels,
                        "scene": scene.to_dict()})
     manifest.write_text(json.dumps({"suite": name, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,

@@ -95,6 +95,8 @@ class Qwen25VLAdapter:
         pixels = pixel_values.to(device=self.device, dtype=self._visual.dtype)
         if keep is None or bool(keep.all()):
             return self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype)
+        if not bool(keep.any()):
+            return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
         subset = self._kept_patches(grid, keep.to(self.device).reshape(-1))
         unit = self.vision.merge_size ** 2
         pixels = pixels.view(-1, unit, pixels.shape[-1])[subset.pop("units")].reshape(-1, pixels.shape[-1])

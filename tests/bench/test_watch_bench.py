@@ -1,0 +1,33 @@
+import json
+
+from vidsight.api.cli import main
+from vidsight.bench.watch import anomaly_videos, configurations, run_watch
+
+
+def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
+    videos = anomaly_videos(tmp_path, count=2, gop=32)
+    results = run_watch(tiny_adapter, videos, configurations())
+    assert list(results) == ["full-comp", "pruning", "refresh", "pruning+refresh"]
+    full, both = results["full-comp"], results["pruning+refresh"]
+    assert full["mean_per_window"]["kept"] == full["mean_per_window"]["visual"]
+    assert results["pruning"]["mean_per_window"]["kept"] < full["mean_per_window"]["kept"]
+    assert results["refresh"]["mean_per_window"]["reused"] > 0 and full["mean_per_window"]["reused"] == 0
+    assert both["flops_reduction"] > 1
+    assert 0 <= both["f1"] <= 1 and {"precision", "recall"} <= set(both)
+
+
+def test_bench_watch_cli_with_a_labelled_folder(tmp_path, tiny_model_dir, make_test_video, capsys):
+    path, _ = make_test_video(width=224, height=168, duration_s=12.0, fps=8, gop=32, seed=11)
+    (tmp_path / "labels.csv").write_text(f"video,label\n{path.name},1\n")
+    code = main(["bench", "watch", "--model", str(tiny_model_dir), "--folder", str(path.parent), "--labels",
+                 str(tmp_path / "labels.csv"), "--query", "Is there a red square? Answer Yes or No.", "--out",
+                 str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["videos"] == 1 and set(report["configs"]) == {"full-comp", "pruning", "refresh", "pruning+refresh"}
+    assert (tmp_path / "watch.png").stat().st_size > 0
+
+
+def test_bench_watch_folder_needs_labels(tmp_path, capsys):
+    assert main(["bench", "watch", "--folder", str(tmp_path)]) == 2
+    assert "--labels" in capsys.readouterr().err

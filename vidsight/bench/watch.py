@@ -1,0 +1,198 @@
+"""`vidsight bench watch`: Full-Comp against motion-vector pruning and selective KV refresh, in one run.
+
+Every configuration watches the same labelled videos through `Watcher`: the generated anomaly
+videos (rendered from their scenes at a chosen GOP length, so GOP sweeps are possible) or a
+UCF-Crime-style folder with a labels CSV (``video,label`` with label 0/1). Per configuration it
+reports the mean per-window stage latency, tokens (visual, kept after pruning, reused, refreshed),
+FLOPs estimated from those token counts, and video-level precision/recall/F1 with CodecSight's
+rule (positive after two consecutive Yes windows).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vidsight.bench.accuracy import precision_recall_f1, video_positive
+from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
+from vidsight.bench.tasks import ANOMALY_QUERY, SAMPLE_FPS
+from vidsight.engine.watch import WatchConfig, Watcher
+from vidsight.errors import ConfigError
+from vidsight.ingest.stream import StreamSource, WindowConfig
+from vidsight.vision.motion import MotionPruneConfig
+
+# The anomaly suite's windows: 10 s at 2 fps, stride 20 %.
+SUITE_WINDOWS = WindowConfig(window_s=WINDOW_FRAMES / SAMPLE_FPS, stride_fraction=STRIDE_FRAMES / WINDOW_FRAMES,
+                             fps=SAMPLE_FPS)
+DEFAULT_GOP = 32  # 8 s at the suite's 4 fps: a surveillance-style long GOP
+STAGES = ("decode", "preprocess", "vision", "prefill")
+
+
+def configurations(tau: float = 0.25) -> dict[str, WatchConfig]:
+    prune = MotionPruneConfig(tau=tau)
+    return {"full-comp": WatchConfig(SUITE_WINDOWS),
+            "pruning": WatchConfig(SUITE_WINDOWS, prune=prune),
+            "refresh": WatchConfig(SUITE_WINDOWS, refresh="anchors"),
+            "pruning+refresh": WatchConfig(SUITE_WINDOWS, refresh="anchors", prune=prune)}
+
+
+def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP) -> list[dict]:
+    """The first ``count`` held-out anomaly videos written with GOPs of ``gop`` frames (cached)."""
+    directory = Path(root) / f"watch_gop{gop}"
+    directory.mkdir(parents=True, exist_ok=True)
+    videos = []
+    for number in range(count):
+        scene, seed, labels = anomaly_video_scene(number)
+        path = directory / f"anomaly_video_{number:03d}.mp4"
+        if not path.exists():
+            write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop)
+        videos.append({"video": str(path), "label": any(labels), "query": ANOMALY_QUERY})
+    return videos
+
+
+def labelled_folder(folder: str | Path, labels_csv: str | Path, query: str) -> list[dict]:
+    """A UCF-Crime-style set: videos in ``folder`` and ``video,label`` rows (label 1 = anomalous)."""
+    folder, videos = Path(folder), []
+    with open(labels_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            if "video" not in row or "label" not in row:
+                raise ConfigError(f"{labels_csv}: expected a header with 'video' and 'label' columns")
+            videos.append({"video": str(folder / row["video"]), "label": row["label"].strip() in ("1", "true", "yes"),
+                           "query": query})
+    if not videos:
+        raise ConfigError(f"{labels_csv}: no videos listed")
+    return videos
+
+
+def _flops(adapter, verdict) -> float:
+    """Prefill and encoder FLOPs of one window, estimated from what it actually computed."""
+    text = adapter.model.config.text_config
+    layers, hidden = text.num_hidden_layers, text.hidden_size
+    per_token = 2 * sum(p.numel() for p in adapter.model.model.language_model.layers.parameters())
+    computed = verdict.kept_tokens - verdict.reused_tokens + verdict.refreshed_tokens
+    context = verdict.kept_tokens
+    vision_params = sum(p.numel() for p in adapter.model.model.visual.parameters())
+    patches = (verdict.kept_tokens - verdict.reused_tokens) * adapter.vision.merge_size ** 2
+    return computed * (per_token + 4 * layers * hidden * context) + 2 * vision_params * patches
+
+
+def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
+    """Watch every video under every configuration; the report described in the module docstring."""
+    results = {}
+    for name, config in configs.items():
+        windows, predicted, actual = [], [], []
+        for video in tqdm(videos, desc=name, disable=not progress, leave=False):
+            source = StreamSource(video["video"], fps=config.windows.fps, with_motion=config.prune is not None)
+            verdicts = list(Watcher(adapter, video["query"], config).watch(source))
+            predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
+            actual.append(video["label"])
+            windows += [{**{s: v.stages_s.get(s, 0.0) for s in STAGES}, "visual": v.visual_tokens,
+                         "kept": v.kept_tokens, "reused": v.reused_tokens, "refreshed": v.refreshed_tokens,
+                         "flops": _flops(adapter, v)} for v in verdicts[1:]]  # the first window has nothing to reuse
+        mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
+        results[name] = {"windows": len(windows), "mean_per_window": mean,
+                         "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
+                         **precision_recall_f1(predicted, actual)}
+    base = results["full-comp"] if "full-comp" in results else None
+    for result in results.values():
+        if base:
+            result["speedup_vision_prefill"] = base["vision_prefill_s"] / max(result["vision_prefill_s"], 1e-9)
+            result["flops_reduction"] = base["mean_per_window"]["flops"] / max(result["mean_per_window"]["flops"], 1)
+            result["f1_change"] = result["f1"] - base["f1"]
+    return results
+
+
+def run_watch_bench(adapter, videos: list[dict], tau: float = 0.25, sweeps: bool = False, root: str | Path = "",
+                    progress: bool = False) -> dict:
+    """The four configurations, and optionally sweeps of stride, tau and GOP for pruning+refresh."""
+    report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
+              "machine": platform.processor() or platform.machine(), "window_s": SUITE_WINDOWS.window_s,
+              "stride_fraction": SUITE_WINDOWS.stride_fraction, "fps": SUITE_WINDOWS.fps, "tau": tau,
+              "configs": run_watch(adapter, videos, configurations(tau), progress)}
+    if sweeps:
+        both = configurations(tau)["pruning+refresh"]
+        report["sweeps"] = {"stride": {}, "tau": {}, "gop": {}}
+        for stride in (0.1, 0.2, 0.4):
+            windows = WindowConfig(SUITE_WINDOWS.window_s, stride, SUITE_WINDOWS.fps)
+            configs = {"full-comp": WatchConfig(windows), "both": WatchConfig(windows, "anchors", prune=both.prune)}
+            report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress)["both"]
+        for value in (0.25, 1.0, 5.0):
+            configs = {"full-comp": WatchConfig(SUITE_WINDOWS),
+                       "both": WatchConfig(SUITE_WINDOWS, "anchors", prune=MotionPruneConfig(tau=value))}
+            report["sweeps"]["tau"][value] = run_watch(adapter, videos, configs, progress)["both"]
+        for gop in (8, 32, 64):
+            regop = anomaly_videos(root, len(videos), gop)
+            report["sweeps"]["gop"][gop] = run_watch(adapter, regop, {"full-comp": WatchConfig(SUITE_WINDOWS),
+                                                                    "both": both}, progress)["both"]
+    return report
+
+
+def format_watch_report(report: dict) -> str:
+    lines = [f"{report['videos']} videos, model {report['model']} on {report['device']} ({report['cpu_count']} CPUs); "
+             f"windows {report['window_s']:g} s, stride {report['stride_fraction']:.0%}, {report['fps']:g} fps, "
+             f"tau {report['tau']} px", "",
+             f"{'config':<16} {'vis+pre s':>9} {'speed-up':>8} {'GFLOP':>8} {'FLOP ÷':>7} {'kept/visual':>12} "
+             f"{'reused':>7} {'refresh':>7} {'P':>5} {'R':>5} {'F1':>5}"]
+    for name, r in report["configs"].items():
+        m = r["mean_per_window"]
+        lines.append(f"{name:<16} {r['vision_prefill_s']:9.4f} {r.get('speedup_vision_prefill', 1):7.2f}x "
+                     f"{m['flops'] / 1e9:8.2f} {r.get('flops_reduction', 1):6.2f}x {m['kept']:5.0f}/{m['visual']:<6.0f} "
+                     f"{m['reused']:7.0f} {m['refreshed']:7.0f} {r['precision']:5.2f} {r['recall']:5.2f} {r['f1']:5.2f}")
+    for axis, runs in report.get("sweeps", {}).items():
+        lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
+            f"{value}: {r['speedup_vision_prefill']:.2f}x, F1 {r['f1']:.2f}" for value, r in runs.items()))
+    return "\n".join(lines)
+
+
+def plot_watch_report(report: dict, path: str | Path) -> Path:
+    """Per-window latency breakdown, tokens, and F1 per configuration (CodecSight's Figures 11, 13, 15)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = report["configs"]
+    names = list(configs)
+    sweeps = report.get("sweeps", {})
+    fig, axes = plt.subplots(1, 3 + len(sweeps), figsize=(5 * (3 + len(sweeps)), 4))
+    left = np.zeros(len(names))
+    for stage in ("preprocess", "vision", "prefill"):
+        values = np.array([configs[n]["mean_per_window"][stage] for n in names])
+        axes[0].bar(names, values, bottom=left, label=stage)
+        left += values
+    axes[0].set(ylabel="seconds per window", title="per-window latency")
+    axes[0].legend()
+    x = np.arange(len(names))
+    for offset, key in zip((-0.3, -0.1, 0.1, 0.3), ("visual", "kept", "reused", "refreshed")):
+        axes[1].bar(x + offset, [configs[n]["mean_per_window"][key] for n in names], width=0.2, label=key)
+    axes[1].set_xticks(x, names)
+    axes[1].set(ylabel="tokens per window", title="tokens")
+    axes[1].legend()
+    axes[2].bar(names, [configs[n]["f1"] for n in names], color="tab:green")
+    axes[2].set(ylim=(0, 1.05), ylabel="video-level F1", title="accuracy")
+    for ax, (axis, runs) in zip(axes[3:], sweeps.items()):
+        values = list(runs)
+        ax.plot([str(v) for v in values], [runs[v]["speedup_vision_prefill"] for v in values], marker="o",
+                label="vision+prefill speed-up")
+        ax.plot([str(v) for v in values], [runs[v]["f1"] for v in values], marker="s", label="F1")
+        ax.set(xlabel=axis, title=f"sweep: {axis}")
+        ax.legend()
+    for ax in axes[:3]:
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_watch_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "watch.json").write_text(json.dumps(report, indent=1, default=str))
+    return out / "watch.json", plot_watch_report(report, out / "watch.png")
