@@ -5,7 +5,7 @@ from vidsight.bench.watch import anomaly_videos, configurations, run_watch
 
 
 def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
-    videos = anomaly_videos(tmp_path, count=2, gop=32)
+    videos = anomaly_videos(tmp_path, count=1, gop=32)
     results = run_watch(tiny_adapter, videos, configurations())
     assert list(results) == ["full-comp", "pruning", "refresh", "pruning+refresh"]
     full, both = results["full-comp"], results["pruning+refresh"]
