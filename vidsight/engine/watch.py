@@ -109,6 +109,11 @@ class Watcher:
     def __init__(self, adapter, query: str, config: WatchConfig = WatchConfig()):
         if not query.strip():
             raise ConfigError("the query is empty")
+        tp = adapter.vision.temporal_patch_size
+        if config.refresh != "full-comp" and config.windows.stride_frames % tp:
+            raise ConfigError(f"KV reuse needs a stride of whole temporal patches ({tp} frames); a "
+                              f"{config.windows.window_s:g} s window at {config.windows.fps:g} fps with stride "
+                              f"{config.windows.stride_fraction:g} gives {config.windows.stride_frames} frames")
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
         self._previous: _Window | None = None
