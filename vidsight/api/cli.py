@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
                             "default: off, lossless)")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
+    watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
+                       help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
 
@@ -169,7 +171,8 @@ def _run_watch(args) -> int:
     windows = WindowConfig(window_s=args.window, stride_fraction=args.stride, fps=args.fps)
     prune = MotionPruneConfig(tau=args.prune_tau) if args.prune_tau is not None else None
     config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after, prune=prune)
-    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=prune is not None)
+    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=prune is not None,
+                          follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):
         record = {"type": "window", **verdict.to_dict()}

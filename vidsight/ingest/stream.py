@@ -1,7 +1,8 @@
 """Live sources for the watch workload: every frame decoded once, sampled, cut into sliding windows.
 
-A source is a video file (replayed as fast as possible or at its real rate) or a network stream
-FFmpeg can open (RTSP, HTTP, ...), reopened with exponential back-off when it drops. Frames are
+A source is a video file (replayed as fast as possible or at its real rate, or followed while it
+grows, as a recorder writes MPEG-TS) or a network stream FFmpeg can open (RTSP, HTTP, ...),
+reopened with exponential back-off when it drops. Reopening resumes after the last frame seen. Frames are
 sampled at a fixed rate by presentation time; the motion between two sampled frames is the
 largest motion any decoded frame between them shows (CodecSight section 3.3).
 """
@@ -83,16 +84,19 @@ class StreamSource:
         realtime: Pace a file at its own frame rate, as a camera would deliver it.
         with_motion: Collect H.264 motion vectors (for motion-guided pruning).
         reconnect_tries: Reopen a network stream this many times after it drops (0 for files).
+        follow_idle_s: Keep reading a file that grows; stop once it has not grown for this long
+            (None: read it once).
     """
 
     def __init__(self, source: str | Path, fps: float, realtime: bool = False, with_motion: bool = True,
-                 reconnect_tries: int = 5):
+                 reconnect_tries: int = 5, follow_idle_s: float | None = None):
         self.source = str(source)
         self.network = self.source.startswith(NETWORK_SCHEMES)
         if not self.network:
             check_readable(self.source)
         self.fps, self.realtime, self.with_motion = fps, realtime, with_motion
         self.reconnect_tries = reconnect_tries if self.network else 0
+        self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
@@ -108,7 +112,8 @@ class StreamSource:
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
                     yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion, intra))
                     sampled, motion, intra = sampled + 1, None, None
-                return
+                if not self._grew():
+                    return
             except (av.error.FFmpegError, OSError) as exc:
                 if attempt >= self.reconnect_tries:
                     raise VideoError(f"{self.source}: stream failed ({exc})") from exc
@@ -116,6 +121,18 @@ class StreamSource:
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
                 time.sleep(wait)
                 attempt += 1
+
+    def _grew(self) -> bool:
+        """For a followed file: wait until it grows (True) or stays idle for ``follow_idle_s`` (False)."""
+        if self.follow_idle_s is None:
+            return False
+        size, waited = Path(self.source).stat().st_size, 0.0
+        while waited < self.follow_idle_s:
+            time.sleep(0.2)
+            waited += 0.2
+            if Path(self.source).stat().st_size != size:
+                return True
+        return False
 
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop, (motion, intra))`` of every frame after ``resume_after`` s."""

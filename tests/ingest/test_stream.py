@@ -1,0 +1,97 @@
+"""Live sources: growing files and dropped network streams, each frame decoded once."""
+
+import threading
+import time
+
+import av
+import numpy as np
+import pytest
+
+from vidsight.errors import VideoError
+from vidsight.ingest import SyntheticSpec
+from vidsight.ingest.stream import StreamSource, WindowConfig
+from vidsight.ingest.synthetic import background, render_frame, square_track
+from vidsight.ingest.writer import write_video
+
+
+def write_part(path, spec, first, last):
+    """Frames ``first..last-1`` of ``spec`` as a standalone MPEG-TS with continuing timestamps."""
+    bg, track = background(spec), square_track(spec)
+    times = np.arange(first, last) / spec.fps
+    write_video(path, (render_frame(spec, bg, track[k]) for k in range(first, last)), times, spec.fps, gop=8)
+
+
+def test_a_followed_file_is_read_as_it_grows(tmp_path):
+    spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=4.0, gop=8)
+    write_part(tmp_path / "a.ts", spec, 0, 16)
+    write_part(tmp_path / "b.ts", spec, 16, 32)
+    growing = tmp_path / "live.ts"
+    growing.write_bytes((tmp_path / "a.ts").read_bytes())
+
+    def recorder():
+        time.sleep(0.6)
+        with open(growing, "ab") as f:
+            f.write((tmp_path / "b.ts").read_bytes())
+
+    writer = threading.Thread(target=recorder)
+    writer.start()
+    source = StreamSource(growing, fps=2.0, with_motion=False, follow_idle_s=1.5)
+    samples = list(source)
+    writer.join()
+    assert [round(s.pts_s - samples[0].pts_s, 3) for s in samples] == [k / 2 for k in range(8)]
+    assert source.frames_decoded == 32  # both parts, every frame once
+
+
+def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_video, monkeypatch):
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
+    real_open = av.open
+    opened = []
+
+    class Dropping:
+        """The first connection dies after 10 frames."""
+
+        def __init__(self, container):
+            self.container, self.streams = container, container.streams
+
+        def decode(self, stream):
+            for k, frame in enumerate(self.container.decode(stream)):
+                if k == 10:
+                    raise av.error.EOFError(5, "connection reset")
+                yield frame
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.container.close()
+
+    def fake_open(url, mode="r", timeout=None):
+        container = real_open(str(path), mode)
+        opened.append(url)
+        return Dropping(container) if len(opened) == 1 else container
+
+    monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
+    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    source = StreamSource("rtsp://camera.invalid/live", fps=2.0, with_motion=False)
+    samples = list(source)
+    assert len(opened) == 2
+    assert [s.index for s in samples] == list(range(6))
+    assert source.frames_decoded == 24  # 10 before the drop, 14 after: none twice
+
+
+def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
+    def failing_open(url, mode="r", timeout=None):
+        raise av.error.ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
+    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    with pytest.raises(VideoError, match="rtsp://camera.invalid/live: stream failed"):
+        list(StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=2))
+
+
+@pytest.mark.parametrize("bad", [dict(fps=0), dict(window_s=0.5, fps=2), dict(stride_fraction=0)])
+def test_window_config_rejects_bad_values(bad):
+    from vidsight.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        WindowConfig(**bad)
