@@ -3,7 +3,7 @@
 The 3B and 7B shapes are the published ``config.json`` values of Qwen2.5-VL-3B/7B-Instruct,
 vocabulary size included; text goes through vidsight's byte-level tokenizer, whose chat tokens
 have their own (small) ids. ``small`` pairs the Qwen2.5-0.5B language model with a
-shallower vision tower and smaller frames, so a 5-minute video runs on a 2-core CPU in minutes.
+shallower vision tower and frames of 56x56 to 224x224 pixels, so a 5-minute video runs on a 2-core CPU in minutes.
 Weights are random: answers are noise, timings and memory are those of the real architecture.
 """
 
@@ -50,7 +50,7 @@ SHAPES = {
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]}),
         vision=dict(_VISION_3B_7B, depth=8, hidden_size=640, intermediate_size=1712, num_heads=10,
                     fullatt_block_indexes=[3, 7], out_hidden_size=896),
-        max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
+        min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
 }
 _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
