@@ -16,7 +16,6 @@ def test_meter_counts_live_storages_created_inside_only():
         del a
         c = b + weights.repeat(2)    # b, the temporary repeat and c: 6 MiB at most
         del b
-        b = None
     assert meter.peak_bytes == 6 * MIB
     assert meter.live_bytes == c.untyped_storage().nbytes()
     del c, view

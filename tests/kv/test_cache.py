@@ -39,7 +39,8 @@ def test_token_table_slices_and_concatenates():
 
 
 def test_keep_compacts_a_layers_chunk_and_maps_slots_to_tokens():
-    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32,
+                    device=torch.device("cpu"))
     keys = torch.arange(10.0).reshape(1, 1, 5, 2)
     for layer, kept in [(0, None), (1, torch.tensor([1, 4]))]:
         cache.write(layer, keys, -keys)

@@ -309,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
         _quiet_libraries()
-    handlers = {"ask": _run_ask, "watch": _run_watch, "probe": _run_probe, "model": _run_model, "demo": _run_demo, "bench": _run_bench,
-                "train": _run_train}
+    handlers = {"ask": _run_ask, "watch": _run_watch, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
+                "bench": _run_bench, "train": _run_train}
     try:
         return handlers[args.command](args)
     except VidsightError as exc:

@@ -13,7 +13,6 @@ plus the first group, taken from the ``decode, then groups`` run (QuickVideo sec
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from vidsight.bench.decode import bench_video
+from vidsight.bench.report import save_figure, write_report
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
 from vidsight.ingest import SamplingConfig, SyntheticSpec, probe
 
@@ -129,17 +129,11 @@ def plot_ask_report(report: dict, path: str | Path) -> Path:
     memory.set_yticks(y, [])
     memory.invert_yaxis()
     memory.set(xlabel="MiB", title="peak prefill memory")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def write_ask_report(report: dict, out: str | Path) -> tuple[Path, Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ask.json").write_text(json.dumps(report, indent=1))
-    return out / "ask.json", plot_ask_report(report, out / "ask.png")
+    return write_report(report, out, "ask", plot_ask_report)
 
 
 def ask_video(directory: str | Path) -> Path:

@@ -7,7 +7,6 @@ pixel-wise and their largest difference reported.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vidsight.bench.report import save_figure, write_report
 from vidsight.ingest import DecodeConfig, SamplingConfig, SyntheticSpec, decode_frames, decode_parallel, make_video
 from vidsight.ingest import probe, sample_frames
 
@@ -133,10 +133,7 @@ def plot_decode_report(report: dict, path: str | Path) -> Path:
     lines.plot([1, top], [1, top], color="grey", linestyle="--", label="linear")
     lines.set(xlabel="workers", ylabel="speed-up over 1-thread sequential", title="interval-parallel scaling")
     lines.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def format_decode_report(report: dict) -> str:
@@ -152,7 +149,4 @@ def format_decode_report(report: dict) -> str:
 
 
 def write_decode_report(report: dict, out: str | Path) -> tuple[Path, Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.json").write_text(json.dumps(report, indent=1))
-    return out / "decode.json", plot_decode_report(report, out / "decode.png")
+    return write_report(report, out, "decode", plot_decode_report)

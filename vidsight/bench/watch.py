@@ -11,7 +11,6 @@ rule (positive after two consecutive Yes windows).
 from __future__ import annotations
 
 import csv
-import json
 import os
 import platform
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
+from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
 from vidsight.bench.tasks import ANOMALY_QUERY, SAMPLE_FPS
 from vidsight.engine.watch import WatchConfig, Watcher
@@ -142,8 +142,9 @@ def format_watch_report(report: dict) -> str:
     for name, r in report["configs"].items():
         m = r["mean_per_window"]
         lines.append(f"{name:<16} {r['vision_prefill_s']:9.4f} {r.get('speedup_vision_prefill', 1):7.2f}x "
-                     f"{m['flops'] / 1e9:8.2f} {r.get('flops_reduction', 1):6.2f}x {m['kept']:5.0f}/{m['visual']:<6.0f} "
-                     f"{m['reused']:7.0f} {m['refreshed']:7.0f} {r['precision']:5.2f} {r['recall']:5.2f} {r['f1']:5.2f}")
+                     f"{m['flops'] / 1e9:8.2f} {r.get('flops_reduction', 1):6.2f}x "
+                     f"{m['kept']:5.0f}/{m['visual']:<6.0f} {m['reused']:7.0f} {m['refreshed']:7.0f} "
+                     f"{r['precision']:5.2f} {r['recall']:5.2f} {r['f1']:5.2f}")
     for axis, runs in report.get("sweeps", {}).items():
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
             f"{value}: {r['speedup_vision_prefill']:.2f}x, F1 {r['f1']:.2f}" for value, r in runs.items()))
@@ -185,14 +186,8 @@ def plot_watch_report(report: dict, path: str | Path) -> Path:
         ax.legend()
     for ax in axes[:3]:
         ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def write_watch_report(report: dict, out: str | Path) -> tuple[Path, Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "watch.json").write_text(json.dumps(report, indent=1, default=str))
-    return out / "watch.json", plot_watch_report(report, out / "watch.png")
+    return write_report(report, out, "watch", plot_watch_report)

@@ -14,7 +14,8 @@ from vidsight.engine.generate import GenerationConfig, generate
 from vidsight.engine.prefill import Prefilled, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
-from vidsight.ingest import DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe, sample_frames
+from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
+                             sample_frames)
 from vidsight.ingest.feed import FrameFeed
 from vidsight.models import load_model
 

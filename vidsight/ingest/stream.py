@@ -72,7 +72,7 @@ class SampledFrame:
     frame_index: int      # decoded-frame number in the stream
     pts_s: float
     rgb: torch.Tensor     # (H, W, 3) uint8
-    codec: CodecInfo      # its type and GOP; motion (max) and intra blocks (union) over the frames since the last sample
+    codec: CodecInfo      # type, GOP; motion (max) and intra blocks (union) since the last sample
 
 
 class StreamSource:
