@@ -16,6 +16,9 @@ from vidsight.bench.scenes import COLOURS, SHAPES, Scene, SceneObject
 FRAME = 112
 SAMPLE_FPS = 2.0
 QUADRANT = FRAME // 2
+# Objects span two to three 14-pixel patches: large enough that a patch-based encoder can tell a
+# circle from a square from a triangle, small enough to move inside a quadrant.
+OBJECT_SIZE = (26, 34)
 ANOMALY_QUERY = "Is there a red object in the zone? Answer Yes or No."
 # Clip length in sampled frames per family at its default length.
 DEFAULT_FRAMES = {"count": 16, "attribute": 16, "order": 16, "needle": 64, "anomaly": 20}
@@ -70,7 +73,7 @@ class Sample:
 def _quadrant_object(rng, quadrant: int, shape: str, colour: str, t_in: float, t_out: float,
                      speed: float = 3.0) -> SceneObject:
     """An object that wanders inside one quadrant for its whole life."""
-    size = int(rng.integers(18, 25))
+    size = int(rng.integers(OBJECT_SIZE[0], OBJECT_SIZE[1] + 1))
     qx, qy = (quadrant % 2) * QUADRANT, (quadrant // 2) * QUADRANT
     room = QUADRANT - size - 4
     travel = rng.uniform(-1, 1, size=2) * speed
@@ -149,7 +152,7 @@ def anomaly_label(scene: Scene, times_s: np.ndarray) -> bool:
 
 def _crossing_object(rng, duration: float, colour: str, t_in: float, t_out: float) -> SceneObject:
     """An object gliding across the frame in a straight line."""
-    size = int(rng.integers(18, 25))
+    size = int(rng.integers(OBJECT_SIZE[0], OBJECT_SIZE[1] + 1))
     start = rng.uniform(0, FRAME - size, size=2)
     end = rng.uniform(0, FRAME - size, size=2)
     velocity = (end - start) / max(t_out - t_in, 1e-6)
