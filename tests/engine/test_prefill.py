@@ -85,15 +85,23 @@ def test_pruned_ask_answers_with_a_smaller_cache(tiny_adapter, long_video, score
     assert len(result.token_ids) >= 1
 
 
-def test_background_feed_frames_equal_sequential_decoding(long_video):
-    info = probe(long_video)
-    indices = sample_frames(info, SamplingConfig(fps=5.0))
-    expected = decode_frames(long_video, indices, info=info)
-    with FrameFeed.background(long_video, indices, info, workers=2) as feed:
+@pytest.mark.parametrize("spec,fps,strategy", [
+    (VIDEO_SPEC, 5.0, "intervals"),
+    (dict(width=176, height=144, duration_s=5.0, fps=12, gop=10, bframes=True, variable_frame_rate=True,
+          start_time_s=1.25, seed=2), 3.0, "intervals"),
+    (dict(width=176, height=144, duration_s=9.0, fps=8, gop=4, bframes=False, seed=3), 0.25, "seek"),
+])
+def test_background_feed_frames_equal_sequential_decoding(make_test_video, spec, fps, strategy):
+    path, _ = make_test_video(**spec)
+    info = probe(path)
+    indices = sample_frames(info, SamplingConfig(fps=fps))
+    expected = decode_frames(path, indices, info=info)
+    with FrameFeed.background(path, indices, info, workers=2) as feed:
         got = torch.cat([feed.frames(lo, min(lo + 3, len(feed))) for lo in range(0, len(feed), 3)])
-    assert feed.strategy == "intervals" and feed.frames_lost == 0 and feed.decode_s > 0
+    assert feed.strategy == strategy and feed.frames_lost == 0 and feed.decode_s > 0
     assert torch.equal(got, expected.data)
     assert torch.equal(feed.indices, expected.indices)
+    assert torch.equal(feed.pts_s, expected.pts_s)
 
 
 def test_plan_matches_whole_video_preprocessing(tiny_adapter, long_video):
