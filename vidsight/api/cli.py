@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--fps", type=_float, nargs="+", default=[1.0, 2.0], help="sampling rates (default: 1 2)")
     decode.add_argument("--workers", type=int, default=None, help="most parallel workers to try (default: CPU count)")
     decode.add_argument("--repeats", type=int, default=2, help="best of this many runs per method (default: 2)")
+    decode.add_argument("--lengths", type=_float, nargs="*", default=[],
+                        help="also time the first N seconds of the video for each N (decoding vs length)")
     decode.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     decode.add_argument("--json", action="store_true", help="print the JSON report")
 
@@ -233,7 +235,7 @@ def _run_bench_decode(args) -> int:
     from vidsight.bench.decode import bench_video, format_decode_report, run_decode_bench, write_decode_report
 
     video = args.video or bench_video(args.out)
-    report = run_decode_bench(video, args.fps, args.workers, args.repeats)
+    report = run_decode_bench(video, args.fps, args.workers, args.repeats, args.lengths)
     json_path, png_path = write_decode_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_decode_report(report)}\n\n{json_path}\n{png_path}")
     return 0

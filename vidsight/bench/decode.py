@@ -75,8 +75,13 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return max(int((x.to(torch.int16) - y.to(torch.int16)).abs().max()) for x, y in zip(a, b))
 
 
-def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repeats: int = REPEATS) -> dict:
-    """Time every decoding method at each sampling rate (best of ``repeats``); see the module docstring."""
+def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repeats: int = REPEATS,
+                     lengths_s=()) -> dict:
+    """Time every decoding method at each sampling rate (best of ``repeats``); see the module docstring.
+
+    ``lengths_s`` adds QuickVideo's Figure 3: sequential against parallel decoding of the video's
+    first N seconds, at the first sampling rate, for each N.
+    """
     info = probe(path)
     cores = os.cpu_count() or 1
     worker_counts = sorted({1, *(range(2, (workers or cores) + 1))})
@@ -106,7 +111,18 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
             if "workers" in entry:
                 entry["parallel_efficiency"] = entry["speedup"] / entry["workers"]
         report["runs"].append({"sample_fps": fps, "sampled_frames": len(indices), "methods": methods})
+    report["lengths"] = [_length_run(path, info, fps_values[0], length, workers or cores, repeats)
+                         for length in lengths_s]
     return report
+
+
+def _length_run(path, info, fps: float, length_s: float, workers: int, repeats: int) -> dict:
+    indices = sample_frames(info, SamplingConfig(fps=fps))
+    indices = indices[info.pts_s[indices] < info.start_time_s + length_s]
+    reference, base = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="NONE"), info), repeats)
+    batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=workers), repeats)
+    return {"length_s": length_s, "sampled_frames": len(indices), "sequential_s": base, "parallel_s": seconds,
+            "workers": workers, "speedup": base / seconds, "identical": torch.equal(batch.data, reference.data)}
 
 
 def plot_decode_report(report: dict, path: str | Path) -> Path:
@@ -116,7 +132,9 @@ def plot_decode_report(report: dict, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5))
+    lengths = report.get("lengths") or []
+    fig, axes = plt.subplots(1, 3 if lengths else 2, figsize=(19 if lengths else 13, 4.5))
+    bars, lines = axes[0], axes[1]
     names = list(runs[0]["methods"])
     width = 0.8 / len(runs)
     for k, run in enumerate(runs):
@@ -133,6 +151,14 @@ def plot_decode_report(report: dict, path: str | Path) -> Path:
     lines.plot([1, top], [1, top], color="grey", linestyle="--", label="linear")
     lines.set(xlabel="workers", ylabel="speed-up over 1-thread sequential", title="interval-parallel scaling")
     lines.legend()
+    if lengths:
+        minutes = [r["length_s"] / 60 for r in lengths]
+        axes[2].plot(minutes, [r["sequential_s"] for r in lengths], marker="o", label="sequential, 1 thread")
+        axes[2].plot(minutes, [r["parallel_s"] for r in lengths], marker="o",
+                     label=f"vidsight parallel, {lengths[0]['workers']} workers")
+        axes[2].set(xlabel="video length (min)", ylabel="seconds",
+                    title=f"decoding vs length, {runs[0]['sample_fps']:g} fps")
+        axes[2].legend()
     return save_figure(fig, path)
 
 
@@ -145,6 +171,10 @@ def format_decode_report(report: dict) -> str:
             extra = f", efficiency {m['parallel_efficiency']:.0%}" if "parallel_efficiency" in m else ""
             lines.append(f"  {name:<30} {m['seconds']:8.2f} s  {m['speedup']:5.2f}x{extra}"
                          f"  {'identical' if m['identical'] else 'differs'}")
+    for r in report.get("lengths") or []:
+        lines.append(f"first {r['length_s'] / 60:g} min ({r['sampled_frames']} frames): "
+                     f"sequential {r['sequential_s']:.2f} s, parallel {r['parallel_s']:.2f} s ({r['speedup']:.2f}x), "
+                     f"{'identical' if r['identical'] else 'differs'}")
     return "\n".join(lines)
 
 
