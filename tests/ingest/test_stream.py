@@ -95,3 +95,10 @@ def test_window_config_rejects_bad_values(bad):
 
     with pytest.raises(ConfigError):
         WindowConfig(**bad)
+
+
+def test_sampling_counts_from_the_first_frame_when_the_stream_starts_late(make_test_video):
+    path, truth = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8, start_time_s=1.25)
+    samples = list(StreamSource(path, fps=2.0, with_motion=False))
+    assert samples[0].pts_s == pytest.approx(1.25)
+    assert [round(s.pts_s - 1.25, 3) for s in samples] == [k / 2 for k in range(6)]

@@ -70,21 +70,25 @@ def labelled_folder(folder: str | Path, labels_csv: str | Path, query: str) -> l
     return videos
 
 
-def _flops(adapter, verdict) -> float:
-    """Prefill and encoder FLOPs of one window, estimated from what it actually computed."""
+def _flop_counter(adapter):
+    """``verdict -> FLOPs`` of one window's prefill and encoder, estimated from what it computed."""
     text = adapter.model.config.text_config
-    layers, hidden = text.num_hidden_layers, text.hidden_size
+    attention = 4 * text.num_hidden_layers * text.hidden_size  # per token and context token
     per_token = 2 * sum(p.numel() for p in adapter.model.model.language_model.layers.parameters())
-    computed = verdict.kept_tokens - verdict.reused_tokens + verdict.refreshed_tokens
-    context = verdict.kept_tokens
-    vision_params = sum(p.numel() for p in adapter.model.model.visual.parameters())
-    patches = (verdict.kept_tokens - verdict.reused_tokens) * adapter.vision.merge_size ** 2
-    return computed * (per_token + 4 * layers * hidden * context) + 2 * vision_params * patches
+    per_patch = 2 * sum(p.numel() for p in adapter.model.model.visual.parameters())
+    patches_per_token = adapter.vision.merge_size ** 2
+
+    def flops(verdict) -> float:
+        computed = verdict.kept_tokens - verdict.reused_tokens + verdict.refreshed_tokens
+        encoded = (verdict.kept_tokens - verdict.reused_tokens) * patches_per_token
+        return computed * (per_token + attention * verdict.kept_tokens) + per_patch * encoded
+
+    return flops
 
 
 def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
     """Watch every video under every configuration; the report described in the module docstring."""
-    results = {}
+    results, flops = {}, _flop_counter(adapter)
     for name, config in configs.items():
         windows, predicted, actual = [], [], []
         for video in tqdm(videos, desc=name, disable=not progress, leave=False):
@@ -94,7 +98,7 @@ def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], prog
             actual.append(video["label"])
             windows += [{**{s: v.stages_s.get(s, 0.0) for s in STAGES}, "visual": v.visual_tokens,
                          "kept": v.kept_tokens, "reused": v.reused_tokens, "refreshed": v.refreshed_tokens,
-                         "flops": _flops(adapter, v)} for v in verdicts[1:]]  # the first window has nothing to reuse
+                         "flops": flops(v)} for v in verdicts[1:]]  # the first window has nothing to reuse
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],

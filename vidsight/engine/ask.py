@@ -174,14 +174,10 @@ def _check_question(question: str) -> None:
         raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:
     """Answer one question about a video file, loading ``model`` for this call.
 
-    Keyword options are those of `Asker.ask` (``sampling``, ``generation``, ``prefill``,
+    Keyword options are those of `Asker.ask` (``sampling``, ``generation``, ``prefill``, ``feed``,
     ``progress``). To ask many questions, build one `Asker` and reuse it.
     """
     return Asker(model).ask(video, question, **options)

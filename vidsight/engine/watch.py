@@ -172,18 +172,17 @@ class Watcher:
         layout = adapter.build_prompt(self.query, int(kept.sum()))
         ids, video_start, n_video = layout.input_ids, layout.video_start, layout.video_tokens
         # Kept tokens keep their true positions in the full grid.
-        vpos = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps,
-                                       video_start)[:, kept]
-        positions, _ = prompt_positions(len(ids), video_start, vpos)
-        video = video_rows(feed, plan, spec, adapter.video_positions(
-            plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps, video_start))[kept]
+        grid_positions = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps,
+                                                 video_start)
+        positions, _ = prompt_positions(len(ids), video_start, grid_positions[:, kept])
+        video = video_rows(feed, plan, spec, grid_positions)[kept]
         rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video,
                                   TokenTable.text(positions[:, video_start + n_video:])])
         cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                         adapter.device)
         samples = [f.index for f in frames]
         patches = self._reusable_patches(samples, patch_tokens, video_start)
-        done, refreshed = video_start if patches else 0, 0
+        done, refreshed = 0, 0
         if patches:
             done, refreshed = self._reuse(cache, patches, positions, rows, video_start, clock)
         first_new = patches * spec.temporal_patch_size
@@ -238,9 +237,8 @@ class Watcher:
                 cache.keep(layer, done)
             cache.commit(rows[:done])
             picked = self._refresh_choice(previous, patches, tp)
-            refreshed = _refresh(self.adapter, cache, picked + video_start,
-                                 previous.video_embeds[-count:][picked] if len(picked) else None,
-                                 positions[:, picked + video_start], self.config, len(picked))
+            refreshed = _refresh(self.adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
+                                 positions[:, picked + video_start], self.config)
         return done, refreshed
 
     def _refresh_choice(self, previous: _Window, patches: int, tp: int) -> torch.Tensor:
@@ -260,23 +258,24 @@ class Watcher:
         return torch.cat([torch.arange(starts[p], starts[p] + counts[p]) for p in anchor_patches])
 
 
-def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor,
-             config: WatchConfig, count: int) -> int:
+def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+             config: WatchConfig) -> int:
     """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
     attending to every cached token before it. Returns how many tokens the last layer refreshed."""
-    if count == 0:
+    if len(slots) == 0:
         return 0
     hidden = embeds[None].to(adapter.dtype)
+    cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
     filled = cache.filled[0]
     for layer in range(adapter.num_layers):
-        q, k, v = adapter.qkv(layer, hidden, adapter.rotary(positions))
+        q, k, v = adapter.qkv(layer, hidden, (cos, sin))
         if config.refresh == "deviation" and layer == 1:
             # CacheBlend: after one layer under the new context, keep recomputing only the tokens
             # whose values moved most from the reused ones.
             drift = (v - cache.values[layer][:, :, slots]).float().norm(dim=-1).mean(dim=(0, 1))
             keep = torch.topk(drift, max(1, round(config.deviation_ratio * len(slots)))).indices.sort().values
-            slots, positions, hidden, q, k, v = (slots[keep], positions[:, keep], hidden[:, keep], q[:, :, keep],
-                                                 k[:, :, keep], v[:, :, keep])
+            slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
+                                                q[:, :, keep], k[:, :, keep], v[:, :, keep])
         cache.keys[layer][:, :, slots] = k
         cache.values[layer][:, :, slots] = v
         mask = torch.arange(filled, device=q.device)[None, :] <= slots.to(q.device)[:, None]

@@ -55,7 +55,18 @@ class DecodeConfig:
                 raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_DECODE_SIDE} per side")
 
 
-def _configure_decoder(stream: av.video.stream.VideoStream, with_motion: bool, threads: str) -> None:
+def frame_type(frame: av.VideoFrame) -> str:
+    """``"I"``, ``"P"``, ``"B"`` or ``"?"``."""
+    return _FRAME_TYPES.get(int(frame.pict_type), "?")
+
+
+def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:
+    """The frame's exported motion vectors (``export_mvs``), or None when it has none."""
+    side = frame.side_data.get("MOTION_VECTORS")
+    return side.to_ndarray() if side is not None else None
+
+
+def configure_decoder(stream: av.video.stream.VideoStream, with_motion: bool, threads: str) -> None:
     if with_motion:
         stream.codec_context.options = {"flags2": "+export_mvs"}
         stream.thread_type = "SLICE"
@@ -96,14 +107,11 @@ class FrameSink:
         rgb = frame.to_ndarray(format="rgb24", width=self.width, height=self.height, interpolation="BICUBIC")
         self.data[slot] = torch.from_numpy(rgb)
         if self.config.with_codec_info:
-            vectors = None
-            if self.with_motion:
-                side = frame.side_data.get("MOTION_VECTORS")
-                vectors = side.to_ndarray() if side is not None else None
             self.codec[slot] = CodecInfo(
-                frame_type=_FRAME_TYPES.get(int(frame.pict_type), "?"),
+                frame_type=frame_type(frame),
                 gop_index=int(self.info.gop_index_of(np.array([index]))[0]),
-                motion=motion_map(vectors, self.info.height, self.info.width) if self.with_motion else None,
+                motion=motion_map(frame_vectors(frame), self.info.height, self.info.width) if self.with_motion
+                else None,
             )
         with self._lock:
             self.got[slot] = True
@@ -144,7 +152,7 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
     """
     info = sink.info
     with open_video(sink.path) as (container, stream):
-        _configure_decoder(stream, sink.with_motion, threads)
+        configure_decoder(stream, sink.with_motion, threads)
         time_base = float(stream.time_base)
         if first > 0:
             container.seek(int(round(info.pts_s[first] / time_base)), stream=stream, backward=True)

@@ -18,7 +18,7 @@ import torch
 
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.decode import DecodeConfig, FrameSink, decode_span
-from vidsight.ingest.parallel import choose_strategy, gop_spans, plan_spans
+from vidsight.ingest.parallel import decode_schedule
 from vidsight.ingest.types import FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ class FrameFeed:
         self._sink: FrameSink | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._spans: list[tuple[int, Future]] = []  # (last slot the span fills, its task)
-        self.wait_s = 0.0
         self.decode_s = 0.0
         self._lost = 0
         self._started = time.perf_counter()
@@ -60,9 +59,7 @@ class FrameFeed:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         sink = FrameSink(path, info, indices, DecodeConfig(threads="NONE"), on_frame)
-        strategy = choose_strategy(info, sink.wanted)
-        spans = gop_spans(info, sink.wanted) if strategy == "seek" else \
-            plan_spans(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
+        strategy, spans = decode_schedule(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
         feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy)
         feed._sink = sink
         feed._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-feed")
@@ -85,10 +82,8 @@ class FrameFeed:
     def frames(self, start: int, stop: int) -> torch.Tensor:
         """``(stop - start, H, W, 3)`` frames, waiting for the decoder if they are not out yet."""
         if self._sink is not None:
-            began = time.perf_counter()
             self._wait_through(stop - 1)
             self._fill_lost(start, stop)
-            self.wait_s += time.perf_counter() - began
         return self.data[start:stop]
 
     def _wait_through(self, slot: int) -> None:

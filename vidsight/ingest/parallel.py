@@ -53,6 +53,17 @@ def choose_strategy(info: VideoInfo, wanted: np.ndarray) -> str:
     return "seek" if gap > SEEK_GAP_GOPS * float(np.mean(info.gop_sizes)) else "intervals"
 
 
+def decode_schedule(info: VideoInfo, wanted: np.ndarray, spans: int, strategy: str = "auto"
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """The strategy (``auto`` resolved) and the ``(keyframe, last wanted)`` spans to decode.
+
+    Seeking gives one span per GOP; intervals group the GOPs into at most ``spans`` spans.
+    """
+    if strategy == "auto":
+        strategy = choose_strategy(info, wanted)
+    return strategy, gop_spans(info, wanted) if strategy == "seek" else plan_spans(info, wanted, spans)
+
+
 def decode_parallel(
     path: str | Path,
     indices: np.ndarray | None = None,
@@ -80,12 +91,7 @@ def decode_parallel(
         raise ConfigError(f"strategy must be auto, intervals or seek, got {strategy!r}")
     info = info or probe(path)
     sink = FrameSink(path, info, indices, config, on_frame)
-    if strategy == "auto":
-        strategy = choose_strategy(info, sink.wanted)
-    if strategy == "seek":
-        spans = gop_spans(info, sink.wanted)
-    else:
-        spans = plan_spans(info, sink.wanted, workers * SPANS_PER_WORKER)
+    strategy, spans = decode_schedule(info, sink.wanted, workers * SPANS_PER_WORKER, strategy)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-decode") as pool:
         # Submitted earliest first, so the start of the video is ready first.
         list(pool.map(lambda span: decode_span(sink, *span, threads="NONE"), spans))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import torch
 
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable
-from vidsight.ingest.decode import _FRAME_TYPES
+from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
 from vidsight.ingest.motion import intra_blocks, motion_map
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -100,14 +101,16 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
-        attempt, sampled, resume_after, motion, intra = 0, 0, -1.0, None, None
+        attempt, sampled, resume_after, motion, intra = 0, 0, -math.inf, None, None
+        origin = None  # the first frame's time: streams rarely start at 0
         while True:
             try:
                 for frame, index, pts_s, kind, gop, (step, new) in self._decoded(resume_after):
                     motion = step if motion is None or step is None else np.maximum(motion, step)
                     intra = new if intra is None or new is None else intra | new
                     resume_after = pts_s
-                    if pts_s < sampled / self.fps - 1e-6 and sampled > 0:
+                    origin = pts_s if origin is None else origin
+                    if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
                     yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion, intra))
@@ -146,16 +149,14 @@ class StreamSource:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
-            if self.with_motion:
-                stream.codec_context.options = {"flags2": "+export_mvs"}
-                stream.thread_type = "SLICE"
+            configure_decoder(stream, self.with_motion, "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
             for frame in container.decode(stream):
                 if frame.pts is None:
                     continue
                 pts_s = frame.pts * time_base
-                kind = _FRAME_TYPES.get(int(frame.pict_type), "?")
+                kind = frame_type(frame)
                 gop += kind == "I"
                 if pts_s <= resume_after:
                     continue
@@ -165,8 +166,7 @@ class StreamSource:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 signals = (None, None)
                 if self.with_motion:
-                    side = frame.side_data.get("MOTION_VECTORS")
-                    vectors = side.to_ndarray() if side is not None else None
+                    vectors = frame_vectors(frame)
                     intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
                     signals = (motion_map(vectors, frame.height, frame.width), intra)
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0), signals

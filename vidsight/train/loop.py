@@ -153,8 +153,8 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(entry) + "\n")
             torch.save({"model": model.state_dict(), "cell_head": head.state_dict(),
-                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": done, "history": history,
-                        "elapsed_s": entry["elapsed_s"], "config": config.__dict__}, checkpoint)
+                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": done,
+                        "history": history, "elapsed_s": entry["elapsed_s"], "config": config.__dict__}, checkpoint)
             plot_history(history, out / "curves.png")
             log.info("step %d loss %.4f accuracy %s", done, entry["loss"], entry["held_out_accuracy"])
     model.eval().to("cpu")
