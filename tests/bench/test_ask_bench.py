@@ -19,7 +19,9 @@ def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_pa
     path, _ = make_test_video(width=320, height=240, duration_s=12.0, fps=10, gop=10, seed=4)
     report = run_ask_bench(path, "tiny-test", rhos=(0.5,), group_frames=4, workers=2, fps=2.0, max_new_tokens=3)
     runs = report["runs"]
-    assert list(runs) == ["full compute", "decode, then groups, rho=0.5", "overlap, rho=1", "overlap, rho=0.5"]
+    assert list(runs) == ["full compute", "decode, then groups, rho=0.5", "overlap, rho=1", "overlap, rho=0.5",
+                          "overlap, rho=0.5, skip pruned"]
+    assert runs["overlap, rho=0.5, skip pruned"]["kept_visual_tokens"] == runs["overlap, rho=0.5"]["kept_visual_tokens"]
     assert report["rho1_answer_identical"]
     assert runs["full compute"]["groups"] == 1 and runs["overlap, rho=1"]["groups"] == 6
     assert runs["overlap, rho=0.5"]["kept_visual_tokens"] * 2 == runs["full compute"]["visual_tokens"]

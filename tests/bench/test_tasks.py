@@ -27,7 +27,8 @@ def test_answers_match_the_scene():
         first = min(order.scene.objects, key=lambda o: o.t_in)
         assert order.answer == first.shape
         attribute = make_sample("attribute", seed)
-        assert attribute.answer in {o.colour for o in attribute.scene.objects} | {o.shape for o in attribute.scene.objects}
+        objects = attribute.scene.objects
+        assert attribute.answer in {o.colour for o in objects} | {o.shape for o in objects}
         anomaly = make_sample("anomaly", seed)
         assert anomaly.question == ANOMALY_QUERY
         assert (anomaly.answer == "Yes") == anomaly_label(anomaly.scene, anomaly.times_s)
@@ -49,7 +50,8 @@ def test_rendered_object_has_its_colour_and_shape_where_the_track_says():
 
 
 def test_events_are_recorded():
-    a = SceneObject("square", "red", 20, 0.0, 10.0, (0.0, 40.0), velocity=(10.0, 0.0), recolour_at=6.0, new_colour="green")
+    a = SceneObject("square", "red", 20, 0.0, 10.0, (0.0, 40.0), velocity=(10.0, 0.0), recolour_at=6.0,
+                    new_colour="green")
     b = SceneObject("circle", "white", 20, 2.0, 10.0, (80.0, 40.0))
     scene = Scene(FRAME, FRAME, 8.0, seed=0, zone=(50, 30, 75, 70), objects=[a, b])
     kinds = {(e["event"], e.get("object", tuple(e.get("objects", [])))) for e in scene.events()}

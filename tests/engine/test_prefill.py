@@ -76,9 +76,10 @@ def test_pruned_layers_keep_rho_of_each_group_at_their_true_positions(tiny_adapt
     assert torch.allclose(pruned.cache.keys[last, 0, :, slots], full.cache.keys[last, 0, :, expected])
 
 
-@pytest.mark.parametrize("scorer", ["key-norm-small", "value-norm", "attention"])
-def test_pruned_ask_answers_with_a_smaller_cache(tiny_adapter, long_video, scorer):
-    prefill = PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5, scorer=scorer))
+@pytest.mark.parametrize("scorer,skip", [("key-norm-small", False), ("value-norm", False), ("attention", False),
+                                         ("key-norm-small", True), ("attention", True)])
+def test_pruned_ask_answers_with_a_smaller_cache(tiny_adapter, long_video, scorer, skip):
+    prefill = PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5, scorer=scorer, skip_pruned=skip))
     result = Asker(tiny_adapter).ask(long_video, QUESTION, SamplingConfig(fps=2.0), GenerationConfig(max_new_tokens=4),
                                      prefill)
     assert 0 < result.stats.kept_visual_tokens <= result.stats.visual_tokens // 2 + result.stats.groups

@@ -10,7 +10,8 @@ def chunk(n, fill):
 
 
 def test_write_returns_views_up_to_the_chunk_and_commit_advances():
-    cache = KVCache(num_layers=2, num_kv_heads=2, head_dim=4, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+    cache = KVCache(num_layers=2, num_kv_heads=2, head_dim=4, capacity=8, dtype=torch.float32,
+                    device=torch.device("cpu"))
     for layer in range(2):
         keys, values = cache.write(layer, *chunk(3, 1))
         assert keys.shape == (1, 2, 3, 4) and torch.all(values == -1)

@@ -26,6 +26,9 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
                        help=f"what pruning keeps (default: {PruneConfig.scorer}, QuickVideo's)")
     group.add_argument("--prune-start-layer", type=int, default=PruneConfig.start_layer,
                        help="layers below this keep all their KV (default: 0)")
+    group.add_argument("--skip-pruned", action="store_true",
+                       help="choose the kept tokens once, at the start layer, and let the pruned ones skip "
+                            "the layers above it: saves their compute too (default: every layer scores its own)")
 
 
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +42,8 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
 def prefill_config(args):
     from vidsight.engine import PrefillConfig, PruneConfig
 
-    prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer)
+    prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer,
+                        skip_pruned=args.skip_pruned)
     return PrefillConfig(group_frames=args.group_frames, prune=prune)
 
 

@@ -100,7 +100,8 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
 def format_report(report: dict) -> str:
     prune = report["prefill"]["prune"]
     compute = "full compute" if prune["rho"] == 1 else \
-        f"KV pruning rho {prune['rho']} ({prune['scorer']}, from layer {prune['start_layer']})"
+        f"KV pruning rho {prune['rho']} ({prune['scorer']}, from layer {prune['start_layer']}" \
+        f"{', pruned tokens skip the layers above' if prune['skip_pruned'] else ''})"
     lines = [f"suite {report['suite']}, model {report['model']}, {compute}, "
              f"groups of {report['prefill']['group_frames']} frames", "", f"{'family':<10} {'accuracy':>9} {'n':>5}"]
     for family, score in report["families"].items():

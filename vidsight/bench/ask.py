@@ -5,7 +5,9 @@ Runs, all with the same random-weight model shape, video, sampling and question:
 * ``full compute``: one sequential decoder (FFmpeg's threads), then the whole prompt in one prefill;
 * ``decode, then groups``: interval-parallel decoding of the whole video, then group prefill with
   pruning at the first ratio (the stages alone, for the overlap check);
-* ``overlap, rho=R``: decoding overlapped with group prefill, for rho 1 and each ratio.
+* ``overlap, rho=R``: decoding overlapped with group prefill, for rho 1 and each ratio;
+* ``overlap, rho=R, skip pruned``: the same, with the pruned tokens also skipping the layers
+  above the first pruned one (`PruneConfig.skip_pruned`), for each ratio.
 
 The overlap is real when an overlapped run's wall time is within 15 % of max(decoding, prefill)
 plus the first group, taken from the ``decode, then groups`` run (QuickVideo section 3.3).
@@ -39,6 +41,9 @@ def _runs(rhos, group_frames: int, workers: int | None) -> dict[str, tuple[Prefi
                                                       FeedConfig(workers, overlap=False))}
     for rho in (1.0, *rhos):
         runs[f"overlap, rho={rho:g}"] = (PrefillConfig(group_frames, PruneConfig(rho=rho)), FeedConfig(workers))
+    for rho in rhos:
+        runs[f"overlap, rho={rho:g}, skip pruned"] = (
+            PrefillConfig(group_frames, PruneConfig(rho=rho, skip_pruned=True)), FeedConfig(workers))
     return runs
 
 
@@ -88,10 +93,10 @@ def format_ask_report(report: dict) -> str:
     lines = [f"{report['video']}: {report['size']}, {report['duration_s']:.0f} s at {report['sample_fps']:g} fps; "
              f"shape {report['shape']} on {report['device']} ({report['cpu_count']} CPUs); "
              f"groups of {report['group_frames']} frames",
-             "", f"{'run':<30} {'wall s':>8} {'speed-up':>9} {'peak MiB':>9} {'mem ÷':>6} {'kept/visual':>12}  stages"]
+             "", f"{'run':<34} {'wall s':>8} {'speed-up':>9} {'peak MiB':>9} {'mem ÷':>6} {'kept/visual':>12}  stages"]
     for name, s in report["runs"].items():
         stages = " ".join(f"{k[:4]} {s['stages_s'][k]:.1f}" for k in STAGES)
-        lines.append(f"{name:<30} {s['wall_s']:8.1f} {s['speedup']:8.2f}x {s['prefill_peak_bytes'] / 2**20:9.0f} "
+        lines.append(f"{name:<34} {s['wall_s']:8.1f} {s['speedup']:8.2f}x {s['prefill_peak_bytes'] / 2**20:9.0f} "
                      f"{s['memory_reduction']:5.1f}x {s['kept_visual_tokens']:>5}/{s['visual_tokens']:<6}  {stages}")
     o = report["overlap"]
     lines += ["", f"overlap: wall {o['overlapped_wall_s']:.1f} s vs max(decoding {o['decoding_alone_s']:.1f}, "

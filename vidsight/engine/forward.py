@@ -54,19 +54,29 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
         positions: ``(3, L)`` M-RoPE positions of the chunk, computed by the caller.
         rows: What the chunk's tokens are, for the cache's token table.
         hook: Sees each layer's q, k, v after the chunk attended; what it returns is the part of
-            the chunk's KV the layer keeps (None: all). The chunk's own queries always see all of it.
+            the chunk's KV the layer keeps (None: all). The chunk's own queries always see all of
+            it at that layer; if the hook's ``skip_pruned`` is set, the tokens it drops also skip
+            the layers after it.
 
     Returns:
-        ``(1, L, hidden)`` hidden states after the last layer (before the final norm).
+        ``(1, n, hidden)`` hidden states after the last layer (before the final norm) of the ``n``
+        tokens that reached it: all of the chunk's unless the hook skipped some; text always does.
     """
     rotary = adapter.rotary(positions)
     hidden = embeds
+    alive = None  # chunk offsets of the tokens still computed; None: all of them
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, rotary)
         past = cache.filled[layer]
         keys, values = cache.write(layer, k, v)
         hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, past))
-        cache.keep(layer, k.shape[2], hook.after_attention(layer, q, k, v, rows) if hook else None)
+        kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None
+        cache.keep(layer, k.shape[2], kept, alive)
+        if kept is not None and hook.skip_pruned:
+            alive = kept if alive is None else alive[kept]
+            device_kept = kept.to(hidden.device)
+            hidden = hidden[:, device_kept]
+            rotary = tuple(part[:, device_kept] for part in rotary)
     cache.commit(rows)
     return hidden
 

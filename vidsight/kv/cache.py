@@ -114,21 +114,29 @@ class KVCache:
         self.values[layer, :, :, begin:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
-    def keep(self, layer: int, chunk_len: int, kept: torch.Tensor | None = None) -> None:
-        """Settle the chunk just written to ``layer``: keep all of it, or only the ``kept`` offsets.
+    def keep(self, layer: int, written: int, kept: torch.Tensor | None = None,
+             offsets: torch.Tensor | None = None) -> None:
+        """Settle the ``written`` entries just stored in ``layer``: keep all of them, or the ``kept`` ones.
 
         Kept entries move to the front of the chunk's slots, in order, so a layer's slots stay dense.
+
+        Args:
+            layer: The layer written.
+            written: Entries `write` stored for the chunk.
+            kept: Indices into those entries to keep (None: all).
+            offsets: The chunk offset of each written entry, when earlier layers stopped
+                computing some of the chunk's tokens (None: entry i is the chunk's token i).
         """
         begin = self.filled[layer]
-        if kept is None:
-            kept = torch.arange(chunk_len)
-        else:
+        offsets = torch.arange(written) if offsets is None else offsets.to("cpu")
+        if kept is not None:
             kept = kept.to("cpu")
             index = kept.to(self.keys.device) + begin
             for buffer in (self.keys, self.values):
                 buffer[layer, :, :, begin : begin + len(kept)] = buffer[layer, :, :, index]
-        self.slot_rows[layer, begin : begin + len(kept)] = kept + len(self.tokens)
-        self.filled[layer] = begin + len(kept)
+            offsets = offsets[kept]
+        self.slot_rows[layer, begin : begin + len(offsets)] = offsets + len(self.tokens)
+        self.filled[layer] = begin + len(offsets)
 
     def commit(self, rows: TokenTable) -> None:
         """Record what the chunk's tokens are, once every layer has settled it with `keep`."""

@@ -28,11 +28,17 @@ class PruneConfig:
         rho: Retention ratio in (0, 1]; 1 keeps everything (exact).
         scorer: ``key-norm-small`` (QuickVideo's default), ``value-norm`` or ``attention``.
         start_layer: Layers below this keep all their KV.
+        skip_pruned: Choose the kept tokens once, at ``start_layer``, and let the others skip the
+            layers above it, so pruning saves their compute as well as their KV (the layers above
+            then hold the same tokens). The group carrying the question is exempt: all of it
+            reaches the question, then each layer prunes it as below. Off: QuickVideo's rule,
+            every layer scores and keeps its own share and every token passes every layer.
     """
 
     rho: float = 1.0
     scorer: str = KEY_NORM_SMALL
     start_layer: int = 0
+    skip_pruned: bool = False
 
     def __post_init__(self):
         if not 0 < self.rho <= 1:
@@ -54,7 +60,12 @@ class PruneConfig:
 
 
 class LayerHook(Protocol):
-    """Sees each layer's projections of a chunk; may return which of the chunk's KV to keep."""
+    """Sees each layer's projections of a chunk; may return which of the chunk's KV to keep.
+
+    With ``skip_pruned`` set, the tokens a layer does not keep also skip the layers after it.
+    """
+
+    skip_pruned: bool
 
     def after_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         rows: TokenTable) -> torch.Tensor | None: ...
@@ -74,10 +85,12 @@ class GroupPruner:
             raise ConfigError("the attention KV score needs the question's queries")
         self.config = config
         self.question_queries = question_queries
+        self.skip_pruned = config.skip_pruned
 
     def after_attention(self, layer, q, k, v, rows):
         video = torch.nonzero(rows.kind == VIDEO).flatten()
-        if not self.config.active or layer < self.config.start_layer or len(video) == 0:
+        chosen_below = self.skip_pruned and layer > self.config.start_layer
+        if not self.config.active or layer < self.config.start_layer or chosen_below or len(video) == 0:
             return None
         scores = self._score(layer, k[0, :, video], v[0, :, video])
         top = torch.topk(scores.float(), self.config.kept(len(video))).indices.cpu()
@@ -97,6 +110,8 @@ class GroupPruner:
 
 class QueryRecorder:
     """Records each layer's queries of a chunk's last ``count`` tokens (the question, for ``attention``)."""
+
+    skip_pruned = False
 
     def __init__(self, count: int):
         self.count = count
