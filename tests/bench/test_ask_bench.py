@@ -17,7 +17,8 @@ def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_pa
                     tokens_per_second=2),
         min_pixels=56 * 56, max_pixels=112 * 112, total_pixels=112 * 112 * 256))
     path, _ = make_test_video(width=320, height=240, duration_s=12.0, fps=10, gop=10, seed=4)
-    report = run_ask_bench(path, "tiny-test", rhos=(0.5,), group_frames=4, workers=2, fps=2.0, max_new_tokens=3)
+    report = run_ask_bench(path, "tiny-test", rhos=(0.5,), group_frames=4, workers=2, fps=2.0, max_new_tokens=3,
+                           dtype="float32")
     runs = report["runs"]
     assert list(runs) == ["full compute", "decode, then groups, rho=0.5", "overlap, rho=1", "overlap, rho=0.5",
                           "overlap, rho=0.5, skip pruned"]

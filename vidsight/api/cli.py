@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_ask.add_argument("--group-frames", type=int, default=32, help="frames per prefill group (default: 32)")
     bench_ask.add_argument("--workers", type=int, default=None, help="parallel decoders (default: CPU count)")
     bench_ask.add_argument("--fps", type=_float, default=1.0, help="sampling rate (default: 1)")
+    bench_ask.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                           help="weights and activations (default: bfloat16, the published checkpoints' dtype)")
     bench_ask.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_ask.add_argument("--json", action="store_true", help="print the JSON report")
 
@@ -246,7 +248,7 @@ def _run_bench_ask(args) -> int:
 
     video = args.video or ask_video(args.out)
     report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
-                           progress=sys.stderr.isatty() and not args.json)
+                           dtype=args.dtype, progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_ask_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
     return 0

@@ -49,17 +49,20 @@ def _runs(rhos, group_frames: int, workers: int | None) -> dict[str, tuple[Prefi
 
 def run_ask_bench(video: str | Path, shape: str = "small", rhos=(0.5, 0.2), group_frames: int = 32,
                   workers: int | None = None, fps: float = ASK_FPS, max_new_tokens: int = 8,
-                  progress: bool = False) -> dict:
+                  dtype: str = "bfloat16", progress: bool = False) -> dict:
     """Time every run on ``video`` with a random-weight model of ``shape``; see the module docstring."""
+    import torch
+
     from vidsight.models.shapes import build_shape
 
-    adapter = build_shape(shape)
+    adapter = build_shape(shape, dtype=getattr(torch, dtype))
     asker = Asker(adapter, meter_memory=True)
     info = probe(video)
     sampling = SamplingConfig(fps=fps, max_frames=100_000)
     generation = GenerationConfig(max_new_tokens=max_new_tokens)
     report = {"video": str(video), "size": f"{info.width}x{info.height}", "duration_s": info.duration_s,
-              "sample_fps": fps, "shape": shape, "group_frames": group_frames, "cpu_count": os.cpu_count(),
+              "sample_fps": fps, "shape": shape, "dtype": dtype, "group_frames": group_frames,
+              "cpu_count": os.cpu_count(),
               "machine": platform.processor() or platform.machine(), "device": str(adapter.device), "runs": {}}
     answers = {}
     for name, (prefill, feed) in _runs(tuple(rhos), group_frames, workers).items():
@@ -91,7 +94,7 @@ def _summarise(report: dict, rhos) -> None:
 
 def format_ask_report(report: dict) -> str:
     lines = [f"{report['video']}: {report['size']}, {report['duration_s']:.0f} s at {report['sample_fps']:g} fps; "
-             f"shape {report['shape']} on {report['device']} ({report['cpu_count']} CPUs); "
+             f"shape {report['shape']} ({report['dtype']}) on {report['device']} ({report['cpu_count']} CPUs); "
              f"groups of {report['group_frames']} frames",
              "", f"{'run':<34} {'wall s':>8} {'speed-up':>9} {'peak MiB':>9} {'mem ÷':>6} {'kept/visual':>12}  stages"]
     for name, s in report["runs"].items():
@@ -128,7 +131,7 @@ def plot_ask_report(report: dict, path: str | Path) -> Path:
     bars.set_yticks(y, names)
     bars.invert_yaxis()
     bars.set(xlabel="seconds", title=f"ask latency, {report['duration_s'] / 60:.0f}-min {report['size']} video, "
-                                     f"shape {report['shape']}")
+                                     f"shape {report['shape']}, {report['dtype']}")
     bars.legend(fontsize=8)
     memory.barh(y, [runs[n]["prefill_peak_bytes"] / 2**20 for n in names], color="tab:purple")
     memory.set_yticks(y, [])
