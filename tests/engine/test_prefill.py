@@ -13,7 +13,7 @@ from vidsight.kv import VIDEO
 from vidsight.vision import preprocess_video
 
 QUESTION = "What colour is the square?"
-FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0), feed=FeedConfig(workers=0, overlap=False))
+FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0), feed=FeedConfig(workers=0, overlap=False, trim_gops=False))
 VIDEO_SPEC = dict(width=320, height=240, duration_s=6.0, fps=10, gop=8, bframes=True, seed=5)
 
 

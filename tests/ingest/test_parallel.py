@@ -39,6 +39,39 @@ def test_parallel_frames_equal_sequential(make_test_video, name, fps, strategy):
     assert_same(sequential, parallel, with_codec_info)
 
 
+@pytest.mark.parametrize("name", list(VIDEOS))
+@pytest.mark.parametrize("fps", [1.0, 3.0, 7.0])
+@pytest.mark.parametrize("threads", ["NONE", "AUTO"])
+def test_trimmed_gops_give_the_same_frames_with_less_decoding(make_test_video, name, fps, threads):
+    path, _ = make_test_video(**VIDEOS[name])
+    info = probe(path)
+    indices = sample_frames(info, SamplingConfig(fps=fps))
+    full = decode_frames(path, indices, DecodeConfig(threads=threads), info)
+    trimmed = decode_frames(path, indices, DecodeConfig(threads=threads, trim_gops=True), info)
+    parallel = decode_parallel(path, indices, DecodeConfig(trim_gops=True), info, workers=2, strategy="intervals")
+    assert full.frames_lost == 0
+    assert_same(full, trimmed, False)
+    assert_same(full, parallel, False)
+
+
+def test_trimming_skips_gops_without_wanted_frames(make_test_video, monkeypatch):
+    import av
+
+    path, _ = make_test_video(duration_s=6.0, fps=10, gop=5, bframes=True)  # 12 GOPs of 5 frames
+    info = probe(path)
+    wanted = np.array([1, 27, 28])  # GOPs 0 and 5 only
+    sent = []
+    original = av.Packet.decode
+    monkeypatch.setattr(av.Packet, "decode", lambda packet: sent.append(packet.pts) or original(packet))
+    full = decode_frames(path, wanted, DecodeConfig(threads="NONE"), info)
+    everything = len(sent)
+    sent.clear()
+    trimmed = decode_frames(path, wanted, DecodeConfig(threads="NONE", trim_gops=True), info)
+    assert_same(full, trimmed, False)
+    # Two GOPs of five frames at most, against every packet up to frame 28.
+    assert len(sent) <= 10 < everything
+
+
 def test_last_gop_is_short_in_the_fixture(make_test_video):
     info = probe(make_test_video(**VIDEOS["last gop cut short"])[0])
     assert info.gop_sizes[-1] < info.gop_sizes[0]

@@ -37,6 +37,8 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
                        help="parallel decoders (default: CPU count; 0: one decoder with FFmpeg's threads)")
     group.add_argument("--no-overlap", action="store_true",
                        help="decode the whole video before prefilling instead of group by group")
+    group.add_argument("--decode-all-frames", action="store_true",
+                       help="decode every frame instead of only the packets the sampled frames depend on")
 
 
 def prefill_config(args):
@@ -50,4 +52,5 @@ def prefill_config(args):
 def feed_config(args):
     from vidsight.engine import FeedConfig
 
-    return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0)
+    return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
+                      trim_gops=not args.decode_all_frames)

@@ -2,7 +2,8 @@
 
 Runs, all with the same random-weight model shape, video, sampling and question:
 
-* ``full compute``: one sequential decoder (FFmpeg's threads), then the whole prompt in one prefill;
+* ``full compute``: one sequential decoder (FFmpeg's threads) decoding every frame, like other
+  video loaders, then the whole prompt in one prefill;
 * ``decode, then groups``: interval-parallel decoding of the whole video, then group prefill with
   pruning at the first ratio (the stages alone, for the overlap check);
 * ``overlap, rho=R``: decoding overlapped with group prefill, for rho 1 and each ratio;
@@ -36,7 +37,7 @@ STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
 
 def _runs(rhos, group_frames: int, workers: int | None) -> dict[str, tuple[PrefillConfig, FeedConfig]]:
     first = PruneConfig(rho=rhos[0])
-    runs = {"full compute": (PrefillConfig(group_frames=0), FeedConfig(workers=0, overlap=False)),
+    runs = {"full compute": (PrefillConfig(group_frames=0), FeedConfig(workers=0, overlap=False, trim_gops=False)),
             f"decode, then groups, rho={rhos[0]:g}": (PrefillConfig(group_frames, first),
                                                       FeedConfig(workers, overlap=False))}
     for rho in (1.0, *rhos):

@@ -2,7 +2,9 @@
 
 Every method decodes the same sampled frames of the same file; vidsight's methods are checked
 frame for frame against single-threaded sequential decoding, other libraries are compared
-pixel-wise and their largest difference reported.
+pixel-wise and their largest difference reported. One more row times the parallel decoder with
+`DecodeConfig.trim_gops` (only the packets the sampled frames depend on), apart from the
+parallel-scaling rows.
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
                 "seconds": seconds, "workers": count, "strategy": batch.strategy,
                 "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
             del batch
+        most = worker_counts[-1]
+        batch, seconds = _timed(lambda: decode_parallel(path, indices, DecodeConfig(trim_gops=True), info,
+                                                        workers=most), repeats)
+        methods[f"vidsight parallel, {most} workers, trimmed GOPs"] = {
+            "seconds": seconds, "strategy": batch.strategy,
+            "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
+        del batch
         for name, decode in _other_libraries(Path(path), indices).items():
             frames, seconds = _timed(decode, repeats)
             diff = _max_abs_difference(frames, reference.data)

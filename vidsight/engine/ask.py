@@ -50,10 +50,13 @@ class FeedConfig:
             ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
         overlap: Prefill each group as soon as its frames are decoded instead of after the
             whole video (needs ``workers`` >= 1).
+        trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
+            exact).
     """
 
     workers: int | None = None
     overlap: bool = True
+    trim_gops: bool = True
 
     def __post_init__(self):
         if self.workers is not None and self.workers < 0:
@@ -151,12 +154,13 @@ class Asker:
             def on_frame(n):
                 bar.update(n - bar.n)
 
+            decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
             if feed_config.overlap:
-                feed = FrameFeed.background(video, indices, info, workers, on_frame)
+                feed = FrameFeed.background(video, indices, info, workers, on_frame, decoding.trim_gops)
             else:
                 with clock.stage("decode"):
-                    batch = (decode_frames(video, indices, DecodeConfig(), info, on_frame) if workers == 0 else
-                             decode_parallel(video, indices, DecodeConfig(), info, workers, on_frame=on_frame))
+                    batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else
+                             decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,

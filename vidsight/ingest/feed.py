@@ -53,12 +53,15 @@ class FrameFeed:
 
     @classmethod
     def background(cls, path: str | Path, indices: np.ndarray, info: VideoInfo, workers: int | None = None,
-                   on_frame: Callable[[int], None] | None = None) -> "FrameFeed":
-        """Start decoding ``indices`` of ``path`` with ``workers`` threads, earliest spans first."""
+                   on_frame: Callable[[int], None] | None = None, trim_gops: bool = True) -> "FrameFeed":
+        """Start decoding ``indices`` of ``path`` with ``workers`` threads, earliest spans first.
+
+        ``trim_gops`` decodes only the packets the wanted frames depend on (`DecodeConfig`).
+        """
         workers = (os.cpu_count() or 1) if workers is None else workers
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
-        sink = FrameSink(path, info, indices, DecodeConfig(threads="NONE"), on_frame)
+        sink = FrameSink(path, info, indices, DecodeConfig(threads="NONE", trim_gops=trim_gops), on_frame)
         strategy, spans = decode_schedule(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
         feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy)
         feed._sink = sink
