@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from vidsight.engine.cores import CoreSplit
 from vidsight.engine.forward import PrefillConfig
 from vidsight.engine.generate import GenerationConfig, generate
 from vidsight.engine.prefill import Prefilled, prefill_video
@@ -49,9 +47,7 @@ class FeedConfig:
 
     Attributes:
         workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
-            ``None`` uses every CPU, or half of them when the model also runs on the CPU and
-            overlaps with decoding (`CoreSplit`); 0 runs one sequential decoder with FFmpeg's
-            own threading.
+            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
         overlap: Prefill each group as soon as its frames are decoded instead of after the
             whole video (needs ``workers`` >= 1).
         trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
@@ -153,11 +149,7 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
-        cores = os.cpu_count() or 1
-        share_cpu = feed_config.overlap and self.adapter.device.type == "cpu"
         workers = feed_config.workers
-        if workers is None:
-            workers = max(1, cores // 2) if share_cpu else cores
         with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
             def on_frame(n):
                 bar.update(n - bar.n)
@@ -170,13 +162,12 @@ class Asker:
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
-            split = CoreSplit(feed, torch.get_num_threads() - workers) if share_cpu else None
-            with feed, split or nullcontext():
+            with feed:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
-                                      max_new_tokens, clock, progress, split)
+                                      max_new_tokens, clock, progress)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
-        stats.decode_workers = workers
+        stats.decode_workers = (os.cpu_count() or 1) if workers is None else workers
         return state
 
 

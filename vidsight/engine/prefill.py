@@ -13,7 +13,6 @@ import time
 import torch
 from tqdm import tqdm
 
-from vidsight.engine.cores import CoreSplit
 from vidsight.engine.forward import PrefillConfig, chunk_bounds, forward
 from vidsight.engine.stats import StageClock
 from vidsight.ingest.feed import FrameFeed
@@ -80,8 +79,7 @@ def _question_queries(adapter, ids: torch.Tensor, positions: torch.Tensor, video
 
 
 def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                  max_new_tokens: int, clock: StageClock, progress: bool = False,
-                  cores: CoreSplit | None = None) -> Prefilled:
+                  max_new_tokens: int, clock: StageClock, progress: bool = False) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
 
     Args:
@@ -93,14 +91,13 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         max_new_tokens: Room to leave in the cache for the answer.
         clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
         progress: Show a progress bar over groups.
-        cores: Adjusts the model's CPU threads to the decoders' progress before each group.
     """
     with clock.memory():
-        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress, cores)
+        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress)
 
 
 def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                    max_new_tokens: int, clock: StageClock, progress: bool, cores: CoreSplit | None) -> Prefilled:
+                    max_new_tokens: int, clock: StageClock, progress: bool) -> Prefilled:
     spec, stats = adapter.vision, clock.stats
     plan = plan_video(adapter, len(feed), feed.height, feed.width)
     layout = adapter.build_prompt(question, plan.grid_thw[0] * plan.tokens_per_patch)
@@ -132,8 +129,6 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
         first = group * frames_per_group
         with clock.stage("decode"):
             frames = feed.frames(first, min(first + frames_per_group, len(feed)))
-        if cores:
-            cores.update()
         began = time.perf_counter()
         with clock.stage("preprocess"):
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)

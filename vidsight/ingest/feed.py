@@ -82,11 +82,6 @@ class FrameFeed:
     def width(self) -> int:
         return self.data.shape[2]
 
-    @property
-    def decoding(self) -> bool:
-        """True while background decoders are still working."""
-        return self._pool is not None and not all(task.done() for _, task in self._spans)
-
     def frames(self, start: int, stop: int) -> torch.Tensor:
         """``(stop - start, H, W, 3)`` frames, waiting for the decoder if they are not out yet."""
         if self._sink is not None:
