@@ -21,7 +21,7 @@ def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_pa
                            dtype="float32")
     runs = report["runs"]
     assert list(runs) == ["full compute", "decode, then groups, rho=0.5", "overlap, rho=1", "overlap, rho=0.5",
-                          "overlap, rho=0.5, skip pruned"]
+                          "overlap, rho=0.5, skip pruned", "decode, then groups, rho=0.5, skip pruned"]
     assert runs["overlap, rho=0.5, skip pruned"]["kept_visual_tokens"] == runs["overlap, rho=0.5"]["kept_visual_tokens"]
     assert report["rho1_answer_identical"]
     assert runs["full compute"]["groups"] == 1 and runs["overlap, rho=1"]["groups"] == 6
