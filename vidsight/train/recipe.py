@@ -35,7 +35,7 @@ class TrainConfig:
         cell_weight: Weight of the training-only per-video-token loss (`loop.cell_head`).
     """
 
-    steps: int = 5000
+    steps: int = 7000
     seed: int = 0
     batch: int = 8
     lr: float = 2e-3
