@@ -156,7 +156,7 @@ class Asker:
 
             decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
             if feed_config.overlap:
-                feed = FrameFeed.background(video, indices, info, workers, on_frame, decoding.trim_gops)
+                feed = FrameFeed.background(video, indices, info, workers, on_frame, feed_config.trim_gops)
             else:
                 with clock.stage("decode"):
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else

@@ -112,15 +112,16 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
     patches_per_group = -(-config.group_frames // spec.temporal_patch_size) if config.group_frames else plan.grid_thw[0]
     chunks = chunk_bounds(len(ids), video_start, layout.video_tokens, patches_per_group * plan.tokens_per_patch)
     frames_per_group = patches_per_group * spec.temporal_patch_size
-    pruner = last_pruner = None
+    pruner = last_pruner = None  # last_pruner: the hook of the group carrying the question
     if config.prune.active:
         queries = None
         if config.prune.scorer == ATTENTION:
             with clock.stage("prefill"):
                 queries = _question_queries(adapter, ids, positions, video_start, video_end)
-        pruner = GroupPruner(config.prune, queries)
-        # The question rides with the last group: all of that group reaches it at every layer.
-        last_pruner = GroupPruner(dataclasses.replace(config.prune, skip_pruned=False), queries)
+        pruner = last_pruner = GroupPruner(config.prune, queries)
+        if config.prune.skip_pruned:
+            # All of the question's group reaches the question at every layer.
+            last_pruner = GroupPruner(dataclasses.replace(config.prune, skip_pruned=False), queries)
     cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
                     _capacity(chunks, video_start, video_end, config, max_new_tokens),
                     adapter.dtype, adapter.device)
@@ -138,7 +139,7 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
             embeds = adapter.embed_tokens(ids[lo:hi][None])
             at = max(video_start, lo) - lo
             embeds[0, at : at + video_embeds.shape[0]] = video_embeds
-            hook = last_pruner if pruner and group == len(chunks) - 1 else pruner
+            hook = last_pruner if group == len(chunks) - 1 else pruner
             hidden = forward(adapter, cache, embeds, positions[:, lo:hi], rows[lo:hi], hook)
         if group == 0:
             stats.first_group_s = time.perf_counter() - began

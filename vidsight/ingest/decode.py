@@ -213,11 +213,10 @@ class _GopTrimmer:
 
     def enter(self, keyframe: int) -> bool:
         """A keyframe's packet arrives; True when the decoder must be flushed before it."""
-        later = self.keyframes[self.keyframes > keyframe]
-        self.gop_end = int(later[0]) if len(later) else np.iinfo(np.int64).max
-        resume = self.skipping and self._needed()
-        self.skipping = not self._needed()
-        return resume
+        following = int(np.searchsorted(self.keyframes, keyframe, side="right"))
+        self.gop_end = int(self.keyframes[following]) if following < len(self.keyframes) else np.iinfo(np.int64).max
+        was_skipping, self.skipping = self.skipping, not self._needed()
+        return was_skipping and not self.skipping
 
     def produced(self, index: int) -> None:
         if self.pending and index in self.pending:
