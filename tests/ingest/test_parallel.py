@@ -72,6 +72,31 @@ def test_trimming_skips_gops_without_wanted_frames(make_test_video, monkeypatch)
     assert len(sent) <= 10 < everything
 
 
+def test_trimming_skips_unwanted_non_reference_pictures(make_test_video, monkeypatch):
+    import av
+
+    from vidsight.ingest.nal import is_non_reference
+
+    path, _ = make_test_video(duration_s=6.0, fps=10, gop=5, bframes=True)
+    info = probe(path)
+    wanted = info.keyframe_indices[1:] - 1  # the last frame of every GOP but the final one
+    sent = []
+    original = av.Packet.decode
+    monkeypatch.setattr(av.Packet, "decode", lambda packet: sent.append(packet) or original(packet))
+    full = decode_frames(path, wanted, DecodeConfig(threads="NONE"), info)
+    non_reference = list(sent)
+    sent.clear()
+    trimmed = decode_frames(path, wanted, DecodeConfig(threads="NONE", trim_gops=True), info)
+    assert_same(full, trimmed, False)
+
+    def unwanted(packets):
+        times = [float(p.pts * p.time_base) for p in packets if p.size and is_non_reference(bytes(p), 4)]
+        return [t for t in times if np.abs(info.pts_s[wanted] - t).min() > 1e-6]
+
+    assert unwanted(non_reference)  # the full decode sends them...
+    assert not unwanted(sent)  # ...trimming does not
+
+
 def test_last_gop_is_short_in_the_fixture(make_test_video):
     info = probe(make_test_video(**VIDEOS["last gop cut short"])[0])
     assert info.gop_sizes[-1] < info.gop_sizes[0]

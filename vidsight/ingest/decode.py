@@ -15,6 +15,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import open_video
 from vidsight.ingest.motion import motion_map
+from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.probe import probe
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
@@ -41,9 +42,10 @@ class DecodeConfig:
             ``"FRAME"``, ``"SLICE"`` or ``"NONE"`` (one thread). Parallel decoding runs each of its
             decoders single-threaded whatever this says.
         trim_gops: Send the decoder only the packets wanted frames depend on: a GOP holding no
-            wanted frame is skipped, and a GOP stops once its wanted frames are out (the decoder
-            restarts clean at the next keyframe, as after a seek). Exact, and much less decoding
-            when samples are sparse; off decodes every frame like other video loaders.
+            wanted frame is skipped, a GOP stops once its wanted frames are out (the decoder
+            restarts clean at the next keyframe, as after a seek), and unwanted H.264 pictures
+            that no other picture refers to are never sent. Exact, and much less decoding when
+            samples are sparse; off decodes every frame like other video loaders.
     """
 
     size: tuple[int, int] | None = None
@@ -161,7 +163,7 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
         time_base = float(stream.time_base)
         if first > 0:
             container.seek(int(round(info.pts_s[first] / time_base)), stream=stream, backward=True)
-        gops = _GopTrimmer(info, sink.wanted, first, last) if sink.config.trim_gops else None
+        gops = _GopTrimmer(info, sink.wanted, first, last, stream) if sink.config.trim_gops else None
 
         def index_of(pts: int) -> int:
             return int(np.searchsorted(info.pts_s, pts * time_base - 1e-9))
@@ -181,7 +183,7 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
             if gops:
                 if packet.is_keyframe and packet.pts is not None and gops.enter(index_of(packet.pts)):
                     stream.codec_context.flush_buffers()
-                if gops.skipping:
+                if gops.skipping or gops.unwanted_non_reference(packet, index_of):
                     continue
             try:
                 frames = packet.decode()
@@ -202,14 +204,23 @@ class _GopTrimmer:
     """Which packets of a span the wanted frames need (`DecodeConfig.trim_gops`).
 
     A GOP is needed while a wanted frame before the next keyframe is still to come out; wanted
-    frames are taken in presentation order, so the earliest pending one decides.
+    frames are taken in presentation order, so the earliest pending one decides. Within a needed
+    GOP, an H.264 packet of an unwanted non-reference picture is not needed either.
     """
 
-    def __init__(self, info: VideoInfo, wanted: np.ndarray, first: int, last: int):
+    def __init__(self, info: VideoInfo, wanted: np.ndarray, first: int, last: int,
+                 stream: av.video.stream.VideoStream):
         self.keyframes = info.keyframe_indices
         self.pending = sorted(int(i) for i in wanted[(wanted >= first) & (wanted <= last)])
+        self.wanted = set(self.pending)
         self.gop_end = np.iinfo(np.int64).max  # unknown until the first keyframe's packet
         self.skipping = False
+        self.h264 = stream.codec_context.name == "h264"
+        self.length_size = nal_length_size(stream.codec_context.extradata) if self.h264 else None
+
+    def unwanted_non_reference(self, packet: av.Packet, index_of: Callable[[int], int]) -> bool:
+        return (self.h264 and packet.pts is not None and index_of(packet.pts) not in self.wanted
+                and is_non_reference(bytes(packet), self.length_size))
 
     def enter(self, keyframe: int) -> bool:
         """A keyframe's packet arrives; True when the decoder must be flushed before it."""
