@@ -28,7 +28,13 @@ def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_pa
     assert runs["overlap, rho=0.5"]["kept_visual_tokens"] * 2 == runs["full compute"]["visual_tokens"]
     assert runs["overlap, rho=0.5"]["overlap"] and not runs["full compute"]["overlap"]
     assert runs["full compute"]["prefill_peak_bytes"] > runs["overlap, rho=0.5"]["prefill_peak_bytes"] > 0
-    assert set(report["overlap"]) >= {"decoding_alone_s", "prefill_alone_s", "bound_s", "within_tolerance"}
+    assert set(report["overlap"]) == {"overlap, rho=0.5", "overlap, rho=0.5, skip pruned"}
+    for check in report["overlap"].values():
+        assert set(check) >= {"decoding_alone_s", "prefill_alone_s", "bound_s", "within_tolerance"}
+    skip_check = report["overlap"]["overlap, rho=0.5, skip pruned"]
+    skip_alone = runs["decode, then groups, rho=0.5, skip pruned"]
+    assert skip_check["decoding_alone_s"] == skip_alone["stages_s"]["decode"]
+    assert skip_check["overlapped_wall_s"] == runs["overlap, rho=0.5, skip pruned"]["wall_s"]
     png = plot_ask_report(report, tmp_path / "ask.png")
     assert png.stat().st_size > 0
     json.dumps(report)
