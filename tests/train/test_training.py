@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from vidsight.bench.tasks import make_sample
+from vidsight.bench.tasks import key_word, make_sample
 from vidsight.models import load_model
 from vidsight.models.positions import prompt_positions
 from vidsight.train import TrainConfig, train
@@ -23,6 +23,31 @@ def test_batch_labels_only_the_answer_and_uses_vidsight_positions():
         vpos = adapter.video_positions(tuple(batch.grid_thw[row].tolist()), 1.0, int(video[0]))
         expected, _ = prompt_positions(start + 2, int(video[0]), vpos)
         assert torch.equal(batch.position_ids[:, row, : start + 2], expected)
+
+
+def test_key_word_is_the_shape_or_colour_asked_about():
+    assert key_word("What colour is the square?") == "square"
+    assert key_word("What colour was the triangle?") == "triangle"
+    assert key_word("What shape is the red object?") == "red"
+    assert key_word("How many objects are there?") is None
+
+
+def test_key_word_targets_sit_on_the_key_word_and_name_the_answer():
+    adapter = build_adapter(seed=0)
+    tokenizer = adapter.tokenizer
+    for sample in [make_sample("attribute", seed) for seed in range(4)] + [make_sample("count", 0)]:
+        batch = make_batch([sample], adapter, augment=False, probes=3)
+        ids, targets, labels = batch.input_ids[0], batch.key_targets[0], batch.labels[0]
+        start = int(batch.answer_start[0])
+        first_turn = (targets[:start] != IGNORE).nonzero().flatten().tolist()
+        word = key_word(sample.question)
+        assert len(first_turn) == (word is not None)
+        if word is not None:
+            assert tokenizer.convert_ids_to_tokens(int(ids[first_turn[0]])) == word
+        # Every target, first turn or later, is the first answer token after it.
+        answers = (labels != IGNORE).nonzero().flatten()
+        for at in (targets != IGNORE).nonzero().flatten():
+            assert int(targets[at]) == int(ids[answers[answers > at][0]])
 
 
 def test_yuv420_roundtrip_keeps_flat_colours_and_blurs_chroma_edges():

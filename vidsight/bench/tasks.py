@@ -216,6 +216,16 @@ def probe_questions(sample: Sample) -> list[tuple[str, str]]:
     return [qa for qa in out if qa != (sample.question, sample.answer)]
 
 
+def key_word(question: str) -> str | None:
+    """The word a colour or shape question hinges on (the shape asked about, or the colour), else None."""
+    words = question.rstrip("?").split()
+    if words[:2] == ["What", "colour"]:
+        return words[-1]
+    if words[:2] == ["What", "shape"]:
+        return words[-2]
+    return None
+
+
 FAMILIES: dict[str, Callable] = {
     "count": count_task,
     "attribute": attribute_task,

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from vidsight.bench.tasks import SAMPLE_FPS, Sample, probe_questions
+from vidsight.bench.tasks import SAMPLE_FPS, Sample, key_word, probe_questions
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 
@@ -37,23 +37,35 @@ class Batch:
     grid_thw: torch.Tensor         # (B, 3)
     answer_start: torch.Tensor     # (B,) index of each first answer token
     token_labels: torch.Tensor     # (B, L) what covers each video token's cell (`Sample.cell_labels`), IGNORE elsewhere
+    key_targets: torch.Tensor      # (B, L) at each question's key word (`key_word`), its answer's first token
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
-def _later_turns(sample: Sample, tokenizer, probes: int) -> tuple[list[int], list[int]]:
-    """Up to ``probes`` further user/assistant turns about the same clip: ``(ids, labels)``."""
+def _key_targets(asked: list[int], question: str, answer_id: int, tokenizer) -> list[int]:
+    """IGNORE for every token of ``asked`` but the question's key word, which gets ``answer_id``."""
+    targets = [IGNORE] * len(asked)
+    word = key_word(question)
+    if word is not None:
+        key = tokenizer.convert_tokens_to_ids(word)
+        targets[len(asked) - 1 - asked[::-1].index(key)] = answer_id
+    return targets
+
+
+def _later_turns(sample: Sample, tokenizer, probes: int) -> tuple[list[int], list[int], list[int]]:
+    """Up to ``probes`` further user/assistant turns about the same clip: ``(ids, labels, key targets)``."""
     pairs = probe_questions(sample)
     np.random.default_rng(sample.seed).shuffle(pairs)
-    ids, labels = [], []
+    ids, labels, keys = [], [], []
     for question, answer in pairs[:probes]:
         asked = tokenizer(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",
                           add_special_tokens=False)["input_ids"]
         answered = tokenizer(f"{answer}<|im_end|>", add_special_tokens=False)["input_ids"]
         ids += asked + answered
         labels += [IGNORE] * len(asked) + answered
-    return ids, labels
+        keys += _key_targets(asked, question, answered[0], tokenizer) + [IGNORE] * len(answered)
+    return ids, labels, keys
 
 
 def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -> Batch:
@@ -62,7 +74,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
     The first turn is exactly what inference sees; ``probes`` > 0 appends that many further
     questions about the clip (`probe_questions`) as later turns, all supervised.
     """
-    rows, labels, positions, pixels, grids, starts, cells = [], [], [], [], [], [], []
+    rows, labels, positions, pixels, grids, starts, cells, keys = [], [], [], [], [], [], [], []
     tokenizer = adapter.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for sample in samples:
@@ -70,7 +82,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         video = preprocess_video(torch.from_numpy(yuv420_roundtrip(frames) if augment else frames), adapter.vision)
         layout = adapter.build_prompt(sample.question, video.pixel_values.shape[0] // adapter.vision.merge_size ** 2)
         answer = tokenizer(sample.answer, add_special_tokens=False)["input_ids"] + [im_end]
-        later_ids, later_labels = _later_turns(sample, tokenizer, probes)
+        later_ids, later_labels, later_keys = _later_turns(sample, tokenizer, probes)
         ids = torch.cat([layout.input_ids, torch.tensor(answer + later_ids, dtype=torch.long)])
         second_per_grid_t = adapter.vision.temporal_patch_size / SAMPLE_FPS
         vpos = adapter.video_positions(video.grid_thw, second_per_grid_t, layout.video_start)
@@ -82,6 +94,8 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         grid_labels = sample.cell_labels(spec.patch_size * spec.merge_size, spec.temporal_patch_size)
         cell[layout.video_start : layout.video_start + layout.video_tokens] = torch.from_numpy(grid_labels.reshape(-1))
         cells.append(cell)
+        first_keys = _key_targets(layout.input_ids.tolist(), sample.question, answer[0], tokenizer)
+        keys.append(torch.tensor(first_keys + [IGNORE] * len(answer) + later_keys, dtype=torch.long))
         rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
         grids.append(video.grid_thw), starts.append(len(layout.input_ids))
     length = max(len(r) for r in rows)
@@ -98,4 +112,5 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         grid_thw=torch.tensor(grids),
         answer_start=torch.tensor(starts),
         token_labels=torch.stack([padded(c, IGNORE) for c in cells]),
+        key_targets=torch.stack([padded(k, IGNORE) for k in keys]),
     )

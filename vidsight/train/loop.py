@@ -31,6 +31,9 @@ HELD_OUT_SEED = 1_000_000_000
 SCHEDULE = ("count", "attribute", "needle", "order", "count", "attribute", "needle", "anomaly")
 NEEDLE_TRAIN_FRAMES = (16, 32, 48, 64)
 CELL_CLASSES = 1 + len(COLOURS) * len(SHAPES)
+# Key-word answers are read after this many of the language model's layers, leaving the rest to
+# carry them to the answer position.
+KEY_LAYER = 2
 VISION = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
                     min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024,
                     tokens_per_second=2)
@@ -56,25 +59,40 @@ def step_samples(config: TrainConfig, step: int) -> list:
     return [make_sample(family, base + i, frames) for i in range(count)]
 
 
-def cell_head(model) -> torch.nn.Linear:
-    """A training-only probe: from each video token's last hidden state, what covers its cell.
+class TrainingHeads(torch.nn.Module):
+    """Training-only probes on hidden states, dropped when the model is exported.
 
-    Dense per-token targets teach the vision tower and the lower layers to mark objects far
-    sooner than answer tokens alone; the head is dropped when the model is exported.
+    ``cells``: from each video token's last hidden state, what covers its cell. Dense per-token
+    targets teach the vision tower and the lower layers to mark objects far sooner than answer
+    tokens alone. ``keys``: from the hidden state after layer ``KEY_LAYER`` at a question's key
+    word (`tasks.key_word`), the answer. A colour or shape question needs two hops, the question
+    word to the answer position and the matching object's attribute to either; supervised only
+    at the answer, neither hop gets a gradient until the other works, and the model settles on
+    naming any object present. Supervising the first hop at the key word breaks the deadlock.
     """
-    return torch.nn.Linear(model.config.text_config.hidden_size, CELL_CLASSES, device=model.device)
+
+    def __init__(self, model):
+        super().__init__()
+        text = model.config.text_config
+        self.cells = torch.nn.Linear(text.hidden_size, CELL_CLASSES, device=model.device)
+        self.keys = torch.nn.Linear(text.hidden_size, text.vocab_size, device=model.device)
 
 
-def model_loss(model, batch: Batch, head: torch.nn.Linear | None = None, head_weight: float = 0.0) -> torch.Tensor:
+def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
     batch = batch.to(model.device)
     out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
                 pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
-                output_hidden_states=head is not None)
-    if head is None or head_weight == 0:
-        return out.loss
-    cells = batch.token_labels != IGNORE
-    cell_loss = torch.nn.functional.cross_entropy(head(out.hidden_states[-1][cells]), batch.token_labels[cells])
-    return out.loss + head_weight * cell_loss
+                output_hidden_states=heads is not None)
+    loss = out.loss
+    if heads is None:
+        return loss
+    for head, states, targets, weight in ((heads.cells, out.hidden_states[-1], batch.token_labels, config.cell_weight),
+                                          (heads.keys, out.hidden_states[KEY_LAYER], batch.key_targets,
+                                           config.key_weight)):
+        chosen = targets != IGNORE
+        if weight and chosen.any():
+            loss = loss + weight * torch.nn.functional.cross_entropy(head(states[chosen]), targets[chosen])
+    return loss
 
 
 @torch.no_grad()
@@ -118,8 +136,8 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     out.mkdir(parents=True, exist_ok=True)
     adapter = build_adapter(config.seed)
     model = adapter.model.to(resolve_device(device)).train()
-    head = cell_head(model)
-    optimizer = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=config.lr,
+    heads = TrainingHeads(model)
+    optimizer = torch.optim.AdamW([*model.parameters(), *heads.parameters()], lr=config.lr,
                                   weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
     start, history, elapsed = 0, [], 0.0
@@ -127,7 +145,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     if resume and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False, map_location=model.device)
         model.load_state_dict(state["model"])
-        head.load_state_dict(state["cell_head"])
+        heads.load_state_dict(state["heads"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start, history, elapsed = state["step"], state["history"], state["elapsed_s"]
@@ -136,7 +154,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     began = time.perf_counter() - elapsed
     for step in tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", disable=not progress):
         batch = make_batch(step_samples(config, step), adapter, augment=True, probes=config.probes)
-        loss = model_loss(model, batch, head, config.cell_weight)
+        loss = model_loss(model, batch, heads, config)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -152,7 +170,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
             losses = []
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(entry) + "\n")
-            torch.save({"model": model.state_dict(), "cell_head": head.state_dict(),
+            torch.save({"model": model.state_dict(), "heads": heads.state_dict(),
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": done,
                         "history": history, "elapsed_s": entry["elapsed_s"], "config": config.__dict__}, checkpoint)
             plot_history(history, out / "curves.png")

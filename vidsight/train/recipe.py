@@ -32,7 +32,8 @@ class TrainConfig:
         eval_every: Steps between held-out evaluations and checkpoints.
         eval_per_family: Held-out clips per family at each evaluation.
         probes: Further questions about each clip asked as later turns (`probe_questions`).
-        cell_weight: Weight of the training-only per-video-token loss (`loop.cell_head`).
+        cell_weight: Weight of the training-only per-video-token loss (`loop.TrainingHeads`).
+        key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
     """
 
     steps: int = 7000
@@ -45,12 +46,13 @@ class TrainConfig:
     eval_per_family: int = 40
     probes: int = 4
     cell_weight: float = 1.0
+    key_weight: float = 1.0
 
     def __post_init__(self):
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
-        if self.probes < 0 or self.cell_weight < 0:
-            raise ConfigError("probes and cell_weight must be non-negative")
+        if self.probes < 0 or self.cell_weight < 0 or self.key_weight < 0:
+            raise ConfigError("probes, cell_weight and key_weight must be non-negative")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
 
