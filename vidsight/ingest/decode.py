@@ -181,9 +181,10 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
 
         for packet in _packets(container, stream):
             if gops:
-                if packet.is_keyframe and packet.pts is not None and gops.enter(index_of(packet.pts)):
+                index = index_of(packet.pts) if packet.pts is not None else None
+                if packet.is_keyframe and index is not None and gops.enter(index):
                     stream.codec_context.flush_buffers()
-                if gops.skipping or gops.unwanted_non_reference(packet, index_of):
+                if gops.skipping or gops.unwanted_non_reference(packet, index):
                     continue
             try:
                 frames = packet.decode()
@@ -218,8 +219,8 @@ class _GopTrimmer:
         self.h264 = stream.codec_context.name == "h264"
         self.length_size = nal_length_size(stream.codec_context.extradata) if self.h264 else None
 
-    def unwanted_non_reference(self, packet: av.Packet, index_of: Callable[[int], int]) -> bool:
-        return (self.h264 and packet.pts is not None and index_of(packet.pts) not in self.wanted
+    def unwanted_non_reference(self, packet: av.Packet, index: int | None) -> bool:
+        return (self.h264 and index is not None and index not in self.wanted
                 and is_non_reference(bytes(packet), self.length_size))
 
     def enter(self, keyframe: int) -> bool:
