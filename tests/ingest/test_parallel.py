@@ -72,6 +72,23 @@ def test_trimming_skips_gops_without_wanted_frames(make_test_video, monkeypatch)
     assert len(sent) <= 10 < everything
 
 
+def test_trimming_stops_each_gop_once_its_wanted_frames_are_sent(make_test_video, monkeypatch):
+    import av
+
+    path, _ = make_test_video(duration_s=6.0, fps=10, gop=5, bframes=True)
+    info = probe(path)
+    wanted = info.keyframe_indices[::2]  # keyframes only: each needs its own packet and nothing else
+    sent = []
+    original = av.Packet.decode
+    monkeypatch.setattr(av.Packet, "decode", lambda packet: sent.append(packet) or original(packet))
+    full = decode_frames(path, wanted, DecodeConfig(threads="NONE"), info)
+    assert len(sent) > len(wanted)  # the reorder delay: full decoding sends later packets before a frame is out
+    sent.clear()
+    trimmed = decode_frames(path, wanted, DecodeConfig(threads="NONE", trim_gops=True), info)
+    assert_same(full, trimmed, False)
+    assert len(sent) == len(wanted) and all(packet.is_keyframe for packet in sent)
+
+
 def test_trimming_skips_unwanted_non_reference_pictures(make_test_video, monkeypatch):
     import av
 

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_ask = bench_commands.add_parser("ask", parents=[common],
                                           help="full-compute ask vs parallel decoding + group prefill + pruning + overlap")
     bench_ask.add_argument("video", nargs="?", default=None, help="video file (default: a generated 5-min 1280x720 one)")
+    bench_ask.add_argument("--gop", type=int, default=None,
+                           help="keyframe interval of the generated video when no VIDEO is given (default: 250, x264's)")
     bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
                            "qwen2.5-vl-7b (default: small)")
     bench_ask.add_argument("--rho", type=_float, nargs="+", default=[0.5, 0.2], help="pruning ratios (default: 0.5 0.2)")
@@ -246,7 +248,7 @@ def _run_bench_decode(args) -> int:
 def _run_bench_ask(args) -> int:
     from vidsight.bench.ask import ask_video, format_ask_report, run_ask_bench, write_ask_report
 
-    video = args.video or ask_video(args.out)
+    video = args.video or ask_video(args.out, args.gop)
     report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
                            dtype=args.dtype, progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_ask_report(report, args.out)

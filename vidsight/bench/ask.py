@@ -19,6 +19,7 @@ plus the first group, taken from the ``decode, then groups`` run of the same pre
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 from pathlib import Path
@@ -30,8 +31,9 @@ from vidsight.bench.report import save_figure, write_report
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
 from vidsight.ingest import SamplingConfig, SyntheticSpec, probe
 
-# The issue's video: 5 minutes, sampled at 1 fps.
-ASK_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=300, gop=16, bframes=True, square_size=96)
+# The issue's video: 5 minutes, sampled at 1 fps. Keyframes every 250 frames, x264's default (what
+# FFmpeg writes unless told otherwise); `--gop` makes others.
+ASK_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=300, gop=250, bframes=True, square_size=96)
 ASK_FPS = 1.0
 QUESTION = "What happens in this video?"
 OVERLAP_TOLERANCE = 0.15
@@ -158,6 +160,6 @@ def write_ask_report(report: dict, out: str | Path) -> tuple[Path, Path]:
     return write_report(report, out, "ask", plot_ask_report)
 
 
-def ask_video(directory: str | Path) -> Path:
-    """The generated 5-minute 1280x720 benchmark video, made once and reused."""
-    return bench_video(directory, ASK_VIDEO)
+def ask_video(directory: str | Path, gop: int | None = None) -> Path:
+    """The generated 5-minute 1280x720 benchmark video (keyframes every ``gop`` frames), made once and reused."""
+    return bench_video(directory, dataclasses.replace(ASK_VIDEO, gop=gop or ASK_VIDEO.gop))

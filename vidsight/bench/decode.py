@@ -26,8 +26,8 @@ BENCH_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=600, gop=
 
 
 def bench_video(directory: str | Path, spec: SyntheticSpec = BENCH_VIDEO) -> Path:
-    """The generated benchmark video, made once and reused."""
-    path = Path(directory) / f"bench_{spec.width}x{spec.height}_{int(spec.duration_s)}s.mp4"
+    """The generated benchmark video, made once and reused (named by size, length and GOP)."""
+    path = Path(directory) / f"bench_{spec.width}x{spec.height}_{int(spec.duration_s)}s_gop{spec.gop}.mp4"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         make_video(path, spec)

@@ -42,9 +42,9 @@ class DecodeConfig:
             ``"FRAME"``, ``"SLICE"`` or ``"NONE"`` (one thread). Parallel decoding runs each of its
             decoders single-threaded whatever this says.
         trim_gops: Send the decoder only the packets wanted frames depend on: a GOP holding no
-            wanted frame is skipped, a GOP stops once its wanted frames are out (the decoder
-            restarts clean at the next keyframe, as after a seek), and unwanted H.264 pictures
-            that no other picture refers to are never sent. Exact, and much less decoding when
+            wanted frame is skipped, a GOP stops once its wanted frames' packets are sent (the
+            decoder is drained and restarts clean at the next keyframe, as after a seek), and
+            unwanted H.264 pictures that no other picture refers to are never sent. Exact, and much less decoding when
             samples are sparse; off decodes every frame like other video loaders.
     """
 
@@ -175,45 +175,56 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
             index = index_of(frame.pts)
             if first <= index <= last:
                 sink.store(index, frame)
-                if gops:
-                    gops.produced(index)
             return index >= last
 
         for packet in _packets(container, stream):
+            index = index_of(packet.pts) if gops and packet.pts is not None else None
             if gops:
-                index = index_of(packet.pts) if packet.pts is not None else None
-                if packet.is_keyframe and index is not None and gops.enter(index):
-                    stream.codec_context.flush_buffers()
+                if packet.is_keyframe and index is not None:
+                    gops.enter(index)
                 if gops.skipping or gops.unwanted_non_reference(packet, index):
                     continue
             try:
                 frames = packet.decode()
             except av.error.FFmpegError:
                 sink.count_bad_packet()
-                continue
+                frames = []
             if any([take(f) for f in frames]):
                 return
-        try:
-            for frame in stream.codec_context.decode(None):
-                if take(frame):
+            if gops and gops.sent(index):
+                # Nothing later in this GOP is needed: drain what the decoder holds back for
+                # reordering, then restart it clean for the next needed keyframe.
+                if _drain(stream, take, sink):
                     return
-        except av.error.FFmpegError:
-            sink.count_bad_packet()
+                stream.codec_context.flush_buffers()
+        _drain(stream, take, sink)
+
+
+def _drain(stream: av.video.stream.VideoStream, take: Callable[[av.VideoFrame], bool], sink: FrameSink) -> bool:
+    """Flush the frames the decoder still holds into ``take``; True once ``take`` says the span is done."""
+    try:
+        return any([take(frame) for frame in stream.codec_context.decode(None)])
+    except av.error.FFmpegError:
+        sink.count_bad_packet()
+        return False
 
 
 class _GopTrimmer:
     """Which packets of a span the wanted frames need (`DecodeConfig.trim_gops`).
 
-    A GOP is needed while a wanted frame before the next keyframe is still to come out; wanted
-    frames are taken in presentation order, so the earliest pending one decides. Within a needed
-    GOP, an H.264 packet of an unwanted non-reference picture is not needed either.
+    Every picture a frame refers to comes before it in decoding order, so once the packets of a
+    GOP's wanted frames have all been sent, nothing later in that GOP is needed: the decoder is
+    drained and the packets up to the next GOP with a wanted frame are skipped. Within a needed
+    GOP, an H.264 packet of an unwanted non-reference picture is not needed either. Wanted frames
+    are tracked by presentation index, so an open GOP's leading pictures (presented before their
+    keyframe, sent after it) keep the previous GOP going until they are sent.
     """
 
     def __init__(self, info: VideoInfo, wanted: np.ndarray, first: int, last: int,
                  stream: av.video.stream.VideoStream):
         self.keyframes = info.keyframe_indices
-        self.pending = sorted(int(i) for i in wanted[(wanted >= first) & (wanted <= last)])
-        self.wanted = set(self.pending)
+        self.unsent = sorted(int(i) for i in wanted[(wanted >= first) & (wanted <= last)])
+        self.wanted = set(self.unsent)
         self.gop_end = np.iinfo(np.int64).max  # unknown until the first keyframe's packet
         self.skipping = False
         self.h264 = stream.codec_context.name == "h264"
@@ -223,20 +234,22 @@ class _GopTrimmer:
         return (self.h264 and index is not None and index not in self.wanted
                 and is_non_reference(bytes(packet), self.length_size))
 
-    def enter(self, keyframe: int) -> bool:
-        """A keyframe's packet arrives; True when the decoder must be flushed before it."""
+    def enter(self, keyframe: int) -> None:
+        """A keyframe's packet arrives: decode its GOP only if it has a wanted frame still to send."""
         following = int(np.searchsorted(self.keyframes, keyframe, side="right"))
         self.gop_end = int(self.keyframes[following]) if following < len(self.keyframes) else np.iinfo(np.int64).max
-        was_skipping, self.skipping = self.skipping, not self._needed()
-        return was_skipping and not self.skipping
-
-    def produced(self, index: int) -> None:
-        if self.pending and index in self.pending:
-            self.pending.remove(index)
         self.skipping = not self._needed()
 
+    def sent(self, index: int | None) -> bool:
+        """The packet at ``index`` went to the decoder; True when that completes the GOP's wanted frames."""
+        if index in self.wanted and index in self.unsent:
+            self.unsent.remove(index)
+            self.skipping = not self._needed()
+            return self.skipping
+        return False
+
     def _needed(self) -> bool:
-        return bool(self.pending) and self.pending[0] < self.gop_end
+        return bool(self.unsent) and self.unsent[0] < self.gop_end
 
 
 def decode_frames(
