@@ -1,5 +1,7 @@
 """Interval-parallel and seek decoding against sequential decoding, frame for frame."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,30 @@ def test_parallel_frames_equal_sequential(make_test_video, name, fps, strategy):
     parallel = decode_parallel(path, indices, config, info, workers=3, strategy=strategy)
     assert parallel.strategy == strategy
     assert_same(sequential, parallel, with_codec_info)
+
+
+@pytest.mark.parametrize("name", list(VIDEOS))
+@pytest.mark.parametrize("trim_gops", [False, True])
+def test_decoding_processes_give_the_sequential_frames(make_test_video, name, trim_gops):
+    path, _ = make_test_video(**VIDEOS[name])
+    info = probe(path)
+    indices = sample_frames(info, SamplingConfig(fps=3.0))
+    config = DecodeConfig(with_codec_info=True, trim_gops=trim_gops)
+    sequential = decode_frames(path, indices, config, info)
+    progress = []
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    processes = decode_parallel(path, indices, config, info, workers=2, strategy="intervals",
+                                on_frame=progress.append, backend="processes")
+    assert_same(sequential, processes, True)
+    assert progress and progress[-1] == len(indices)
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) == shm_before  # the shared buffer is unlinked
+
+
+def test_unknown_backend_is_refused(make_test_video):
+    path, _ = make_test_video(**VIDEOS["b-frames"])
+    with pytest.raises(ConfigError, match="backend"):
+        decode_parallel(path, backend="fibers")
 
 
 @pytest.mark.parametrize("name", list(VIDEOS))

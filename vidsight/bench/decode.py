@@ -2,9 +2,9 @@
 
 Every method decodes the same sampled frames of the same file; vidsight's methods are checked
 frame for frame against single-threaded sequential decoding, other libraries are compared
-pixel-wise and their largest difference reported. One more row times the parallel decoder with
-`DecodeConfig.trim_gops` (only the packets the sampled frames depend on), apart from the
-parallel-scaling rows.
+pixel-wise and their largest difference reported. Two more rows, apart from the parallel-scaling
+ones, time the parallel decoder with the most workers as processes instead of threads, and with
+`DecodeConfig.trim_gops` (only the packets the sampled frames depend on).
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
                 "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
             del batch
         most = worker_counts[-1]
+        batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=most, backend="processes"),
+                                repeats)
+        methods[f"vidsight parallel, {most} processes"] = {
+            "seconds": seconds, "processes": most, "strategy": batch.strategy,
+            "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
+        del batch
         batch, seconds = _timed(lambda: decode_parallel(path, indices, DecodeConfig(trim_gops=True), info,
                                                         workers=most), repeats)
         methods[f"vidsight parallel, {most} workers, trimmed GOPs"] = {
@@ -117,8 +123,8 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
             del frames
         for entry in methods.values():
             entry["speedup"] = base / entry["seconds"]
-            if "workers" in entry:
-                entry["parallel_efficiency"] = entry["speedup"] / entry["workers"]
+            if "workers" in entry or "processes" in entry:
+                entry["parallel_efficiency"] = entry["speedup"] / entry.get("workers", entry.get("processes"))
         report["runs"].append({"sample_fps": fps, "sampled_frames": len(indices), "methods": methods})
     report["lengths"] = [_length_run(path, info, fps_values[0], length, workers or cores, repeats)
                          for length in lengths_s]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,7 @@ class FrameSink:
     """
 
     def __init__(self, path, info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig,
-                 on_frame: Callable[[int], None] | None = None):
+                 on_frame: Callable[[int], None] | None = None, buffer: memoryview | None = None):
         wanted = np.arange(info.frame_count) if indices is None else np.unique(np.asarray(indices, dtype=np.int64))
         if len(wanted) == 0:
             raise ConfigError(f"{path}: no frames requested")
@@ -99,12 +100,16 @@ class FrameSink:
         self.path, self.info, self.config, self.wanted = path, info, config, wanted
         self.height, self.width = config.size or (info.height, info.width)
         self.slot_of = {int(i): k for k, i in enumerate(wanted)}
-        self.data = torch.empty((len(wanted), self.height, self.width, 3), dtype=torch.uint8)
+        shape = (len(wanted), self.height, self.width, 3)
+        # buffer: shared memory that decoding processes write into (see `frame_bytes`).
+        self.frames = (np.empty(shape, dtype=np.uint8) if buffer is None
+                       else np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape))
+        self.data = torch.from_numpy(self.frames)
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
         self.bad_packets = 0
-        self._on_frame = on_frame
+        self.on_frame = on_frame
         self._lock = threading.Lock()
 
     def store(self, index: int, frame: av.VideoFrame) -> None:
@@ -112,7 +117,7 @@ class FrameSink:
         if slot is None or self.got[slot]:
             return
         rgb = frame.to_ndarray(format="rgb24", width=self.width, height=self.height, interpolation="BICUBIC")
-        self.data[slot] = torch.from_numpy(rgb)
+        self.frames[slot] = rgb
         if self.config.with_codec_info:
             self.codec[slot] = CodecInfo(
                 frame_type=frame_type(frame),
@@ -122,8 +127,25 @@ class FrameSink:
             )
         with self._lock:
             self.got[slot] = True
-            if self._on_frame is not None:
-                self._on_frame(int(self.got.sum()))
+            if self.on_frame is not None:
+                self.on_frame(int(self.got.sum()))
+
+    @staticmethod
+    def frame_bytes(info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig) -> int:
+        """Bytes of the frame buffer a sink for these frames needs."""
+        count = info.frame_count if indices is None else len(np.unique(np.asarray(indices)))
+        height, width = config.size or (info.height, info.width)
+        return count * height * width * 3
+
+    def absorb(self, slots: np.ndarray, codec: list[CodecInfo | None], bad_packets: int) -> None:
+        """Record frames another process decoded into this sink's shared buffer."""
+        with self._lock:
+            self.got[slots] = True
+            for slot, entry in zip(slots, codec):
+                self.codec[slot] = entry
+            self.bad_packets += bad_packets
+            if self.on_frame is not None:
+                self.on_frame(int(self.got.sum()))
 
     def count_bad_packet(self) -> None:
         with self._lock:

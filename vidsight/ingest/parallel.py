@@ -1,21 +1,25 @@
 """Interval-parallel decoding (QuickVideo's QuickCodec): keyframe-aligned spans decoded side by side.
 
 The wanted frames' GOPs are grouped into contiguous spans, each starting at a keyframe, so every
-span decodes on its own; several single-threaded decoders fill one preallocated frame buffer.
+span decodes on its own; several single-threaded decoders fill one preallocated frame buffer: threads by default, or
+processes writing into private shared memory (``backend="processes"``).
 When samples are much sparser than GOPs, each GOP is decoded only up to its last wanted frame
 after a seek (QuickVideo's appendix B), and the choice is reported in ``FrameBatch.strategy``.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
 
-from vidsight.errors import ConfigError
+from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.decode import DecodeConfig, FrameSink, decode_span
 from vidsight.ingest.probe import probe
 from vidsight.ingest.types import FrameBatch, VideoInfo
@@ -24,6 +28,7 @@ from vidsight.ingest.types import FrameBatch, VideoInfo
 SEEK_GAP_GOPS = 2.0
 # More spans than workers keeps every worker busy to the end and lets early frames finish first.
 SPANS_PER_WORKER = 4
+BACKENDS = ("threads", "processes")
 
 
 def gop_spans(info: VideoInfo, wanted: np.ndarray) -> list[tuple[int, int]]:
@@ -72,6 +77,7 @@ def decode_parallel(
     workers: int | None = None,
     strategy: str = "auto",
     on_frame: Callable[[int], None] | None = None,
+    backend: str = "threads",
 ) -> FrameBatch:
     """Decode the frames at ``indices`` with ``workers`` decoders at once; same frames as `decode_frames`.
 
@@ -83,16 +89,69 @@ def decode_parallel(
         workers: Concurrent decoders (default: the CPU count).
         strategy: ``"intervals"``, ``"seek"`` or ``"auto"`` (chosen from the sampling gap and GOP size).
         on_frame: Called with the number of wanted frames produced so far.
+        backend: ``"threads"`` (FFmpeg releases the GIL while decoding) or ``"processes"``
+            (started by a fork server, so POSIX only; frames go through shared memory, unlinked
+            however the decode ends).
     """
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
     if strategy not in ("auto", "intervals", "seek"):
         raise ConfigError(f"strategy must be auto, intervals or seek, got {strategy!r}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "processes" and "forkserver" not in multiprocessing.get_all_start_methods():
+        raise ConfigError("decoding in processes needs a fork server, which this platform lacks; use threads")
     info = info or probe(path)
+    if backend == "processes":
+        return _decode_in_processes(path, indices, config, info, workers, strategy, on_frame)
     sink = FrameSink(path, info, indices, config, on_frame)
     strategy, spans = decode_schedule(info, sink.wanted, workers * SPANS_PER_WORKER, strategy)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-decode") as pool:
         # Submitted earliest first, so the start of the video is ready first.
         list(pool.map(lambda span: decode_span(sink, *span, threads="NONE"), spans))
     return sink.batch(strategy)
+
+
+_CHILD: tuple[FrameSink, shared_memory.SharedMemory] | None = None  # a decoding process's sink and buffer
+
+
+def _adopt(path, info: VideoInfo, indices: np.ndarray, config: DecodeConfig, buffer_name: str) -> None:
+    global _CHILD
+    # Attaching registers the name with the parent's resource tracker once more; the parent unlinks it.
+    buffer = shared_memory.SharedMemory(buffer_name)
+    _CHILD = FrameSink(path, info, indices, config, buffer=buffer.buf), buffer
+
+
+def _decode_in_child(first: int, last: int) -> tuple[np.ndarray, list, int]:
+    """Decode one span into the shared buffer; what the parent's sink needs to know about it."""
+    sink = _CHILD[0]
+    before, bad_before = sink.got.copy(), sink.bad_packets
+    decode_span(sink, first, last, "NONE")
+    slots = np.flatnonzero(sink.got & ~before)
+    return slots, [sink.codec[slot] for slot in slots], sink.bad_packets - bad_before
+
+
+def _decode_in_processes(path, indices, config: DecodeConfig, info: VideoInfo, workers: int, strategy: str,
+                         on_frame) -> FrameBatch:
+    # A fork server, not plain fork: forking a process whose other threads hold locks can deadlock.
+    context = multiprocessing.get_context("forkserver")
+    buffer = shared_memory.SharedMemory(create=True, size=max(1, FrameSink.frame_bytes(info, indices, config)))
+    sink = None
+    try:
+        sink = FrameSink(path, info, indices, config, on_frame, buffer=buffer.buf)
+        strategy, spans = decode_schedule(info, sink.wanted, workers * SPANS_PER_WORKER, strategy)
+        setup = (path, info, sink.wanted, config, buffer.name)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context, initializer=_adopt, initargs=setup) as pool:
+                for result in pool.map(_decode_in_child, *zip(*spans)):
+                    sink.absorb(*result)
+        except BrokenProcessPool as exc:
+            raise VideoError(f"{path}: a decoding process died ({exc})") from exc
+        batch = sink.batch(strategy)
+        batch.data = batch.data.clone()  # out of the segment, which goes now
+        return batch
+    finally:
+        sink = None  # drops the views of the segment, so it can close
+        buffer.close()
+        buffer.unlink()
