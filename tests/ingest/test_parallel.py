@@ -59,6 +59,19 @@ def test_decoding_processes_give_the_sequential_frames(make_test_video, name, tr
         assert set(os.listdir("/dev/shm")) == shm_before  # the shared buffer is unlinked
 
 
+def test_decoding_processes_lose_the_same_frames_as_threads_in_a_damaged_file(make_test_video, tmp_path):
+    good, _ = make_test_video(duration_s=4.0, bframes=True)
+    data = bytearray(good.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 20000] = bytes(20000)
+    path = tmp_path / "damaged.mp4"
+    path.write_bytes(bytes(data))
+    info = probe(path)
+    threads = decode_parallel(path, None, DecodeConfig(), info, workers=2)
+    processes = decode_parallel(path, None, DecodeConfig(), info, workers=2, backend="processes")
+    assert threads.frames_lost > 0 and processes.frames_lost == threads.frames_lost
+    assert_same(threads, processes, False)
+
+
 def test_unknown_backend_is_refused(make_test_video):
     path, _ = make_test_video(**VIDEOS["b-frames"])
     with pytest.raises(ConfigError, match="backend"):

@@ -153,5 +153,8 @@ def _decode_in_processes(path, indices, config: DecodeConfig, info: VideoInfo, w
         return batch
     finally:
         sink = None  # drops the views of the segment, so it can close
-        buffer.close()
+        try:
+            buffer.close()
+        except BufferError:  # a traceback on its way out still holds a view; the mapping goes with it
+            pass
         buffer.unlink()
