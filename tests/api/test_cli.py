@@ -105,6 +105,13 @@ def test_unknown_model_directory(make_test_video, tmp_path, capsys):
     assert code == 2 and "no-model" in err and "no such model directory" in err
 
 
+def test_bench_ask_refuses_a_nonsensical_gop_before_generating_anything(tmp_path, capsys):
+    code = main(["bench", "ask", "--gop", "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "gop" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_unparseable_flag_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["ask", "x.mp4", "q", "--fps", "fast"])

@@ -162,4 +162,4 @@ def write_ask_report(report: dict, out: str | Path) -> tuple[Path, Path]:
 
 def ask_video(directory: str | Path, gop: int | None = None) -> Path:
     """The generated 5-minute 1280x720 benchmark video (keyframes every ``gop`` frames), made once and reused."""
-    return bench_video(directory, dataclasses.replace(ASK_VIDEO, gop=gop or ASK_VIDEO.gop))
+    return bench_video(directory, ASK_VIDEO if gop is None else dataclasses.replace(ASK_VIDEO, gop=gop))
