@@ -45,8 +45,9 @@ class DecodeConfig:
         trim_gops: Send the decoder only the packets wanted frames depend on: a GOP holding no
             wanted frame is skipped, a GOP stops once its wanted frames' packets are sent (the
             decoder is drained and restarts clean at the next keyframe, as after a seek), and
-            unwanted H.264 pictures that no other picture refers to are never sent. Exact, and much less decoding when
-            samples are sparse; off decodes every frame like other video loaders.
+            unwanted H.264 pictures that no other picture refers to are never sent. Exact, and
+            much less decoding when samples are sparse; off decodes every frame like other video
+            loaders.
     """
 
     size: tuple[int, int] | None = None
