@@ -90,7 +90,6 @@ def test_bad_video_files(bad_files, tiny_model_dir, capsys, kind, message):
     (["--device", "gpu"], "not a device name"), (["--temperature", "-1"], "temperature"),
     (["--rho", "0"], "rho"), (["--rho", "1.5"], "rho"), (["--prune-start-layer", "-1"], "start_layer"),
     (["--decode-workers", "-2"], "workers"), (["--rho", "0.5", "--group-frames", "0"], "group by group"),
-    (["--idle-decoders", "--no-overlap"], "idle decoders"),
 ])
 def test_nonsensical_flags(make_test_video, tiny_model_dir, capsys, flags, message):
     path, _ = make_test_video(duration_s=1.0)

@@ -1,13 +1,11 @@
 """Group-wise prefill, KV pruning and decoding overlapped with prefill."""
 
 import math
-import os
 
 import pytest
 import torch
 
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
-from vidsight.errors import ConfigError
 from vidsight.engine.prefill import plan_video, video_rows
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.feed import FrameFeed
@@ -105,29 +103,6 @@ def test_background_feed_frames_equal_sequential_decoding(make_test_video, spec,
     assert torch.equal(got, expected.data)
     assert torch.equal(feed.indices, expected.indices)
     assert torch.equal(feed.pts_s, expected.pts_s)
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_idle_feed_decodes_the_same_frames_in_idle_threads(long_video, monkeypatch):
-    import vidsight.ingest.feed as feed_module
-
-    policies = []
-    decode_span = feed_module.decode_span
-    monkeypatch.setattr(feed_module, "decode_span",
-                        lambda *args: policies.append(os.sched_getscheduler(0)) or decode_span(*args))
-    info = probe(long_video)
-    indices = sample_frames(info, SamplingConfig(fps=5.0))
-    expected = decode_frames(long_video, indices, info=info)
-    with FrameFeed.background(long_video, indices, info, workers=2, idle=True) as feed:
-        got = feed.frames(0, len(feed))
-    assert torch.equal(got, expected.data)
-    assert policies and set(policies) == {os.SCHED_IDLE}
-    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the caller keeps its own policy
-
-
-def test_idle_decoders_need_overlap():
-    with pytest.raises(ConfigError, match="idle decoders"):
-        FeedConfig(overlap=False, idle_decoders=True)
 
 
 def test_plan_matches_whole_video_preprocessing(tiny_adapter, long_video):

@@ -39,9 +39,6 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
                        help="decode the whole video before prefilling instead of group by group")
     group.add_argument("--decode-all-frames", action="store_true",
                        help="decode every frame instead of only the packets the sampled frames depend on")
-    group.add_argument("--idle-decoders", action="store_true",
-                       help="overlapped decoders use only CPU time the model leaves (Linux SCHED_IDLE): for a model "
-                            "on the CPU; other load on the machine can then starve decoding")
 
 
 def prefill_config(args):
@@ -56,4 +53,4 @@ def feed_config(args):
     from vidsight.engine import FeedConfig
 
     return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
-                      trim_gops=not args.decode_all_frames, idle_decoders=args.idle_decoders)
+                      trim_gops=not args.decode_all_frames)

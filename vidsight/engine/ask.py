@@ -52,26 +52,17 @@ class FeedConfig:
             whole video (needs ``workers`` >= 1).
         trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
             exact).
-        idle_decoders: Run the overlapped decoders at Linux's SCHED_IDLE, so they take only the CPU
-            time the model leaves: where the model runs on the same CPU cores, they then never slow
-            it down. An unprivileged thread cannot leave SCHED_IDLE, so other work keeping every
-            core busy can starve decoding; off by default.
     """
 
     workers: int | None = None
     overlap: bool = True
     trim_gops: bool = True
-    idle_decoders: bool = False
 
     def __post_init__(self):
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"workers must be 0 (sequential) or more, got {self.workers}")
         if self.overlap and self.workers == 0:
             raise ConfigError("overlapping decoding with prefill needs parallel decoding (workers >= 1)")
-        if self.idle_decoders and not self.overlap:
-            raise ConfigError("idle decoders only make sense overlapped with prefill")
-        if self.idle_decoders and not hasattr(os, "SCHED_IDLE"):
-            raise ConfigError("idle decoders need Linux's SCHED_IDLE, which this platform lacks")
 
 
 class Asker:
@@ -165,8 +156,7 @@ class Asker:
 
             decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
             if feed_config.overlap:
-                feed = FrameFeed.background(video, indices, info, workers, on_frame, feed_config.trim_gops,
-                                            idle=feed_config.idle_decoders)
+                feed = FrameFeed.background(video, indices, info, workers, on_frame, feed_config.trim_gops)
             else:
                 with clock.stage("decode"):
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else

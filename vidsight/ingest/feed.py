@@ -27,11 +27,6 @@ log = logging.getLogger(__name__)
 OVERLAP_SPANS_PER_WORKER = 16
 
 
-def _run_idle() -> None:
-    """Put the calling thread in SCHED_IDLE: it runs only when a core would otherwise be idle."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
 class FrameFeed:
     """The sampled frames of one video, available in order as decoding proceeds.
 
@@ -58,12 +53,10 @@ class FrameFeed:
 
     @classmethod
     def background(cls, path: str | Path, indices: np.ndarray, info: VideoInfo, workers: int | None = None,
-                   on_frame: Callable[[int], None] | None = None, trim_gops: bool = True,
-                   idle: bool = False) -> "FrameFeed":
+                   on_frame: Callable[[int], None] | None = None, trim_gops: bool = True) -> "FrameFeed":
         """Start decoding ``indices`` of ``path`` with ``workers`` threads, earliest spans first.
 
-        ``trim_gops`` decodes only the packets the wanted frames depend on (`DecodeConfig`);
-        ``idle`` runs the threads at Linux's SCHED_IDLE (see `FeedConfig.idle_decoders`).
+        ``trim_gops`` decodes only the packets the wanted frames depend on (`DecodeConfig`).
         """
         workers = (os.cpu_count() or 1) if workers is None else workers
         if workers < 1:
@@ -72,8 +65,7 @@ class FrameFeed:
         strategy, spans = decode_schedule(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
         feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy)
         feed._sink = sink
-        feed._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-feed",
-                                        initializer=_run_idle if idle else None)
+        feed._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-feed")
         last_slots = np.searchsorted(sink.wanted, [last for _, last in spans], side="right") - 1
         feed._spans = [(int(slot), feed._pool.submit(decode_span, sink, first, last, "NONE"))
                        for (first, last), slot in zip(spans, last_slots)]
