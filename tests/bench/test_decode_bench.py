@@ -8,7 +8,8 @@ def test_decode_bench_reports_every_method_with_frames_checked(make_test_video, 
     methods = run["methods"]
     assert run["sampled_frames"] == 8
     for name in ["sequential, 1 thread", "PyAV, FFmpeg threads", "vidsight parallel, 1 workers",
-                 "vidsight parallel, 2 workers"]:
+                 "vidsight parallel, 2 workers", "vidsight parallel, 2 processes",
+                 "vidsight parallel, 2 workers, trimmed GOPs"]:
         assert methods[name]["identical"] and methods[name]["seconds"] > 0
     assert methods["sequential, 1 thread"]["speedup"] == 1.0
     assert methods["vidsight parallel, 2 workers"]["parallel_efficiency"] > 0

@@ -19,7 +19,7 @@ import torch
 
 from vidsight.bench.report import save_figure, write_report
 from vidsight.ingest import DecodeConfig, SamplingConfig, SyntheticSpec, decode_frames, decode_parallel, make_video
-from vidsight.ingest import probe, sample_frames
+from vidsight.ingest import FrameBatch, probe, sample_frames
 
 # The issue's benchmark video: 10 minutes of 1280x720 H.264.
 BENCH_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=600, gop=16, bframes=True, square_size=96)
@@ -97,24 +97,15 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
         methods["PyAV, FFmpeg threads"] = {"seconds": seconds, "identical": torch.equal(threaded.data, reference.data)}
         del threaded
         for count in worker_counts:
-            batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=count), repeats)
-            methods[f"vidsight parallel, {count} workers"] = {
-                "seconds": seconds, "workers": count, "strategy": batch.strategy,
-                "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
-            del batch
+            methods[f"vidsight parallel, {count} workers"] = _parallel_entry(
+                lambda: decode_parallel(path, indices, info=info, workers=count), reference, repeats, workers=count)
         most = worker_counts[-1]
-        batch, seconds = _timed(lambda: decode_parallel(path, indices, info=info, workers=most, backend="processes"),
-                                repeats)
-        methods[f"vidsight parallel, {most} processes"] = {
-            "seconds": seconds, "processes": most, "strategy": batch.strategy,
-            "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
-        del batch
-        batch, seconds = _timed(lambda: decode_parallel(path, indices, DecodeConfig(trim_gops=True), info,
-                                                        workers=most), repeats)
-        methods[f"vidsight parallel, {most} workers, trimmed GOPs"] = {
-            "seconds": seconds, "strategy": batch.strategy,
-            "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
-        del batch
+        methods[f"vidsight parallel, {most} processes"] = _parallel_entry(
+            lambda: decode_parallel(path, indices, info=info, workers=most, backend="processes"), reference, repeats,
+            processes=most)
+        methods[f"vidsight parallel, {most} workers, trimmed GOPs"] = _parallel_entry(
+            lambda: decode_parallel(path, indices, DecodeConfig(trim_gops=True), info, workers=most), reference,
+            repeats)
         for name, decode in _other_libraries(Path(path), indices).items():
             frames, seconds = _timed(decode, repeats)
             diff = _max_abs_difference(frames, reference.data)
@@ -129,6 +120,13 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
     report["lengths"] = [_length_run(path, info, fps_values[0], length, workers or cores, repeats)
                          for length in lengths_s]
     return report
+
+
+def _parallel_entry(decode: Callable[[], FrameBatch], reference: FrameBatch, repeats: int, **extra) -> dict:
+    """Time one of vidsight's parallel decodes and check its frames against ``reference``."""
+    batch, seconds = _timed(decode, repeats)
+    return {"seconds": seconds, **extra, "strategy": batch.strategy,
+            "identical": torch.equal(batch.data, reference.data) and torch.equal(batch.indices, reference.indices)}
 
 
 def _length_run(path, info, fps: float, length_s: float, workers: int, repeats: int) -> dict:

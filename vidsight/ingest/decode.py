@@ -101,7 +101,7 @@ class FrameSink:
         self.path, self.info, self.config, self.wanted = path, info, config, wanted
         self.height, self.width = config.size or (info.height, info.width)
         self.slot_of = {int(i): k for k, i in enumerate(wanted)}
-        shape = (len(wanted), self.height, self.width, 3)
+        shape = _frame_shape(info, len(wanted), config)
         # buffer: shared memory that decoding processes write into (see `frame_bytes`).
         self.frames = (np.empty(shape, dtype=np.uint8) if buffer is None
                        else np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape))
@@ -135,8 +135,7 @@ class FrameSink:
     def frame_bytes(info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig) -> int:
         """Bytes of the frame buffer a sink for these frames needs."""
         count = info.frame_count if indices is None else len(np.unique(np.asarray(indices)))
-        height, width = config.size or (info.height, info.width)
-        return count * height * width * 3
+        return math.prod(_frame_shape(info, count, config))
 
     def absorb(self, slots: np.ndarray, codec: list[CodecInfo | None], bad_packets: int) -> None:
         """Record frames another process decoded into this sink's shared buffer."""
@@ -168,6 +167,11 @@ class FrameSink:
             frames_lost=lost,
             strategy=strategy,
         )
+
+
+def _frame_shape(info: VideoInfo, count: int, config: DecodeConfig) -> tuple[int, int, int, int]:
+    """``(count, height, width, 3)``: the layout of a sink's frames."""
+    return (count, *(config.size or (info.height, info.width)), 3)
 
 
 def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:

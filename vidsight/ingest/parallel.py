@@ -1,8 +1,8 @@
 """Interval-parallel decoding (QuickVideo's QuickCodec): keyframe-aligned spans decoded side by side.
 
 The wanted frames' GOPs are grouped into contiguous spans, each starting at a keyframe, so every
-span decodes on its own; several single-threaded decoders fill one preallocated frame buffer: threads by default, or
-processes writing into private shared memory (``backend="processes"``).
+span decodes on its own; several single-threaded decoders fill one preallocated frame buffer:
+threads by default, or processes writing into private shared memory (``backend="processes"``).
 When samples are much sparser than GOPs, each GOP is decoded only up to its last wanted frame
 after a seek (QuickVideo's appendix B), and the choice is reported in ``FrameBatch.strategy``.
 """
