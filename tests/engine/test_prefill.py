@@ -13,7 +13,9 @@ from vidsight.kv import VIDEO
 from vidsight.vision import preprocess_video
 
 QUESTION = "What colour is the square?"
-FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0), feed=FeedConfig(workers=0, overlap=False, trim_gops=False))
+# The plain path: every frame decoded at full size, resized during preprocessing.
+FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0),
+                    feed=FeedConfig(workers=0, overlap=False, trim_gops=False, resize_in_decoder=False))
 VIDEO_SPEC = dict(width=320, height=240, duration_s=6.0, fps=10, gop=8, bframes=True, seed=5)
 
 
@@ -111,6 +113,8 @@ def test_plan_matches_whole_video_preprocessing(tiny_adapter, long_video):
     video = preprocess_video(batch.data, tiny_adapter.vision)
     plan = plan_video(tiny_adapter, len(batch), batch.data.shape[1], batch.data.shape[2])
     assert plan.grid_thw == tuple(video.grid_thw) and plan.size == video.resized_hw
+    # Frames resized by the decoder plan to the same size again (prefill plans from the frames it gets).
+    assert plan_video(tiny_adapter, len(batch), *plan.size) == plan
 
 
 def test_video_rows_record_frame_time_grid_and_position(tiny_adapter, make_test_video):

@@ -185,3 +185,27 @@ def test_bad_settings_are_refused(make_test_video):
         decode_parallel(path, workers=0)
     with pytest.raises(ConfigError):
         decode_parallel(path, strategy="fastest")
+
+
+@pytest.mark.parametrize("backend", [None, "threads", "processes"])
+def test_resizing_in_the_decoder_equals_resizing_the_decoded_frames(make_test_video, backend):
+    from vidsight.vision import resize_frames  # the model's resize, as `ask` passes it
+
+    path, _ = make_test_video(**VIDEOS["b-frames"])
+    info = probe(path)
+    indices = sample_frames(info, SamplingConfig(fps=3.0))
+    size = (56, 84)
+    full = decode_frames(path, indices, DecodeConfig(), info)
+    config = DecodeConfig(size=size, resize=resize_frames, trim_gops=True)
+    resized = (decode_frames(path, indices, config, info) if backend is None else
+               decode_parallel(path, indices, config, info, workers=2, backend=backend))
+    assert resized.data.shape == (len(indices), *size, 3)
+    assert torch.equal(resized.data, resize_frames(full.data, size).permute(0, 2, 3, 1))
+    assert torch.equal(resized.indices, full.indices)
+
+
+def test_a_resize_function_needs_a_size():
+    from vidsight.vision import resize_frames
+
+    with pytest.raises(ConfigError, match="size"):
+        DecodeConfig(resize=resize_frames)

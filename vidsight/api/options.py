@@ -34,11 +34,18 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (QuickCodec)")
     group.add_argument("--decode-workers", type=int, default=None,
-                       help="parallel decoders (default: CPU count; 0: one decoder with FFmpeg's threads)")
+                       help="parallel decoders (default: CPU count, half of it when overlapping with a model on "
+                            "the CPU; 0: one decoder with FFmpeg's threads)")
     group.add_argument("--no-overlap", action="store_true",
                        help="decode the whole video before prefilling instead of group by group")
     group.add_argument("--decode-all-frames", action="store_true",
                        help="decode every frame instead of only the packets the sampled frames depend on")
+    group.add_argument("--resize-after-decoding", action="store_true",
+                       help="keep full-size frames and resize them during preprocessing (same pixels, far more "
+                            "memory; default: each decoder resizes its frames to the model's size)")
+    group.add_argument("--oversubscribe", action="store_true",
+                       help="let a model on the CPU keep all its threads while overlapped decoders run "
+                            "(default: it uses the cores they leave until decoding ends)")
 
 
 def prefill_config(args):
@@ -53,4 +60,5 @@ def feed_config(args):
     from vidsight.engine import FeedConfig
 
     return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
-                      trim_gops=not args.decode_all_frames)
+                      trim_gops=not args.decode_all_frames, resize_in_decoder=not args.resize_after_decoding,
+                      split_cores=not args.oversubscribe)

@@ -9,15 +9,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from vidsight.engine.cores import CoreSplit, split_decoders
 from vidsight.engine.forward import PrefillConfig
 from vidsight.engine.generate import GenerationConfig, generate
-from vidsight.engine.prefill import Prefilled, prefill_video
+from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FrameFeed
 from vidsight.models import load_model
+from vidsight.vision import resize_frames
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 MAX_QUESTION_CHARS = 20000
@@ -47,16 +49,24 @@ class FeedConfig:
 
     Attributes:
         workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
-            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
+            ``None`` uses every CPU (half of them when they overlap with a model on the CPU and
+            ``split_cores`` is on); 0 runs one sequential decoder with FFmpeg's own threading.
         overlap: Prefill each group as soon as its frames are decoded instead of after the
             whole video (needs ``workers`` >= 1).
         trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
             exact).
+        resize_in_decoder: Resize each frame to the model's input size in the decoding thread,
+            with the model's own resize, so the frame buffer holds model-size frames instead of
+            full-size ones (exact: the same pixels as resizing during preprocessing).
+        split_cores: While overlapped decoders run, give a model on the CPU only the cores they
+            leave instead of oversubscribing them (`CoreSplit`; exact up to float rounding).
     """
 
     workers: int | None = None
     overlap: bool = True
     trim_gops: bool = True
+    resize_in_decoder: bool = True
+    split_cores: bool = True
 
     def __post_init__(self):
         if self.workers is not None and self.workers < 0:
@@ -149,22 +159,28 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
-        workers = feed_config.workers
+        device, workers = self.adapter.device, feed_config.workers
+        if feed_config.overlap and feed_config.split_cores:
+            workers = split_decoders(device, workers)
+        decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
+        if feed_config.resize_in_decoder:
+            size = plan_video(self.adapter, len(indices), info.height, info.width).size
+            decoding = dataclasses.replace(decoding, size=size, resize=resize_frames)
         with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
             def on_frame(n):
                 bar.update(n - bar.n)
 
-            decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
             if feed_config.overlap:
-                feed = FrameFeed.background(video, indices, info, workers, on_frame, feed_config.trim_gops)
+                feed = FrameFeed.background(video, indices, info, decoding, workers, on_frame)
             else:
                 with clock.stage("decode"):
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
-            with feed:
+            cores = CoreSplit(device, workers or 0, feed_config.overlap and feed_config.split_cores)
+            with feed, cores:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
-                                      max_new_tokens, clock, progress)
+                                      max_new_tokens, clock, progress, cores)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = (os.cpu_count() or 1) if workers is None else workers

@@ -13,6 +13,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from vidsight.engine.cores import CoreSplit
 from vidsight.engine.forward import PrefillConfig, chunk_bounds, forward
 from vidsight.engine.stats import StageClock
 from vidsight.ingest.feed import FrameFeed
@@ -79,7 +80,8 @@ def _question_queries(adapter, ids: torch.Tensor, positions: torch.Tensor, video
 
 
 def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                  max_new_tokens: int, clock: StageClock, progress: bool = False) -> Prefilled:
+                  max_new_tokens: int, clock: StageClock, progress: bool = False,
+                  cores: CoreSplit | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
 
     Args:
@@ -91,14 +93,17 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         max_new_tokens: Room to leave in the cache for the answer.
         clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
         progress: Show a progress bar over groups.
+        cores: Told before each group whether ``feed`` is still decoding.
     """
     with clock.memory():
-        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress)
+        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress,
+                               cores)
 
 
 def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                    max_new_tokens: int, clock: StageClock, progress: bool) -> Prefilled:
+                    max_new_tokens: int, clock: StageClock, progress: bool, cores: CoreSplit | None) -> Prefilled:
     spec, stats = adapter.vision, clock.stats
+    # Frames the decoder already resized to the plan's size plan to that same size again.
     plan = plan_video(adapter, len(feed), feed.height, feed.width)
     layout = adapter.build_prompt(question, plan.grid_thw[0] * plan.tokens_per_patch)
     ids, video_start = layout.input_ids, layout.video_start
@@ -130,7 +135,11 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
         first = group * frames_per_group
         with clock.stage("decode"):
             frames = feed.frames(first, min(first + frames_per_group, len(feed)))
+        if cores is not None:
+            cores.update(feed.decoding)
         began = time.perf_counter()
+        if group == 0:
+            stats.fill_s = began - clock.started
         with clock.stage("preprocess"):
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)
         with clock.stage("vision"), torch.inference_mode():
@@ -141,8 +150,10 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
             embeds[0, at : at + video_embeds.shape[0]] = video_embeds
             hook = last_pruner if group == len(chunks) - 1 else pruner
             hidden = forward(adapter, cache, embeds, positions[:, lo:hi], rows[lo:hi], hook)
+        took = time.perf_counter() - began
         if group == 0:
-            stats.first_group_s = time.perf_counter() - began
+            stats.first_group_s = took
+        stats.last_group_s = took
     with clock.stage("prefill"), torch.inference_mode():
         logits = adapter.logits(hidden[0, -1])
     stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(ids)

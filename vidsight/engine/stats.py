@@ -33,6 +33,9 @@ class AskStats:
             only the time spent waiting for frames, and ``decode_busy_s`` how long decoding took.
         decode_busy_s: From the start of decoding to its last frame.
         first_group_s: Preprocess, vision and prefill time of the first prefill group.
+        last_group_s: The same for the last group.
+        fill_s: From the start until the first group's frames were decoded (probing and
+            sampling included): the part of decoding that prefill cannot overlap.
         prefill_peak_bytes: Most tensor memory alive at once during preprocess, vision and
             prefill, above what existed before (weights, frames); 0 unless metered.
         stages_s: Seconds per stage: decode, preprocess, vision, prefill, generate.
@@ -53,6 +56,8 @@ class AskStats:
     overlap: bool = False
     decode_busy_s: float = 0.0
     first_group_s: float = 0.0
+    last_group_s: float = 0.0
+    fill_s: float = 0.0
     prefill_peak_bytes: int = 0
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_s: float = 0.0

@@ -34,8 +34,12 @@ class DecodeConfig:
     """How frames are decoded.
 
     Attributes:
-        size: Output ``(height, width)``, resized by FFmpeg's swscale (bicubic); ``None`` keeps the
-            coded size.
+        size: Output ``(height, width)``, resized in the decoding thread, by FFmpeg's swscale
+            (bicubic) unless ``resize`` is given; ``None`` keeps the coded size.
+        resize: The resize to use instead of swscale: called with ``(1, H, W, 3)`` uint8 RGB
+            frames at the coded size and ``size``, returns ``(1, 3, h, w)`` uint8 (e.g. the
+            model's own preprocessing resize, so the frames equal what resizing them later would
+            give, while the buffer holds only resized frames).
         with_codec_info: Return per-frame frame types, GOP indices and (H.264) motion vectors.
             Vectors need FFmpeg's export_mvs with slice threading or none: frame threading returns
             wrong, run-to-run different B-frame vectors.
@@ -51,6 +55,7 @@ class DecodeConfig:
     """
 
     size: tuple[int, int] | None = None
+    resize: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor] | None = None
     with_codec_info: bool = False
     threads: str = "AUTO"
     trim_gops: bool = False
@@ -62,6 +67,8 @@ class DecodeConfig:
             h, w = self.size
             if not (0 < h <= MAX_DECODE_SIDE and 0 < w <= MAX_DECODE_SIDE):
                 raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_DECODE_SIDE} per side")
+        if self.resize is not None and self.size is None:
+            raise ConfigError("a resize function needs the size to resize to")
 
 
 def frame_type(frame: av.VideoFrame) -> str:
@@ -117,8 +124,12 @@ class FrameSink:
         slot = self.slot_of.get(index)
         if slot is None or self.got[slot]:
             return
-        rgb = frame.to_ndarray(format="rgb24", width=self.width, height=self.height, interpolation="BICUBIC")
-        self.frames[slot] = rgb
+        if self.config.resize is None:
+            self.frames[slot] = frame.to_ndarray(format="rgb24", width=self.width, height=self.height,
+                                                 interpolation="BICUBIC")
+        else:
+            coded = torch.from_numpy(frame.to_ndarray(format="rgb24"))[None]
+            self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
         if self.config.with_codec_info:
             self.codec[slot] = CodecInfo(
                 frame_type=frame_type(frame),

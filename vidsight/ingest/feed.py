@@ -6,6 +6,7 @@ earliest first; a consumer waits only until the frames it needs next are in the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -52,16 +53,18 @@ class FrameFeed:
         return feed
 
     @classmethod
-    def background(cls, path: str | Path, indices: np.ndarray, info: VideoInfo, workers: int | None = None,
-                   on_frame: Callable[[int], None] | None = None, trim_gops: bool = True) -> "FrameFeed":
+    def background(cls, path: str | Path, indices: np.ndarray, info: VideoInfo,
+                   config: DecodeConfig = DecodeConfig(trim_gops=True), workers: int | None = None,
+                   on_frame: Callable[[int], None] | None = None) -> "FrameFeed":
         """Start decoding ``indices`` of ``path`` with ``workers`` threads, earliest spans first.
 
-        ``trim_gops`` decodes only the packets the wanted frames depend on (`DecodeConfig`).
+        ``config`` says how (GOP trimming, resizing in the workers); each worker decodes
+        single-threaded whatever its ``threads`` says.
         """
         workers = (os.cpu_count() or 1) if workers is None else workers
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
-        sink = FrameSink(path, info, indices, DecodeConfig(threads="NONE", trim_gops=trim_gops), on_frame)
+        sink = FrameSink(path, info, indices, dataclasses.replace(config, threads="NONE"), on_frame)
         strategy, spans = decode_schedule(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
         feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy)
         feed._sink = sink
@@ -81,6 +84,11 @@ class FrameFeed:
     @property
     def width(self) -> int:
         return self.data.shape[2]
+
+    @property
+    def decoding(self) -> bool:
+        """Whether background decoders are still at work."""
+        return any(not task.done() for _, task in self._spans)
 
     def frames(self, start: int, stop: int) -> torch.Tensor:
         """``(stop - start, H, W, 3)`` frames, waiting for the decoder if they are not out yet."""
