@@ -93,7 +93,7 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         max_new_tokens: Room to leave in the cache for the answer.
         clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
         progress: Show a progress bar over groups.
-        cores: Told before each group whether ``feed`` is still decoding.
+        cores: Told before each group's vision and prefill stages whether ``feed`` is still decoding.
     """
     with clock.memory():
         return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress,
@@ -135,8 +135,7 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
         first = group * frames_per_group
         with clock.stage("decode"):
             frames = feed.frames(first, min(first + frames_per_group, len(feed)))
-        if cores is not None:
-            cores.update(feed.decoding)
+        _split(cores, feed)
         began = time.perf_counter()
         if group == 0:
             stats.fill_s = began - clock.started
@@ -144,6 +143,7 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)
         with clock.stage("vision"), torch.inference_mode():
             video_embeds = adapter.encode_video(video.pixel_values, video.grid_thw)
+        _split(cores, feed)
         with clock.stage("prefill"), torch.inference_mode():
             embeds = adapter.embed_tokens(ids[lo:hi][None])
             at = max(video_start, lo) - lo
@@ -160,6 +160,12 @@ def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float,
     stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum())
     stats.groups = len(chunks)
     return Prefilled(cache, logits, next_position)
+
+
+def _split(cores: CoreSplit | None, feed: FrameFeed) -> None:
+    """Model threads for the next stage: decoding may have ended during the last one."""
+    if cores is not None:
+        cores.update(feed.decoding)
 
 
 def _capacity(chunks, video_start: int, video_end: int, config: PrefillConfig, max_new_tokens: int) -> int:
