@@ -191,3 +191,14 @@ def test_watch_rejects_bad_flags(make_test_video, tiny_model_dir, capsys, flags,
 def test_watch_missing_source(tmp_path, capsys):
     assert main(["watch", str(tmp_path / "nope.mp4"), "--query", "Yes?"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_ask_decoding_flags_set_the_feed():
+    from vidsight.api.cli import build_parser
+    from vidsight.api.options import feed_config
+    from vidsight.engine import FeedConfig
+
+    assert feed_config(build_parser().parse_args(["ask", "v.mp4", "q"])) == FeedConfig()
+    args = build_parser().parse_args(["ask", "v.mp4", "q", "--decode-workers", "3", "--decode-all-frames",
+                                      "--resize-after-decoding", "--oversubscribe"])
+    assert feed_config(args) == FeedConfig(workers=3, trim_gops=False, resize_in_decoder=False, split_cores=False)

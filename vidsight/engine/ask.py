@@ -166,19 +166,21 @@ class Asker:
         if feed_config.resize_in_decoder:
             size = plan_video(self.adapter, len(indices), info.height, info.width).size
             decoding = dataclasses.replace(decoding, size=size, resize=resize_frames)
-        with tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
+        cores = CoreSplit(device, workers or 0, feed_config.overlap and feed_config.split_cores)
+        with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
             def on_frame(n):
                 bar.update(n - bar.n)
 
             if feed_config.overlap:
+                # Split before the decoders start: a thread takes torch's thread count at its first operation.
+                cores.update(decoding=True)
                 feed = FrameFeed.background(video, indices, info, decoding, workers, on_frame)
             else:
                 with clock.stage("decode"):
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
-            cores = CoreSplit(device, workers or 0, feed_config.overlap and feed_config.split_cores)
-            with feed, cores:
+            with feed:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
                                       max_new_tokens, clock, progress, cores)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
