@@ -1,11 +1,9 @@
 """Splitting the CPU between overlapped decoders and a model on it."""
 
-import os
-
 import pytest
 import torch
 
-from vidsight.engine.cores import CoreSplit, split_decoders
+from vidsight.engine.cores import CoreSplit
 
 
 @pytest.fixture
@@ -37,10 +35,3 @@ def test_models_off_the_cpu_or_a_disabled_split_keep_their_threads(two_threads, 
     with CoreSplit(torch.device(device), decoders=1, enabled=enabled) as cores:
         cores.update(decoding=True)
         assert torch.get_num_threads() == 2
-
-
-def test_default_decoders_take_half_the_cores_beside_a_cpu_model():
-    cores = os.cpu_count() or 1
-    assert split_decoders(torch.device("cpu"), None) == max(1, cores // 2)
-    assert split_decoders(torch.device("cuda"), None) == cores
-    assert split_decoders(torch.device("cpu"), 3) == 3

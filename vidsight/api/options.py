@@ -34,8 +34,7 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (QuickCodec)")
     group.add_argument("--decode-workers", type=int, default=None,
-                       help="parallel decoders (default: CPU count, half of it when overlapping with a model on "
-                            "the CPU; 0: one decoder with FFmpeg's threads)")
+                       help="parallel decoders (default: CPU count; 0: one decoder with FFmpeg's threads)")
     group.add_argument("--no-overlap", action="store_true",
                        help="decode the whole video before prefilling instead of group by group")
     group.add_argument("--decode-all-frames", action="store_true",
@@ -45,7 +44,7 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
                             "memory; default: each decoder resizes its frames to the model's size)")
     group.add_argument("--oversubscribe", action="store_true",
                        help="let a model on the CPU keep all its threads while overlapped decoders run "
-                            "(default: it uses the cores they leave until decoding ends)")
+                            "(default: it uses the cores they leave, at least one, until decoding ends)")
 
 
 def prefill_config(args):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from vidsight.engine.cores import CoreSplit, split_decoders
+from vidsight.engine.cores import CoreSplit
 from vidsight.engine.forward import PrefillConfig
 from vidsight.engine.generate import GenerationConfig, generate
 from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
@@ -49,8 +49,7 @@ class FeedConfig:
 
     Attributes:
         workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
-            ``None`` uses every CPU (half of them when they overlap with a model on the CPU and
-            ``split_cores`` is on); 0 runs one sequential decoder with FFmpeg's own threading.
+            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
         overlap: Prefill each group as soon as its frames are decoded instead of after the
             whole video (needs ``workers`` >= 1).
         trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
@@ -159,14 +158,13 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
-        device, workers = self.adapter.device, feed_config.workers
-        if feed_config.overlap and feed_config.split_cores:
-            workers = split_decoders(device, workers)
+        workers = feed_config.workers
+        decoders = (os.cpu_count() or 1) if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
         if feed_config.resize_in_decoder:
             size = plan_video(self.adapter, len(indices), info.height, info.width).size
             decoding = dataclasses.replace(decoding, size=size, resize=resize_frames)
-        cores = CoreSplit(device, workers or 0, feed_config.overlap and feed_config.split_cores)
+        cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
         with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
             def on_frame(n):
                 bar.update(n - bar.n)
@@ -185,7 +183,7 @@ class Asker:
                                       max_new_tokens, clock, progress, cores)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
-        stats.decode_workers = (os.cpu_count() or 1) if workers is None else workers
+        stats.decode_workers = decoders
         return state
 
 

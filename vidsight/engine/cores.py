@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-
-def split_decoders(device: torch.device, workers: int | None) -> int:
-    """Decoders to overlap with a model on ``device``: ``workers``, or by default half the cores on a
-    CPU model (`CoreSplit` gives it the rest) and every core otherwise."""
-    if workers is not None:
-        return workers
-    cores = os.cpu_count() or 1
-    return max(1, cores // 2) if device.type == "cpu" else cores
 
 
 class CoreSplit:
     """While overlapped decoders run, a model on the CPU computes with the cores they leave.
 
     Decoders and one model thread per core oversubscribe the cores, and a decoder that preempts
-    one of the model's OpenMP threads stalls the others at the next barrier: on two cores that
-    cost more than overlapping saved (docs/benchmarks.md). So the model runs with the cores the
-    decoders leave (at least one) until decoding ends, then with all it had. Thread counts do not
-    change results beyond floating-point reassociation in reductions.
+    one of the model's OpenMP threads stalls the others at the next barrier. So the model runs
+    with the cores the decoders leave, at least one (a single thread has no barrier to stall),
+    until decoding ends, then with all it had; the decoders keep every core while the model
+    waits for frames. Measured in docs/benchmarks.md. Thread counts change results at most by
+    floating-point reassociation in reductions.
 
     Args:
         device: Where the model runs; only a CPU model is affected.
