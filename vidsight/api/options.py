@@ -40,8 +40,8 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--decode-all-frames", action="store_true",
                        help="decode every frame instead of only the packets the sampled frames depend on")
     group.add_argument("--resize-after-decoding", action="store_true",
-                       help="keep full-size frames and resize them during preprocessing (same pixels, far more "
-                            "memory; default: each decoder resizes its frames to the model's size)")
+                       help="keep full-size frames and resize them during preprocessing (same pixels on the CPU, "
+                            "far more memory; default: each decoder resizes its frames to the model's size)")
     group.add_argument("--oversubscribe", action="store_true",
                        help="let a model on the CPU keep all its threads while overlapped decoders run "
                             "(default: it uses the cores they leave, at least one, until decoding ends)")

@@ -56,7 +56,8 @@ class FeedConfig:
             exact).
         resize_in_decoder: Resize each frame to the model's input size in the decoding thread,
             with the model's own resize, so the frame buffer holds model-size frames instead of
-            full-size ones (exact: the same pixels as resizing during preprocessing).
+            full-size ones (exact for a model on the CPU: the pixels its preprocessing gives; on
+            a GPU preprocessing resizes in float, which can differ by one intensity step).
         split_cores: While overlapped decoders run, give a model on the CPU only the cores they
             leave instead of oversubscribing them (`CoreSplit`; exact up to float rounding).
     """
