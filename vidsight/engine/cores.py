@@ -13,7 +13,8 @@ class CoreSplit:
     with the cores the decoders leave, at least one (a single thread has no barrier to stall),
     until decoding ends, then with all it had; the decoders keep every core while the model
     waits for frames. Measured in docs/benchmarks.md. Thread counts change results at most by
-    floating-point reassociation in reductions.
+    floating-point reassociation in reductions. torch's thread count is process-wide: asks that
+    run side by side in one process should turn the split off (`FeedConfig.split_cores`).
 
     Args:
         device: Where the model runs; only a CPU model is affected.
