@@ -110,9 +110,9 @@ class FrameSink:
         self.slot_of = {int(i): k for k, i in enumerate(wanted)}
         shape = _frame_shape(info, len(wanted), config)
         # buffer: shared memory that decoding processes write into (see `frame_bytes`).
-        self.frames = (np.empty(shape, dtype=np.uint8) if buffer is None
-                       else np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape))
-        self.data = torch.from_numpy(self.frames)
+        frames = (np.empty(shape, dtype=np.uint8) if buffer is None
+                  else np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape))
+        self.data = torch.from_numpy(frames)
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
@@ -125,8 +125,8 @@ class FrameSink:
         if slot is None or self.got[slot]:
             return
         if self.config.resize is None:
-            self.frames[slot] = frame.to_ndarray(format="rgb24", width=self.width, height=self.height,
-                                                 interpolation="BICUBIC")
+            self.data[slot] = torch.from_numpy(frame.to_ndarray(format="rgb24", width=self.width, height=self.height,
+                                                                interpolation="BICUBIC"))
         else:
             coded = torch.from_numpy(frame.to_ndarray(format="rgb24"))[None]
             self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
