@@ -30,15 +30,15 @@ def tiny_adapter(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def make_test_video(tmp_path_factory):
-    """``make_test_video(**spec_fields) -> (path, truth)``, cached per distinct spec."""
+    """``make_test_video(suffix=".mp4", **spec_fields) -> (path, truth)``, cached per spec and container."""
     root = tmp_path_factory.mktemp("videos")
-    cache: dict[SyntheticSpec, tuple] = {}
+    cache: dict[tuple[SyntheticSpec, str], tuple] = {}
 
-    def make(**fields):
-        spec = SyntheticSpec(**fields)
-        if spec not in cache:
-            path = root / f"video{len(cache)}.mp4"
-            cache[spec] = (path, make_video(path, spec))
-        return cache[spec]
+    def make(suffix=".mp4", **fields):
+        key = (SyntheticSpec(**fields), suffix)
+        if key not in cache:
+            path = root / f"video{len(cache)}{suffix}"
+            cache[key] = (path, make_video(path, key[0]))
+        return cache[key]
 
     return make

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import av
@@ -18,6 +18,7 @@ from vidsight.ingest.container import open_video
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.probe import probe
+from vidsight.ingest.seek import demux_packets, packets_from_keyframe
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
@@ -195,47 +196,59 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
         threads: FFmpeg threading for this decoder (see `DecodeConfig`); motion vectors always
             use slice threading.
     """
-    info = sink.info
     with open_video(sink.path) as (container, stream):
         configure_decoder(stream, sink.with_motion, threads)
-        time_base = float(stream.time_base)
-        if first > 0:
-            container.seek(int(round(info.pts_s[first] / time_base)), stream=stream, backward=True)
-        gops = _GopTrimmer(info, sink.wanted, first, last, stream) if sink.config.trim_gops else None
+        packets = demux_packets(container, stream) if first == 0 else packets_from_keyframe(
+            container, stream, sink.info, first)
+        if packets is not None:
+            _decode_packets(sink, stream, packets, first, last)
+            return
+    log.info("%s: no seek reaches frame %d; decoding its span from the start", sink.path, first)
+    with open_video(sink.path) as (container, stream):
+        configure_decoder(stream, sink.with_motion, threads)
+        _decode_packets(sink, stream, demux_packets(container, stream), first, last)
 
-        def index_of(pts: int) -> int:
-            return int(np.searchsorted(info.pts_s, pts * time_base - 1e-9))
 
-        def take(frame: av.VideoFrame) -> bool:
-            """Store ``frame`` if it is in the span; True once the span is complete."""
-            if frame.pts is None:
-                return False
-            index = index_of(frame.pts)
-            if first <= index <= last:
-                sink.store(index, frame)
-            return index >= last
+def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packets: Iterator[av.Packet],
+                    first: int, last: int) -> None:
+    """Decode ``packets`` into ``sink`` until presentation index ``last`` is out (see `decode_span`)."""
+    info = sink.info
+    time_base = float(stream.time_base)
+    gops = _GopTrimmer(info, sink.wanted, first, last, stream) if sink.config.trim_gops else None
 
-        for packet in _packets(container, stream):
-            index = index_of(packet.pts) if gops and packet.pts is not None else None
-            if gops:
-                if packet.is_keyframe and index is not None:
-                    gops.enter(index)
-                if gops.skipping or gops.unwanted_non_reference(packet, index):
-                    continue
-            try:
-                frames = packet.decode()
-            except av.error.FFmpegError:
-                sink.count_bad_packet()
-                frames = []
-            if any([take(f) for f in frames]):
+    def index_of(pts: int) -> int:
+        return int(np.searchsorted(info.pts_s, pts * time_base - 1e-9))
+
+    def take(frame: av.VideoFrame) -> bool:
+        """Store ``frame`` if it is in the span; True once the span is complete."""
+        if frame.pts is None:
+            return False
+        index = index_of(frame.pts)
+        if first <= index <= last:
+            sink.store(index, frame)
+        return index >= last
+
+    for packet in packets:
+        index = index_of(packet.pts) if gops and packet.pts is not None else None
+        if gops:
+            if packet.is_keyframe and index is not None:
+                gops.enter(index)
+            if gops.skipping or gops.unwanted_non_reference(packet, index):
+                continue
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError:
+            sink.count_bad_packet()
+            frames = []
+        if any([take(f) for f in frames]):
+            return
+        if gops and gops.sent(index):
+            # Nothing later in this GOP is needed: drain what the decoder holds back for
+            # reordering, then restart it clean for the next needed keyframe.
+            if _drain(stream, take, sink):
                 return
-            if gops and gops.sent(index):
-                # Nothing later in this GOP is needed: drain what the decoder holds back for
-                # reordering, then restart it clean for the next needed keyframe.
-                if _drain(stream, take, sink):
-                    return
-                stream.codec_context.flush_buffers()
-        _drain(stream, take, sink)
+            stream.codec_context.flush_buffers()
+    _drain(stream, take, sink)
 
 
 def _drain(stream: av.video.stream.VideoStream, take: Callable[[av.VideoFrame], bool], sink: FrameSink) -> bool:
@@ -316,18 +329,3 @@ def decode_frames(
     sink = FrameSink(path, info, indices, config, on_frame)
     decode_span(sink, 0, int(sink.wanted[-1]), config.threads)
     return sink.batch("sequential")
-
-
-def _packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream):
-    """Demux ``stream``'s packets, ending quietly where the container itself is damaged."""
-    demux = container.demux(stream)
-    while True:
-        try:
-            packet = next(demux)
-        except StopIteration:
-            return
-        except av.error.FFmpegError as exc:
-            log.warning("%s: container damaged, stopping demux (%s)", container.name, exc)
-            return
-        if packet.size:
-            yield packet

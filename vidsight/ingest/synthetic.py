@@ -27,6 +27,7 @@ class SyntheticSpec:
         start_time_s: Presentation time of the first frame.
         square_size: Side of the moving square in pixels.
         seed: Seeds the background texture, the frame-time jitter and the square's path.
+        codec: Encoder (see `writer.ENCODERS`); the container follows the file's suffix.
     """
 
     width: int = 320
@@ -39,6 +40,7 @@ class SyntheticSpec:
     start_time_s: float = 0.0
     square_size: int = 32
     seed: int = 0
+    codec: str = "h264"
 
     def __post_init__(self):
         if self.width % 2 or self.height % 2 or not (16 <= self.width <= 4096 and 16 <= self.height <= 4096):
@@ -106,7 +108,7 @@ def render_frame(spec: SyntheticSpec, bg: np.ndarray, corner: np.ndarray) -> np.
 
 
 def make_video(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict:
-    """Render ``spec`` to an H.264 MP4 at ``path`` and return its ground truth.
+    """Render ``spec`` to a video at ``path`` (container from its suffix) and return its ground truth.
 
     Returns:
         ``{"spec": ..., "pts_s": [...], "square_xy": [[x, y], ...], "square_size": n}``, one
@@ -114,7 +116,7 @@ def make_video(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict:
     """
     bg, times, track = background(spec), frame_times(spec), square_track(spec)
     path = write_video(path, (render_frame(spec, bg, corner) for corner in track), times, spec.fps,
-                       gop=spec.gop, bframes=spec.bframes)
+                       gop=spec.gop, bframes=spec.bframes, codec=spec.codec)
     truth = {
         "spec": dataclasses.asdict(spec),
         "pts_s": times.tolist(),

@@ -1,4 +1,4 @@
-"""vidsight's H.264 writer: frames with exact presentation times, exact GOPs, B-frames on or off."""
+"""vidsight's video writer: frames with exact presentation times, exact GOPs, B-frames on or off."""
 
 from __future__ import annotations
 
@@ -9,36 +9,71 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidsight.errors import ConfigError
+
 TIME_BASE = Fraction(1, 90000)
+# Codecs whose time base is any rational; the others count whole frames at a standard rate.
+FREE_TIME_BASE = frozenset({"h264", "hevc", "vp9"})
+# FFmpeg encoder and its options per codec; the container comes from the file's suffix.
+ENCODERS = {
+    "h264": "libx264",
+    "hevc": "libx265",
+    "mpeg2video": "mpeg2video",
+    "mpeg4": "mpeg4",
+    "mjpeg": "mjpeg",
+    "vp9": "libvpx-vp9",
+}
+
+
+def _encoder_options(codec: str, gop: int, bframes: bool, crf: int) -> dict[str, str]:
+    if codec == "h264":
+        return {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0",
+                "bf": "2" if bframes else "0", "preset": "veryfast", "crf": str(crf)}
+    if codec == "hevc":
+        return {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:log-level=error",
+                "preset": "ultrafast", "crf": str(crf)}
+    if codec == "vp9":
+        return {"g": str(gop), "crf": str(crf + 12), "b": "0", "deadline": "realtime", "cpu-used": "8"}
+    if codec == "mjpeg":
+        return {"qscale": "4"}
+    # MPEG-2 and MPEG-4 part 2: fixed quantiser, closed GOPs (which FFmpeg allows only without
+    # scene-cut keyframes).
+    return {"g": str(gop), "qscale": "4", "flags": "+cgop", "sc_threshold": "1000000000",
+            "bf": "2" if bframes else "0"}
 
 
 def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterable[float], fps: float,
-                gop: int = 16, bframes: bool = False, crf: int = 18) -> Path:
-    """Encode RGB frames to an H.264 MP4.
+                gop: int = 16, bframes: bool = False, crf: int = 18, codec: str = "h264") -> Path:
+    """Encode RGB frames to a video file; the container follows ``path``'s suffix (.mp4, .mkv, .ts, ...).
 
     Args:
         path: Output file.
         frames: ``(H, W, 3)`` uint8 frames, H and W even.
-        times_s: Presentation time of each frame in seconds.
+        times_s: Presentation time of each frame in seconds (whole frames at ``fps`` for codecs
+            outside `FREE_TIME_BASE`).
         fps: Nominal frame rate recorded in the stream.
         gop: Keyframe interval in frames; scene-cut keyframes are disabled so GOPs are exact.
-        bframes: Allow up to two B-frames between references.
-        crf: x264 quality (lower is better; 18 is visually lossless).
+        bframes: Allow up to two B-frames between references (codecs that have them).
+        crf: x264 quality (lower is better; 18 is visually lossless); other codecs use a fixed quality.
+        codec: One of `ENCODERS`' keys.
     """
+    if codec not in ENCODERS:
+        raise ConfigError(f"codec must be one of {', '.join(ENCODERS)}, got {codec!r}")
     path = Path(path)
     with av.open(str(path), mode="w") as out:
-        stream = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        stream.pix_fmt = "yuv420p"
-        stream.time_base = TIME_BASE
-        stream.codec_context.time_base = TIME_BASE
-        stream.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0",
-                          "bf": "2" if bframes else "0", "preset": "veryfast", "crf": str(crf)}
+        rate = Fraction(fps).limit_denominator(1001)
+        time_base = TIME_BASE if codec in FREE_TIME_BASE else 1 / rate
+        stream = out.add_stream(ENCODERS[codec], rate=rate)
+        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+        stream.time_base = time_base
+        stream.codec_context.time_base = time_base
+        stream.options = _encoder_options(codec, gop, bframes, crf)
         for image, t in zip(frames, times_s):
             if stream.width != image.shape[1]:
                 stream.width, stream.height = image.shape[1], image.shape[0]
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-            frame.pts = round(t / TIME_BASE)
-            frame.time_base = TIME_BASE
+            frame.pts = round(t / time_base)
+            frame.time_base = time_base
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():
