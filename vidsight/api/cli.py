@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,12 +17,12 @@ EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vidsight.engine import DEFAULT_MODEL, GenerationConfig
-    from vidsight.engine.watch import ALERT_AFTER, REFRESH_MODES
-    from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+    # Only torch-free modules: --help, flag errors and probe must start fast.
     from vidsight.bench.tasks import FAMILIES
-    from vidsight.models import TASK_MODEL
-    from vidsight.train import TrainConfig
+    from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES, GenerationConfig
+    from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+    from vidsight.models.paths import TASK_MODEL
+    from vidsight.train.config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="vidsight", description="Video understanding with vision-language models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -299,10 +300,10 @@ def _run_demo(args) -> int:
 def _quiet_libraries() -> None:
     """Silence transformers' load bars and FFmpeg's decoder chatter: vidsight reports losses itself."""
     import av
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    # Read by transformers and huggingface_hub when (and if) a command imports them.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # FFmpeg's own level, not PyAV's callback: that callback takes the GIL from decoder threads
     # and deadlocks when a frame-threaded decoder is freed.
     av.logging.set_libav_level(av.logging.PANIC)

@@ -1,10 +1,17 @@
 """The workloads as long-lived objects, the prefill and decode loops, stage timers."""
 
-from vidsight.engine.ask import DEFAULT_MODEL, AskResult, Asker, FeedConfig, ask
-from vidsight.engine.forward import PrefillConfig
-from vidsight.engine.generate import GenerationConfig
-from vidsight.engine.stats import AskStats
-from vidsight.kv import PruneConfig
+from vidsight._lazy import lazy_exports
 
-__all__ = ["AskResult", "AskStats", "Asker", "DEFAULT_MODEL", "FeedConfig", "GenerationConfig", "PrefillConfig",
-           "PruneConfig", "ask"]
+_EXPORTS = {
+    "AskResult": "vidsight.engine.ask",
+    "Asker": "vidsight.engine.ask",
+    "ask": "vidsight.engine.ask",
+    "DEFAULT_MODEL": "vidsight.engine.config",
+    "FeedConfig": "vidsight.engine.config",
+    "GenerationConfig": "vidsight.engine.config",
+    "PrefillConfig": "vidsight.engine.config",
+    "AskStats": "vidsight.engine.stats",
+    "PruneConfig": "vidsight.kv.config",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

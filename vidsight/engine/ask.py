@@ -10,8 +10,8 @@ import torch
 from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
-from vidsight.engine.forward import PrefillConfig
-from vidsight.engine.generate import GenerationConfig, generate
+from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, PrefillConfig
+from vidsight.engine.generate import generate
 from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
@@ -21,7 +21,6 @@ from vidsight.ingest.feed import FrameFeed
 from vidsight.models import load_model
 from vidsight.vision import resize_frames
 
-DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 MAX_QUESTION_CHARS = 20000
 
 
@@ -41,38 +40,6 @@ class AskResult:
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "stats": self.stats.to_dict()}
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedConfig:
-    """How an ask's frames are decoded.
-
-    Attributes:
-        workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
-            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
-        overlap: Prefill each group as soon as its frames are decoded instead of after the
-            whole video (needs ``workers`` >= 1).
-        trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
-            exact).
-        resize_in_decoder: Resize each frame to the model's input size in the decoding thread,
-            with the model's own resize, so the frame buffer holds model-size frames instead of
-            full-size ones (exact for a model on the CPU: the pixels its preprocessing gives; on
-            a GPU preprocessing resizes in float, which can differ by one intensity step).
-        split_cores: While overlapped decoders run, give a model on the CPU only the cores they
-            leave instead of oversubscribing them (`CoreSplit`; exact up to float rounding).
-    """
-
-    workers: int | None = None
-    overlap: bool = True
-    trim_gops: bool = True
-    resize_in_decoder: bool = True
-    split_cores: bool = True
-
-    def __post_init__(self):
-        if self.workers is not None and self.workers < 0:
-            raise ConfigError(f"workers must be 0 (sequential) or more, got {self.workers}")
-        if self.overlap and self.workers == 0:
-            raise ConfigError("overlapping decoding with prefill needs parallel decoding (workers >= 1)")
 
 
 class Asker:

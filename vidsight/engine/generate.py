@@ -2,39 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 
-from vidsight.errors import ConfigError
+from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.kv import KVCache, TokenTable
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationConfig:
-    """How answer tokens are chosen.
-
-    Attributes:
-        max_new_tokens: Stop after this many tokens if no end-of-sequence token came.
-        temperature: 0 for greedy decoding; above 0 samples from the softened distribution.
-        top_p: Nucleus sampling mass (only when sampling).
-        seed: Seeds sampling, so a sampled answer is reproducible.
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if not 1 <= self.max_new_tokens <= 32768:
-            raise ConfigError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 class TokenSampler:

@@ -14,7 +14,8 @@ import torch
 from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
-from vidsight.engine.forward import PrefillConfig, chunk_bounds, forward
+from vidsight.engine.config import PrefillConfig
+from vidsight.engine.forward import chunk_bounds, forward
 from vidsight.engine.stats import StageClock
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import forward
 from vidsight.engine.prefill import plan_video, video_rows
 from vidsight.engine.stats import AskStats, StageClock
@@ -30,8 +31,6 @@ from vidsight.vision.motion import MotionMasker, MotionPruneConfig, group_mask
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
 # deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).
-REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
-ALERT_AFTER = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,22 +1,19 @@
 """Containers and codecs: probing, frame sampling, decoding with codec signals, synthetic videos."""
 
-from vidsight.ingest.decode import DecodeConfig, decode_frames
-from vidsight.ingest.parallel import decode_parallel
-from vidsight.ingest.probe import probe
-from vidsight.ingest.sampling import SamplingConfig, sample_frames
-from vidsight.ingest.synthetic import SyntheticSpec, make_video
-from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
+from vidsight._lazy import lazy_exports
 
-__all__ = [
-    "CodecInfo",
-    "DecodeConfig",
-    "FrameBatch",
-    "SamplingConfig",
-    "SyntheticSpec",
-    "VideoInfo",
-    "decode_frames",
-    "decode_parallel",
-    "make_video",
-    "probe",
-    "sample_frames",
-]
+_EXPORTS = {
+    "DecodeConfig": "vidsight.ingest.decode",
+    "decode_frames": "vidsight.ingest.decode",
+    "decode_parallel": "vidsight.ingest.parallel",
+    "probe": "vidsight.ingest.probe",
+    "SamplingConfig": "vidsight.ingest.sampling",
+    "sample_frames": "vidsight.ingest.sampling",
+    "SyntheticSpec": "vidsight.ingest.synthetic",
+    "make_video": "vidsight.ingest.synthetic",
+    "CodecInfo": "vidsight.ingest.types",
+    "FrameBatch": "vidsight.ingest.types",
+    "VideoInfo": "vidsight.ingest.types",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,7 +1,17 @@
 """The KV cache as data, and the policies that decide what it keeps."""
 
-from vidsight.kv.cache import TEXT, VIDEO, KVCache, TokenTable
-from vidsight.kv.prune import SCORERS, GroupPruner, LayerHook, PruneConfig, QueryRecorder
+from vidsight._lazy import lazy_exports
 
-__all__ = ["GroupPruner", "KVCache", "LayerHook", "PruneConfig", "QueryRecorder", "SCORERS", "TEXT", "TokenTable",
-           "VIDEO"]
+_EXPORTS = {
+    "TEXT": "vidsight.kv.cache",
+    "VIDEO": "vidsight.kv.cache",
+    "KVCache": "vidsight.kv.cache",
+    "TokenTable": "vidsight.kv.cache",
+    "SCORERS": "vidsight.kv.config",
+    "PruneConfig": "vidsight.kv.config",
+    "GroupPruner": "vidsight.kv.prune",
+    "LayerHook": "vidsight.kv.prune",
+    "QueryRecorder": "vidsight.kv.prune",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

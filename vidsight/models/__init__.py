@@ -1,7 +1,14 @@
 """One adapter per VLM family, over the transformers classes and weights."""
 
-from vidsight.models.base import PromptLayout, VisionSpec, VLMAdapter
-from vidsight.models.loading import TASK_MODEL, load_model
-from vidsight.models.tiny import write_tiny_model
+from vidsight._lazy import lazy_exports
 
-__all__ = ["PromptLayout", "VLMAdapter", "VisionSpec", "TASK_MODEL", "load_model", "write_tiny_model"]
+_EXPORTS = {
+    "PromptLayout": "vidsight.models.base",
+    "VisionSpec": "vidsight.models.base",
+    "VLMAdapter": "vidsight.models.base",
+    "TASK_MODEL": "vidsight.models.paths",
+    "load_model": "vidsight.models.loading",
+    "write_tiny_model": "vidsight.models.tiny",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

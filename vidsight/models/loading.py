@@ -23,8 +23,6 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter}
-# vidsight's own small model, trained on generated videos (`vidsight train`), shipped in the repository.
-TASK_MODEL = Path(__file__).resolve().parents[1] / "assets" / "tasks-qwen2.5-vl"
 
 
 def _looks_like_path(name: str) -> bool:

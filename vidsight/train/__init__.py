@@ -1,6 +1,11 @@
 """Training vidsight's small task model on generated videos with known answers."""
 
-from vidsight.train.loop import export_checkpoint, train
-from vidsight.train.recipe import TrainConfig
+from vidsight._lazy import lazy_exports
 
-__all__ = ["TrainConfig", "export_checkpoint", "train"]
+_EXPORTS = {
+    "export_checkpoint": "vidsight.train.loop",
+    "train": "vidsight.train.loop",
+    "TrainConfig": "vidsight.train.config",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -20,7 +20,8 @@ from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.bench.scenes import COLOURS, SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
-from vidsight.train.recipe import TrainConfig, model_config, write_checkpoint
+from vidsight.train.config import TrainConfig
+from vidsight.train.recipe import model_config, write_checkpoint
 from vidsight.train.tokenizer import build_task_tokenizer
 
 log = logging.getLogger(__name__)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 from vidsight.bench.tasks import FRAME
-from vidsight.errors import ConfigError
 from vidsight.models.tiny import save_checkpoint
 
 TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
@@ -16,45 +14,6 @@ TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_att
 VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_hidden_size=128, patch_size=14,
               spatial_merge_size=2, temporal_patch_size=2, window_size=FRAME, fullatt_block_indexes=[3],
               tokens_per_second=2)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Training settings; the defaults are the committed model's recipe.
-
-    Attributes:
-        steps: Optimiser steps.
-        seed: Seeds weights and the order of generated samples.
-        batch: Clips per step (halved for clips longer than 32 frames).
-        lr: Peak learning rate (linear warm-up, cosine decay to a tenth).
-        warmup: Warm-up steps.
-        weight_decay: AdamW weight decay.
-        eval_every: Steps between held-out evaluations and checkpoints.
-        eval_per_family: Held-out clips per family at each evaluation.
-        probes: Further questions about each clip asked as later turns (`probe_questions`).
-        cell_weight: Weight of the training-only per-video-token loss (`loop.TrainingHeads`).
-        key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
-    """
-
-    steps: int = 7000
-    seed: int = 0
-    batch: int = 8
-    lr: float = 2e-3
-    warmup: int = 300
-    weight_decay: float = 0.01
-    eval_every: int = 500
-    eval_per_family: int = 40
-    probes: int = 4
-    cell_weight: float = 1.0
-    key_weight: float = 1.0
-
-    def __post_init__(self):
-        if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
-            raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
-        if self.probes < 0 or self.cell_weight < 0 or self.key_weight < 0:
-            raise ConfigError("probes, cell_weight and key_weight must be non-negative")
-        if not 0 < self.lr < 1:
-            raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
 
 
 def model_config(tokenizer):

@@ -1,0 +1,46 @@
+"""Training settings, apart from the training code, so the command line reads them without loading torch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vidsight.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Training settings; the defaults are the committed model's recipe.
+
+    Attributes:
+        steps: Optimiser steps.
+        seed: Seeds weights and the order of generated samples.
+        batch: Clips per step (halved for clips longer than 32 frames).
+        lr: Peak learning rate (linear warm-up, cosine decay to a tenth).
+        warmup: Warm-up steps.
+        weight_decay: AdamW weight decay.
+        eval_every: Steps between held-out evaluations and checkpoints.
+        eval_per_family: Held-out clips per family at each evaluation.
+        probes: Further questions about each clip asked as later turns (`probe_questions`).
+        cell_weight: Weight of the training-only per-video-token loss (`loop.TrainingHeads`).
+        key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
+    """
+
+    steps: int = 7000
+    seed: int = 0
+    batch: int = 8
+    lr: float = 2e-3
+    warmup: int = 300
+    weight_decay: float = 0.01
+    eval_every: int = 500
+    eval_per_family: int = 40
+    probes: int = 4
+    cell_weight: float = 1.0
+    key_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
+            raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
+        if self.probes < 0 or self.cell_weight < 0 or self.key_weight < 0:
+            raise ConfigError("probes, cell_weight and key_weight must be non-negative")
+        if not 0 < self.lr < 1:
+            raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
