@@ -42,6 +42,59 @@ def test_a_followed_file_is_read_as_it_grows(tmp_path):
     assert source.frames_decoded == 32  # both parts, every frame once
 
 
+def two_parts(tmp_path):
+    spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=4.0, gop=8)
+    write_part(tmp_path / "a.ts", spec, 0, 16)
+    write_part(tmp_path / "b.ts", spec, 16, 32)
+    return (tmp_path / "a.ts").read_bytes(), (tmp_path / "b.ts").read_bytes()
+
+
+def test_a_followed_file_may_start_empty(tmp_path):
+    a, b = two_parts(tmp_path)
+    growing = tmp_path / "live.ts"
+    growing.write_bytes(b"")  # the recorder has just created it
+
+    def recorder():
+        for part in (a[:1000], a[1000:], b):  # the first burst is too short to open
+            time.sleep(0.4)
+            with open(growing, "ab") as f:
+                f.write(part)
+
+    writer = threading.Thread(target=recorder)
+    writer.start()
+    source = StreamSource(growing, fps=2.0, with_motion=False, follow_idle_s=1.5)
+    samples = list(source)
+    writer.join()
+    assert len(samples) == 8 and source.frames_decoded == 32
+
+
+def test_growth_while_a_pass_decodes_is_not_missed(tmp_path):
+    a, b = two_parts(tmp_path)
+    growing = tmp_path / "live.ts"
+    growing.write_bytes(a)
+
+    class AppendsDuringFirstPass(StreamSource):
+        appended = False
+
+        def _decoded(self, resume_after):
+            yield from super()._decoded(resume_after)
+            if not self.appended:  # the recorder's next burst lands as this pass ends
+                self.appended = True
+                with open(growing, "ab") as f:
+                    f.write(b)
+
+    source = AppendsDuringFirstPass(growing, fps=2.0, with_motion=False, follow_idle_s=0.3)
+    assert len(list(source)) == 8 and source.frames_decoded == 32
+
+
+@pytest.mark.parametrize("idle", [0.0, -1.0])
+def test_a_follow_time_that_is_not_positive_is_refused(make_test_video, idle):
+    from vidsight.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="follow"):
+        StreamSource(make_test_video(duration_s=1.0)[0], fps=2.0, follow_idle_s=idle)
+
+
 def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_video, monkeypatch):
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
     real_open = av.open

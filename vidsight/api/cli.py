@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ask.add_argument("--meter-memory", action="store_true",
+                     help="record prefill's peak tensor memory on the CPU too (slower; always on with CUDA)")
     add_prefill_options(ask)
     add_feed_options(ask)
 
@@ -154,7 +156,7 @@ def _run_ask(args) -> int:
     sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed)
-    result = Asker(args.model, device=args.device).ask(args.video, args.question, sampling, generation,
+    result = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None).ask(args.video, args.question, sampling, generation,
                                                        prefill_config(args), feed_config(args),
                                                        progress=sys.stderr.isatty() and not args.json)
     if args.json:
@@ -327,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`vidsight watch ... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from vidsight.models import load_model
 from vidsight.vision import resize_frames
 
 MAX_QUESTION_CHARS = 20000
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,14 +52,15 @@ class Asker:
         model: A Hugging Face id, a checkpoint directory, or an already loaded adapter.
         device: Where to run (default: CUDA when available).
         dtype: Weight dtype (default: bfloat16 on CUDA, float32 on CPU).
-        meter_memory: Record each request's peak prefill memory (``prefill_peak_bytes``); on the
-            CPU this watches every tensor operation, so it is meant for benchmarks.
+        meter_memory: Record each request's peak prefill memory (``prefill_peak_bytes``). The
+            default meters on CUDA, where the allocator counts for free, and not on the CPU,
+            where it watches every tensor operation and so slows prefill (benchmarks turn it on).
     """
 
     def __init__(self, model=DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None,
-                 meter_memory: bool = False):
+                 meter_memory: bool | None = None):
         self.adapter = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, Path)) else model
-        self.meter_memory = meter_memory
+        self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
 
     def ask(
         self,
@@ -126,8 +130,13 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
+        cpus = os.cpu_count() or 1
         workers = feed_config.workers
-        decoders = (os.cpu_count() or 1) if workers is None else workers
+        if workers is not None and workers > cpus:
+            # Single-threaded decoders beyond the cores only add decoder state and contention.
+            log.warning("%d decoders asked for on %d CPUs; using %d", workers, cpus, cpus)
+            workers = cpus
+        decoders = cpus if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
         if feed_config.resize_in_decoder:
             size = plan_video(self.adapter, len(indices), info.height, info.width).size

@@ -17,6 +17,7 @@ from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import PrefillConfig
 from vidsight.engine.forward import chunk_bounds, forward
 from vidsight.engine.stats import StageClock
+from vidsight.errors import ConfigError
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
@@ -96,6 +97,9 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
         progress: Show a progress bar over groups.
         cores: Told before each group's vision and prefill stages whether ``feed`` is still decoding.
     """
+    if config.prune.start_layer >= adapter.num_layers:
+        raise ConfigError(f"prune start layer {config.prune.start_layer} is past the model's last layer "
+                          f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
     with clock.memory():
         return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress,
                                cores)

@@ -37,7 +37,8 @@ class AskStats:
         fill_s: From the start until the first group's frames were decoded (probing and
             sampling included): the part of decoding that prefill cannot overlap.
         prefill_peak_bytes: Most tensor memory alive at once during preprocess, vision and
-            prefill, above what existed before (weights, frames); 0 unless metered.
+            prefill, above what existed before (weights, frames); ``None`` when not metered
+            (`Asker`'s ``meter_memory``).
         stages_s: Seconds per stage: decode, preprocess, vision, prefill, generate.
         wall_s: Seconds from start to answer.
         peak_memory_bytes: Peak device memory on CUDA, else the process's peak resident memory.
@@ -58,7 +59,7 @@ class AskStats:
     first_group_s: float = 0.0
     last_group_s: float = 0.0
     fill_s: float = 0.0
-    prefill_peak_bytes: int = 0
+    prefill_peak_bytes: int | None = None
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_s: float = 0.0
     peak_memory_bytes: int = 0

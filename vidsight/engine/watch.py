@@ -109,10 +109,12 @@ class Watcher:
         if not query.strip():
             raise ConfigError("the query is empty")
         tp = adapter.vision.temporal_patch_size
-        if config.refresh != "full-comp" and config.windows.stride_frames % tp:
+        windows = config.windows
+        if config.refresh != "full-comp" and windows.stride_frames % tp:
             raise ConfigError(f"KV reuse needs a stride of whole temporal patches ({tp} frames); a "
-                              f"{config.windows.window_s:g} s window at {config.windows.fps:g} fps with stride "
-                              f"{config.windows.stride_fraction:g} gives {config.windows.stride_frames} frames")
+                              f"{windows.window_s:g} s window at {windows.fps:g} fps with stride "
+                              f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
+                              f"{_nearest_strides(windows, tp)}")
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
         self._previous: _Window | None = None
@@ -140,7 +142,9 @@ class Watcher:
             logits, reused, refreshed, tokens, kept = self._prefill(frames, clock)
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
-        return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=frames[-1].pts_s, answer=answer,
+        # A window spans its frames' sample intervals: the last one lasts until the next sample.
+        end_s = frames[-1].pts_s + 1.0 / self.config.windows.fps
+        return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=end_s, answer=answer,
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
                              visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused, refreshed_tokens=refreshed,
                              stages_s=dict(clock.stats.stages_s), logits=logits)
@@ -282,3 +286,14 @@ def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor,
                                               attn_mask=mask, enable_gqa=True)
         hidden = adapter.finish_layer(layer, hidden, attn)
     return len(slots)
+
+
+def _nearest_strides(windows, temporal_patch: int) -> str:
+    """The workable stride fractions nearest the requested one, as advice for an error message."""
+    options = range(temporal_patch, windows.window_frames + 1, temporal_patch)
+    if not options:
+        return f"the window itself is shorter than {temporal_patch} frames"
+    wanted = windows.window_frames * windows.stride_fraction
+    best = sorted(options, key=lambda frames: abs(frames - wanted))[:2]
+    return "use " + " or ".join(f"--stride {frames / windows.window_frames:.4g} ({frames} frames)"
+                                for frames in sorted(best))

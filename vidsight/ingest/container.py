@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,17 +12,47 @@ import av
 
 from vidsight.errors import VideoError
 
+# The largest frame side decoded: 8K, the largest video FFmpeg's common decoders are used for; a
+# larger header is damaged or hostile, and one frame of it would take gigabytes.
+MAX_FRAME_SIDE = 8192
 
-def check_readable(path: str | Path) -> Path:
-    """Reject paths that cannot hold a video before FFmpeg sees them."""
+
+def check_readable(path: str | Path, allow_empty: bool = False) -> Path:
+    """Reject paths that cannot hold a video before FFmpeg sees them.
+
+    Args:
+        path: The file.
+        allow_empty: Accept a file of 0 bytes (one a recorder has just created, to be followed).
+    """
     path = Path(path)
-    if not path.exists():
-        raise VideoError(f"{path}: no such file")
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise VideoError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise VideoError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
         raise VideoError(f"{path}: is a directory, not a video file")
-    if path.stat().st_size == 0:
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise VideoError(f"{path}: is {kind}; vidsight reads a video file more than once, so it needs a regular file")
+    if not os.access(path, os.R_OK):
+        raise VideoError(f"{path}: permission denied")
+    if path.stat().st_size == 0 and not allow_empty:
         raise VideoError(f"{path}: file is empty (0 bytes)")
     return path
+
+
+def open_error(path: str | Path, exc: av.error.FFmpegError) -> VideoError:
+    """A `VideoError` for a file FFmpeg would not open, saying what FFmpeg said."""
+    if isinstance(exc, av.error.InvalidDataError):
+        return VideoError(f"{path}: not a readable video file (FFmpeg does not recognise its format, or its "
+                          "header is damaged)")
+    # FFmpeg returns errno-like codes for headers it rejects (an impossible frame size comes back
+    # as "Device or resource busy"), so the code's own text would mislead.
+    return VideoError(f"{path}: FFmpeg cannot open it: its header is damaged or declares values FFmpeg "
+                      f"rejects ({exc.strerror or exc})")
 
 
 @contextlib.contextmanager
@@ -35,7 +67,7 @@ def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, 
     try:
         container = av.open(str(path), mode="r")
     except av.error.FFmpegError as exc:
-        raise VideoError(f"{path}: not a readable video file ({exc.strerror or exc})") from exc
+        raise open_error(path, exc) from exc
     try:
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams}) or ["nothing"]
@@ -43,6 +75,10 @@ def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, 
         stream = container.streams.video[0]
         if stream.codec_context is None or stream.codec_context.name is None:
             raise VideoError(f"{path}: video stream uses a codec FFmpeg cannot decode")
+        width, height = stream.codec_context.width, stream.codec_context.height
+        if not (0 <= width <= MAX_FRAME_SIDE and 0 <= height <= MAX_FRAME_SIDE):
+            raise VideoError(f"{path}: declares a {width}x{height} frame; vidsight decodes at most "
+                             f"{MAX_FRAME_SIDE} pixels a side")
         yield container, stream
     finally:
         container.close()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import open_video
+from vidsight.ingest.container import MAX_FRAME_SIDE, open_video
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.probe import probe
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
 # Codecs whose FFmpeg decoder honours export_mvs.
 MOTION_VECTOR_CODECS = frozenset({"h264"})
-MAX_DECODE_SIDE = 8192
 THREAD_MODES = ("AUTO", "FRAME", "SLICE", "NONE")
 
 
@@ -66,8 +65,8 @@ class DecodeConfig:
             raise ConfigError(f"threads must be one of {', '.join(THREAD_MODES)}, got {self.threads!r}")
         if self.size is not None:
             h, w = self.size
-            if not (0 < h <= MAX_DECODE_SIDE and 0 < w <= MAX_DECODE_SIDE):
-                raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_DECODE_SIDE} per side")
+            if not (0 < h <= MAX_FRAME_SIDE and 0 < w <= MAX_FRAME_SIDE):
+                raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_FRAME_SIDE} per side")
         if self.resize is not None and self.size is None:
             raise ConfigError("a resize function needs the size to resize to")
 

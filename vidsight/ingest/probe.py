@@ -11,6 +11,10 @@ from vidsight.errors import VideoError
 from vidsight.ingest.container import open_video
 from vidsight.ingest.types import VideoInfo
 
+# How long a lone frame lasts when the stream declares no rate; also the shortest duration, so
+# every video has a positive one.
+ONE_FRAME_S = 0.04
+
 
 def probe(path: str | Path) -> VideoInfo:
     """Read a file's video stream layout from its packets.
@@ -49,9 +53,13 @@ def probe(path: str | Path) -> VideoInfo:
         pts_s = pts_sorted.astype(np.float64) * float(time_base)
         keyframe_indices = np.flatnonzero(is_key)
         gop_sizes = np.diff(np.append(keyframe_indices, len(pts_s)))
-        frame_step = float(np.median(np.diff(pts_s))) if len(pts_s) > 1 else 0.0
-        duration = float(pts_s[-1] - pts_s[0]) + frame_step
-        average_fps = float(stream.average_rate) if stream.average_rate else (len(pts_s) / duration if duration else 0.0)
+        rate = float(stream.average_rate or stream.guessed_rate or 0)
+        if len(pts_s) > 1:
+            frame_step = float(np.median(np.diff(pts_s)))
+        else:  # one frame (a still image, a one-frame clip): it lasts one frame at the declared rate
+            frame_step = 1.0 / rate if rate > 0 else ONE_FRAME_S
+        duration = max(float(pts_s[-1] - pts_s[0]) + frame_step, ONE_FRAME_S)
+        average_fps = rate or len(pts_s) / duration
         return VideoInfo(
             path=Path(path),
             codec=stream.codec_context.name,

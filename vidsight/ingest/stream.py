@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import check_readable
+from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
 from vidsight.ingest.motion import intra_blocks, motion_map
 from vidsight.ingest.types import CodecInfo, FrameBatch
@@ -86,15 +86,18 @@ class StreamSource:
         with_motion: Collect H.264 motion vectors (for motion-guided pruning).
         reconnect_tries: Reopen a network stream this many times after it drops (0 for files).
         follow_idle_s: Keep reading a file that grows; stop once it has not grown for this long
-            (None: read it once).
+            (None: read it once). A followed file may start empty or with an incomplete header,
+            as a recorder has just created it.
     """
 
     def __init__(self, source: str | Path, fps: float, realtime: bool = False, with_motion: bool = True,
                  reconnect_tries: int = 5, follow_idle_s: float | None = None):
         self.source = str(source)
         self.network = self.source.startswith(NETWORK_SCHEMES)
+        if follow_idle_s is not None and not follow_idle_s > 0:
+            raise ConfigError(f"follow idle time must be positive seconds, got {follow_idle_s}")
         if not self.network:
-            check_readable(self.source)
+            check_readable(self.source, allow_empty=follow_idle_s is not None)
         self.fps, self.realtime, self.with_motion = fps, realtime, with_motion
         self.reconnect_tries = reconnect_tries if self.network else 0
         self.follow_idle_s = None if self.network else follow_idle_s
@@ -104,6 +107,7 @@ class StreamSource:
         attempt, sampled, resume_after, motion, intra = 0, 0, -math.inf, None, None
         origin = None  # the first frame's time: streams rarely start at 0
         while True:
+            size = self._size()  # before reading: growth while decoding counts as growth
             try:
                 for frame, index, pts_s, kind, gop, (step, new) in self._decoded(resume_after):
                     motion = step if motion is None or step is None else np.maximum(motion, step)
@@ -115,9 +119,15 @@ class StreamSource:
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
                     yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion, intra))
                     sampled, motion, intra = sampled + 1, None, None
-                if not self._grew():
+                if not self._grew(size):
                     return
-            except (av.error.FFmpegError, OSError) as exc:
+            except (VideoError, av.error.FFmpegError, OSError) as exc:
+                # A followed file's growing edge (too short to open yet, a packet half written):
+                # read on once the recorder has written more.
+                if self.follow_idle_s is not None and self._grew(size):
+                    continue
+                if isinstance(exc, VideoError):
+                    raise
                 if attempt >= self.reconnect_tries:
                     raise VideoError(f"{self.source}: stream failed ({exc})") from exc
                 wait = min(30.0, 2.0 ** attempt)
@@ -125,17 +135,20 @@ class StreamSource:
                 time.sleep(wait)
                 attempt += 1
 
-    def _grew(self) -> bool:
-        """For a followed file: wait until it grows (True) or stays idle for ``follow_idle_s`` (False)."""
+    def _size(self) -> int:
+        return 0 if self.network else Path(self.source).stat().st_size
+
+    def _grew(self, size: int) -> bool:
+        """For a followed file: whether it is, or within ``follow_idle_s`` becomes, larger than ``size`` bytes."""
         if self.follow_idle_s is None:
             return False
-        size, waited = Path(self.source).stat().st_size, 0.0
-        while waited < self.follow_idle_s:
-            time.sleep(0.2)
-            waited += 0.2
-            if Path(self.source).stat().st_size != size:
+        deadline = time.monotonic() + self.follow_idle_s
+        while True:
+            if self._size() != size:
                 return True
-        return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.1, self.follow_idle_s))
 
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop, (motion, intra))`` of every frame after ``resume_after`` s."""
@@ -144,7 +157,7 @@ class StreamSource:
         except av.error.FFmpegError as exc:
             if self.network:
                 raise
-            raise VideoError(f"{self.source}: not a readable video file ({exc.strerror or exc})") from exc
+            raise open_error(self.source, exc) from exc
         with container:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")

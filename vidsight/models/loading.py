@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from vidsight.errors import ConfigError, ModelError
 from vidsight.models.base import VisionSpec
@@ -124,8 +125,9 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{name}: cannot load weights or tokenizer ({str(exc).splitlines()[0]})") from exc
+    except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupt files
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"{name}: cannot load weights or tokenizer ({first_line})") from exc
     model.to(device).eval()
     eos = set()
     try:

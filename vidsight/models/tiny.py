@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vidsight.errors import ConfigError
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD
 
 # Qwen2-VL's special tokens, in their published order.
@@ -111,7 +112,12 @@ def save_checkpoint(directory: str | Path, model, tokenizer, min_pixels: int, ma
     from transformers import GenerationConfig
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"{directory}: exists and is not a directory; name a new or existing directory") from None
+    except OSError as exc:
+        raise ConfigError(f"{directory}: cannot create the checkpoint directory ({exc.strerror or exc})") from None
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)  # also writes chat_template.jinja
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
