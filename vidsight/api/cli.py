@@ -131,6 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_watch.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_watch.add_argument("--json", action="store_true", help="print the JSON report")
 
+    fuzz = bench_commands.add_parser("fuzz", parents=[common],
+                                     help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
+    fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
+    fuzz.add_argument("--seed", type=int, default=0, help="seeds the damage (default: 0)")
+    fuzz.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint ask loads (default: {TASK_MODEL})")
+    fuzz.add_argument("--workers", type=int, default=None, help="commands at once (default: CPU count)")
+    fuzz.add_argument("--time-limit", type=_float, default=60.0, help="seconds before a run counts as a hang (default: 60)")
+    fuzz.add_argument("--out", default="out/bench", help="the JSON report goes here (default: out/bench)")
+    fuzz.add_argument("--json", action="store_true", help="print the JSON report")
+
     train = add("train", help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
     train.add_argument("--steps", type=int, default=TrainConfig.steps)
@@ -228,6 +238,8 @@ def _run_bench(args) -> int:
         return _run_bench_ask(args)
     if args.bench_command == "watch":
         return _run_bench_watch(args)
+    if args.bench_command == "fuzz":
+        return _run_bench_fuzz(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
@@ -279,6 +291,22 @@ def _run_bench_watch(args) -> int:
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0
+
+
+def _run_bench_fuzz(args) -> int:
+    from vidsight.bench.fuzz import format_fuzz_report, run_fuzz, summarise
+
+    if args.cases < 1 or args.time_limit <= 0 or (args.workers is not None and args.workers < 1):
+        raise ConfigError("--cases, --workers and --time-limit must be positive")
+    outcomes = run_fuzz(args.cases, args.seed, args.model, workers=args.workers or os.cpu_count() or 1,
+                        time_limit_s=args.time_limit, progress=sys.stderr.isatty() and not args.json)
+    report = {"seed": args.seed, **summarise(outcomes)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"fuzz-seed{args.seed}.json"
+    json_path.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report) if args.json else f"{format_fuzz_report(report)}\n\n{json_path}")
+    return 0 if not report["failures"] else 1
 
 
 def _run_train(args) -> int:

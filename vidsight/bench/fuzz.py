@@ -1,0 +1,240 @@
+"""The fuzz benchmark: damaged and hostile inputs through `vidsight probe` and `vidsight ask`.
+
+Every run must end in exit status 0 (what was valid decoded, losses counted) or 2 (one message
+naming the input and the problem): a traceback, another status, a run past the time limit or a
+gigabyte of memory is a failure. Each command runs in a child forked from a parent that has
+already imported vidsight, torch and transformers, so a case costs its own work and not three
+seconds of imports; the child's peak resident memory (from `wait4`) includes those libraries,
+as a real `vidsight` process would.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import resource
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vidsight.bench.damage import Case, make_case, make_sources
+
+TIME_LIMIT_S = 60.0
+MEMORY_LIMIT_BYTES = 2**30
+QUESTION = "What happens in the video?"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one command ended on one case.
+
+    Attributes:
+        case: The input.
+        command: ``probe`` or ``ask``.
+        exit_code: The process's exit status (-9 when killed at the time limit).
+        verdict: ``exit 0``, ``exit 2``, ``traceback``, ``hang``, ``other exit``, ``memory`` (over
+            `MEMORY_LIMIT_BYTES`) or ``unnamed`` (exit 2 without naming the input).
+        seconds: Wall time of the command.
+        peak_rss_bytes: The process's peak resident memory.
+        message: The last line the command wrote to stderr.
+    """
+
+    case: Case
+    command: str
+    exit_code: int
+    verdict: str
+    seconds: float
+    peak_rss_bytes: int
+    message: str
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict not in ("exit 0", "exit 2")
+
+
+def command_line(command: str, path: str, model: str) -> list[str]:
+    if command == "probe":
+        return ["probe", path, "--json"]
+    return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
+
+
+def _child(argv: list[str], log_path: str) -> None:
+    """Runs in the forked child: the command line as `vidsight` runs it, output to ``log_path``."""
+    import logging
+    import sys
+    import traceback
+
+    import torch
+
+    from vidsight.api.cli import main
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    # A fresh process's streams and logging, whatever the parent had replaced them with (pytest does).
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    logging.root.handlers.clear()
+    torch.set_num_threads(1)  # cases run side by side, one per core
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # what the interpreter would print for an uncaught exception
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str:
+    if timed_out:
+        return "hang"
+    if "Traceback (most recent call last)" in log:
+        return "traceback"
+    if code not in (0, 2):
+        return "other exit"
+    if peak > MEMORY_LIMIT_BYTES:
+        return "memory"
+    if code == 2 and path not in log:
+        return "unnamed"  # a refusal must say which input it refuses
+    return f"exit {code}"
+
+
+def _warm_imports() -> None:
+    """Import what `ask` needs once in the parent, before forking (no torch work: forked OpenMP is unsafe)."""
+    import transformers  # noqa: F401
+
+    import vidsight.api.cli  # noqa: F401
+    import vidsight.engine.ask  # noqa: F401
+    from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: F401
+
+
+def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None = None, workers: int = 2,
+             commands: tuple[str, ...] = ("probe", "ask"), time_limit_s: float = TIME_LIMIT_S,
+             progress: bool = False) -> list[Outcome]:
+    """Make ``cases`` inputs from ``seed`` and run each command on each, ``workers`` at a time.
+
+    Args:
+        cases: Inputs to make.
+        seed: Seeds which damage, where and how much: the same seed makes the same inputs.
+        model: The checkpoint `ask` loads (a small one keeps the run about damage, not compute).
+        root: Where inputs go (default: a temporary directory, removed afterwards).
+        workers: Commands running at once.
+        commands: Which of ``probe`` and ``ask`` to run.
+        time_limit_s: A command still running after this long is killed and counted as a hang.
+        progress: Show a progress bar.
+    """
+    with tempfile.TemporaryDirectory(prefix="vidsight-fuzz-") as scratch:
+        base = Path(root) if root is not None else Path(scratch)
+        sources = make_sources(base / "sources")
+        inputs = base / f"seed-{seed}"
+        inputs.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        made = [make_case(k, inputs, sources, rng) for k in range(cases)]
+        _warm_imports()
+        jobs = collections.deque((case, command) for case in made for command in commands)
+        running: dict[int, tuple[Case, str, float, str]] = {}
+        outcomes: list[Outcome] = []
+        with tqdm(total=len(jobs), desc="fuzz", unit="run", disable=not progress) as bar:
+            while jobs or running:
+                while jobs and len(running) < workers:
+                    case, command = jobs.popleft()
+                    log_path = str(Path(scratch) / f"{case.name}-{command}.log")
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(command_line(command, case.path, str(model)), log_path)
+                    running[pid] = (case, command, time.monotonic(), log_path)
+                outcomes.extend(_reap(running, time_limit_s))
+                bar.update(len(outcomes) - bar.n)
+        return outcomes
+
+
+def _reap(running: dict[int, tuple[Case, str, float, str]], time_limit_s: float) -> list[Outcome]:
+    """Collect the children that ended, killing those past the time limit."""
+    done = []
+    while True:
+        pid, status, usage = os.wait4(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        if pid in running:  # not some other child of this process
+            done.append(_outcome(running.pop(pid), status, usage, timed_out=False))
+        if not running:
+            break
+    now = time.monotonic()
+    for pid, (case, command, started, log_path) in list(running.items()):
+        if now - started > time_limit_s:
+            os.kill(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            done.append(_outcome(running.pop(pid), status, usage, timed_out=True))
+    if not done:
+        time.sleep(0.01)
+    return done
+
+
+def _outcome(job: tuple[Case, str, float, str], status: int, usage: resource.struct_rusage,
+             timed_out: bool) -> Outcome:
+    case, command, started, log_path = job
+    seconds = time.monotonic() - started
+    code = os.waitstatus_to_exitcode(status)
+    log = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    peak = usage.ru_maxrss * 1024  # Linux reports KiB
+    lines = [line for line in log.splitlines() if line.strip()]
+    return Outcome(case, command, code, _classify(code, log, case.path, timed_out, peak), seconds, peak,
+                   lines[-1][:300] if lines else "")
+
+
+def summarise(outcomes: list[Outcome]) -> dict:
+    """Counts per damage kind and command, the worst time and memory, and every failure."""
+    rows: dict[str, dict] = {}
+    for outcome in outcomes:
+        row = rows.setdefault(outcome.case.kind, collections.Counter())
+        row["runs"] += 1
+        row[outcome.verdict] += 1
+        row["max_s"] = max(row["max_s"], outcome.seconds)
+        row["max_rss_mib"] = max(row["max_rss_mib"], outcome.peak_rss_bytes / 2**20)
+    total = collections.Counter(o.verdict for o in outcomes)
+    return {
+        "runs": len(outcomes),
+        "cases": len({o.case.name for o in outcomes}),
+        "verdicts": dict(total),
+        "max_s": max((o.seconds for o in outcomes), default=0.0),
+        "max_rss_mib": max((o.peak_rss_bytes for o in outcomes), default=0) / 2**20,
+        "by_kind": {kind: dict(row) for kind, row in sorted(rows.items())},
+        "sample_messages": _sample_messages(outcomes),
+        "failures": [{"case": o.case.name, "path": o.case.path, "command": o.command, "verdict": o.verdict,
+                      "exit_code": o.exit_code, "message": o.message} for o in outcomes if o.failed],
+    }
+
+
+def _sample_messages(outcomes: list[Outcome], per_kind: int = 3) -> dict[str, list[str]]:
+    """A few distinct refusals per damage kind, with the case's own name replaced, to read what users see."""
+    samples: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        if outcome.verdict == "exit 2":
+            text = outcome.message.replace(outcome.case.path, "INPUT")
+            kept = samples.setdefault(outcome.case.kind, [])
+            if text not in kept and len(kept) < per_kind:
+                kept.append(text)
+    return samples
+
+
+def format_fuzz_report(report: dict) -> str:
+    columns = ("exit 0", "exit 2", "traceback", "hang", "other exit", "memory", "unnamed")
+    lines = [f"{'damage':<18} {'runs':>5} " + " ".join(f"{c:>10}" for c in columns) + f" {'max s':>7} {'max MiB':>8}"]
+    for kind, row in report["by_kind"].items():
+        lines.append(f"{kind:<18} {row['runs']:>5} " + " ".join(f"{row.get(c, 0):>10}" for c in columns)
+                     + f" {row['max_s']:>7.1f} {row['max_rss_mib']:>8.0f}")
+    total = report["verdicts"]
+    lines.append(f"{'all':<18} {report['runs']:>5} " + " ".join(f"{total.get(c, 0):>10}" for c in columns)
+                 + f" {report['max_s']:>7.1f} {report['max_rss_mib']:>8.0f}")
+    for failure in report["failures"][:20]:
+        lines.append(f"FAILED {failure['case']} {failure['command']}: {failure['verdict']} "
+                     f"(exit {failure['exit_code']}): {failure['message']}")
+    return "\n".join(lines)
