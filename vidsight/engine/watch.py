@@ -142,8 +142,9 @@ class Watcher:
             logits, reused, refreshed, tokens, kept = self._prefill(frames, clock)
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
-        # A window spans its frames' sample intervals: the last one lasts until the next sample.
-        end_s = frames[-1].pts_s + 1.0 / self.config.windows.fps
+        # A window spans one sample interval per frame, from its first frame on (its last frame
+        # stands for the interval up to the next sample).
+        end_s = frames[0].pts_s + len(frames) / self.config.windows.fps
         return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=end_s, answer=answer,
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
                              visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused, refreshed_tokens=refreshed,
