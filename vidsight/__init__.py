@@ -11,32 +11,9 @@ Names load their modules on first use, so ``import vidsight`` alone does not loa
 
 from vidsight._lazy import lazy_exports
 
-_EXPORTS = {
-    "AskResult": "vidsight.engine",
-    "AskStats": "vidsight.engine",
-    "Asker": "vidsight.engine",
-    "FeedConfig": "vidsight.engine",
-    "GenerationConfig": "vidsight.engine",
-    "PrefillConfig": "vidsight.engine",
-    "PruneConfig": "vidsight.engine",
-    "ask": "vidsight.engine",
-    "ConfigError": "vidsight.errors",
-    "ModelError": "vidsight.errors",
-    "VideoError": "vidsight.errors",
-    "VidsightError": "vidsight.errors",
-    "CodecInfo": "vidsight.ingest",
-    "DecodeConfig": "vidsight.ingest",
-    "FrameBatch": "vidsight.ingest",
-    "SamplingConfig": "vidsight.ingest",
-    "SyntheticSpec": "vidsight.ingest",
-    "VideoInfo": "vidsight.ingest",
-    "decode_frames": "vidsight.ingest",
-    "decode_parallel": "vidsight.ingest",
-    "make_video": "vidsight.ingest",
-    "probe": "vidsight.ingest",
-    "sample_frames": "vidsight.ingest",
-    "load_model": "vidsight.models",
-    "write_tiny_model": "vidsight.models",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "vidsight.engine": ("AskResult", "AskStats", "Asker", "FeedConfig", "GenerationConfig", "PrefillConfig", "PruneConfig", "ask"),
+    "vidsight.errors": ("ConfigError", "ModelError", "VideoError", "VidsightError"),
+    "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FrameBatch", "SamplingConfig", "SyntheticSpec", "VideoInfo", "decode_frames", "decode_parallel", "make_video", "probe", "sample_frames"),
+    "vidsight.models": ("load_model", "write_tiny_model"),
+})

@@ -12,8 +12,9 @@ import types
 from collections.abc import Callable
 
 
-def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``, resolving each name in ``exports`` from its module.
+def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]
+                 ) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
+    """``__getattr__``, ``__dir__`` and ``__all__`` for ``package``, each public name loaded from its module.
 
     A public name that is also a submodule's name (``vidsight.ingest.probe``, the function in
     ``vidsight/ingest/probe.py``) stays the function: importing the submodule binds the package
@@ -21,8 +22,9 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
 
     Args:
         package: The package's ``__name__``.
-        exports: Public name -> the module that defines it.
+        modules: Each defining module -> the public names it gives the package.
     """
+    exports = {name: source for source, names in modules.items() for name in names}
     module = sys.modules[package]
     namespace = module.__dict__
 
@@ -44,4 +46,4 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(exports))
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(exports)

@@ -32,3 +32,25 @@ def test_gop_index_of_frames(make_test_video):
     path, _ = make_test_video(fps=24, duration_s=2.0, gop=10)
     info = probe(path)
     np.testing.assert_array_equal(info.gop_index_of(np.array([0, 9, 10, 47])), [0, 0, 1, 4])
+
+
+def test_a_stream_appearing_mid_file_ends_the_demux_like_damage(make_test_video, monkeypatch, caplog):
+    """PyAV raises IndexError for a packet of a stream it did not list (damaged bytes in MPEG-TS)."""
+    import av
+
+    from vidsight.ingest import DecodeConfig, decode_frames
+
+    path, _ = make_test_video(duration_s=2.0, gop=12)
+    real_demux = av.container.InputContainer.demux
+
+    def breaks_after_30(self, *args, **kwargs):
+        for k, packet in enumerate(real_demux(self, *args, **kwargs)):
+            if k == 30:
+                raise IndexError("list index out of range")
+            yield packet
+
+    monkeypatch.setattr(av.container.InputContainer, "demux", breaks_after_30)
+    info = probe(path)
+    assert 0 < info.frame_count <= 30 and "container damaged" in caplog.text
+    batch = decode_frames(path, None, DecodeConfig(), info)
+    assert 0 < len(batch) <= info.frame_count

@@ -2,18 +2,11 @@
 
 from vidsight._lazy import lazy_exports
 
-_EXPORTS = {
-    "DecodeConfig": "vidsight.ingest.decode",
-    "decode_frames": "vidsight.ingest.decode",
-    "decode_parallel": "vidsight.ingest.parallel",
-    "probe": "vidsight.ingest.probe",
-    "SamplingConfig": "vidsight.ingest.sampling",
-    "sample_frames": "vidsight.ingest.sampling",
-    "SyntheticSpec": "vidsight.ingest.synthetic",
-    "make_video": "vidsight.ingest.synthetic",
-    "CodecInfo": "vidsight.ingest.types",
-    "FrameBatch": "vidsight.ingest.types",
-    "VideoInfo": "vidsight.ingest.types",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "vidsight.ingest.decode": ("DecodeConfig", "decode_frames"),
+    "vidsight.ingest.parallel": ("decode_parallel",),
+    "vidsight.ingest.probe": ("probe",),
+    "vidsight.ingest.sampling": ("SamplingConfig", "sample_frames"),
+    "vidsight.ingest.synthetic": ("SyntheticSpec", "make_video"),
+    "vidsight.ingest.types": ("CodecInfo", "FrameBatch", "VideoInfo"),
+})

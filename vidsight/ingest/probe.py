@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
+import logging
+
 import numpy as np
 
 from vidsight.errors import VideoError
 from vidsight.ingest.container import open_video
+from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import VideoInfo
+
+log = logging.getLogger(__name__)
 
 # How long a lone frame lasts when the stream declares no rate; also the shortest duration, so
 # every video has a positive one.
@@ -36,10 +40,12 @@ def probe(path: str | Path) -> VideoInfo:
                     continue
                 pts.append(packet.pts)
                 keyframe.append(packet.is_keyframe)
-        except av.error.FFmpegError as exc:
+        except DEMUX_ERRORS as exc:
             if not pts:
-                raise VideoError(f"{path}: cannot read video packets ({exc.strerror or exc})") from exc
-            # A damaged tail: keep the packets read so far; decoding reports the loss.
+                raise VideoError(f"{path}: cannot read video packets ({getattr(exc, 'strerror', None) or exc})") from exc
+            # A damaged container: keep the packets read so far, and say the rest is not read.
+            log.warning("%s: container damaged after %d video packets; the rest of the file is not read (%s)",
+                        path, len(pts), exc)
         if not pts:
             raise VideoError(f"{path}: the video stream holds no frames")
         decode_order_pts = np.asarray(pts, dtype=np.int64)

@@ -20,6 +20,10 @@ from vidsight.ingest.types import VideoInfo
 
 log = logging.getLogger(__name__)
 
+# What demuxing a damaged container raises: FFmpeg's errors, and PyAV's IndexError for a packet
+# of a stream that appeared mid-file (damaged bytes read as a new stream).
+DEMUX_ERRORS = (av.error.FFmpegError, IndexError)
+
 
 def demux_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream
                   ) -> Iterator[av.Packet]:
@@ -30,7 +34,7 @@ def demux_packets(container: av.container.InputContainer, stream: av.video.strea
             packet = next(demux)
         except StopIteration:
             return
-        except av.error.FFmpegError as exc:
+        except DEMUX_ERRORS as exc:
             log.warning("%s: container damaged, stopping demux (%s)", container.name, exc)
             return
         if packet.size:

@@ -24,6 +24,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
+from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.motion import intra_blocks, motion_map
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -121,7 +122,7 @@ class StreamSource:
                     sampled, motion, intra = sampled + 1, None, None
                 if not self._grew(size):
                     return
-            except (VideoError, av.error.FFmpegError, OSError) as exc:
+            except (VideoError, OSError, *DEMUX_ERRORS) as exc:
                 # A followed file's growing edge (too short to open yet, a packet half written):
                 # read on once the recorder has written more.
                 if self.follow_idle_s is not None and self._grew(size):

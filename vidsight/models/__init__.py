@@ -2,13 +2,9 @@
 
 from vidsight._lazy import lazy_exports
 
-_EXPORTS = {
-    "PromptLayout": "vidsight.models.base",
-    "VisionSpec": "vidsight.models.base",
-    "VLMAdapter": "vidsight.models.base",
-    "TASK_MODEL": "vidsight.models.paths",
-    "load_model": "vidsight.models.loading",
-    "write_tiny_model": "vidsight.models.tiny",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "vidsight.models.base": ("PromptLayout", "VisionSpec", "VLMAdapter"),
+    "vidsight.models.paths": ("TASK_MODEL",),
+    "vidsight.models.loading": ("load_model",),
+    "vidsight.models.tiny": ("write_tiny_model",),
+})

@@ -2,10 +2,7 @@
 
 from vidsight._lazy import lazy_exports
 
-_EXPORTS = {
-    "export_checkpoint": "vidsight.train.loop",
-    "train": "vidsight.train.loop",
-    "TrainConfig": "vidsight.train.config",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "vidsight.train.loop": ("export_checkpoint", "train"),
+    "vidsight.train.config": ("TrainConfig",),
+})
