@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_watch.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_watch.add_argument("--json", action="store_true", help="print the JSON report")
 
+    containers = bench_commands.add_parser(
+        "containers", parents=[common],
+        help="copy a video into MP4, MKV, MPEG-TS and MPEG-PS and check every decoding path against sequential")
+    containers.add_argument("video", help="a video file (real footage is the point)")
+    containers.add_argument("--fps", type=_float, default=2.0, help="sampling rate (default: 2)")
+    containers.add_argument("--workers", type=int, default=2, help="parallel decoders (default: 2)")
+    containers.add_argument("--out", default="out/bench/containers", help="the copies go here")
+    containers.add_argument("--json", action="store_true", help="print JSON")
+
     fuzz = bench_commands.add_parser("fuzz", parents=[common],
                                      help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
     fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
@@ -240,6 +249,8 @@ def _run_bench(args) -> int:
         return _run_bench_watch(args)
     if args.bench_command == "fuzz":
         return _run_bench_fuzz(args)
+    if args.bench_command == "containers":
+        return _run_bench_containers(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
@@ -291,6 +302,16 @@ def _run_bench_watch(args) -> int:
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0
+
+
+def _run_bench_containers(args) -> int:
+    from vidsight.bench.containers import all_equal, format_container_report, run_container_check
+
+    if args.fps <= 0 or args.workers < 1:
+        raise ConfigError("--fps and --workers must be positive")
+    rows = run_container_check(args.video, args.out, args.fps, args.workers)
+    print(json.dumps(rows) if args.json else format_container_report(rows))
+    return 0 if all_equal(rows) else 1
 
 
 def _run_bench_fuzz(args) -> int:

@@ -80,4 +80,5 @@ def probe(path: str | Path) -> VideoInfo:
             pts_s=pts_s,
             keyframe_indices=keyframe_indices,
             gop_sizes=gop_sizes,
+            decode_pts=decode_order_pts,
         )

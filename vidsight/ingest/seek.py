@@ -5,6 +5,11 @@ index (MPEG-TS, MPEG-PS), where a backward seek can land just past the keyframe 
 silently lose its GOP. So a seek is never trusted: the packets after it are checked by their
 timestamps, a landing past the keyframe is retried from earlier keyframes, and the packets before
 the keyframe are skipped without decoding.
+
+Nor are the timestamps after a seek: MPEG-PS gives a timestamp only to the first frame of each
+PES packet, and the demuxer interpolates the others from where it started reading, so after a
+seek small frames come out one frame off. The packets from the keyframe on are stamped with the
+timestamps the probe read demuxing from the start, by their position in decode order.
 """
 
 from __future__ import annotations
@@ -41,6 +46,16 @@ def demux_packets(container: av.container.InputContainer, stream: av.video.strea
             yield packet
 
 
+def _stamped(packets: Iterator[av.Packet], decode_pts: np.ndarray, position: int) -> Iterator[av.Packet]:
+    """``packets`` with the probe's timestamps, the first being the one at decode ``position``."""
+    for packet in packets:
+        if packet.pts is not None:  # the probe counted only timestamped packets
+            if position < len(decode_pts):
+                packet.pts = int(decode_pts[position])
+            position += 1
+        yield packet
+
+
 def packets_from_keyframe(container: av.container.InputContainer, stream: av.video.stream.VideoStream,
                           info: VideoInfo, first: int) -> Iterator[av.Packet] | None:
     """The stream's packets from the keyframe at presentation index ``first`` on.
@@ -68,8 +83,9 @@ def packets_from_keyframe(container: av.container.InputContainer, stream: av.vid
             if packet.pts is None:
                 continue
             index = int(np.searchsorted(info.pts_s, packet.pts * time_base - 1e-9))
-            if index == first:
-                return itertools.chain([packet], packets)
+            if index == first and packet.is_keyframe:
+                return _stamped(itertools.chain([packet], packets), info.decode_pts,
+                                int(info.decode_position[first]))
             if index > first:
                 break  # landed past the keyframe: nothing before it in this GOP was seen
         if rank - back <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -31,6 +32,9 @@ class VideoInfo:
         pts_s: Presentation time of every frame in presentation order, in seconds.
         keyframe_indices: Frame indices (presentation order) of the keyframes.
         gop_sizes: Frames from each keyframe up to the next one (or the end).
+        decode_pts: Every timestamped packet's pts in stream time-base ticks, in decode order,
+            as demuxing from the start gives them: after a seek, MPEG-PS (and any container
+            that leaves some packets without a timestamp) interpolates them differently.
     """
 
     path: Path
@@ -46,6 +50,12 @@ class VideoInfo:
     pts_s: np.ndarray
     keyframe_indices: np.ndarray
     gop_sizes: np.ndarray
+    decode_pts: np.ndarray
+
+    @functools.cached_property
+    def decode_position(self) -> np.ndarray:
+        """Each frame's position (presentation order in, decode order out) among the packets."""
+        return np.argsort(self.decode_pts, kind="stable")
 
     @property
     def keyframe_times_s(self) -> np.ndarray:
