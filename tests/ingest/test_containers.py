@@ -78,7 +78,7 @@ def test_a_seek_that_lands_past_its_keyframe_is_retried_from_earlier(make_test_v
     assert len(seeks) >= 2 and seeks[1] < seeks[0]  # the first landing was checked and found late
 
 
-def test_a_container_that_refuses_to_seek_is_decoded_from_the_start(make_test_video, monkeypatch):
+def test_a_container_that_refuses_to_seek_is_decoded_from_the_start(make_test_video, monkeypatch, caplog):
     import av
 
     path = container_video(make_test_video, "h264-mp4")
@@ -92,3 +92,4 @@ def test_a_container_that_refuses_to_seek_is_decoded_from_the_start(make_test_vi
     parallel = decode_parallel(path, indices, DecodeConfig(), info, workers=2, strategy="seek")
     monkeypatch.undo()
     assert_same_frames(decode_frames(path, indices, DecodeConfig(), info), parallel)
+    assert caplog.text.count("decoded from the start") == 1  # said once, not once per span

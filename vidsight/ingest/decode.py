@@ -117,6 +117,7 @@ class FrameSink:
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
         self.bad_packets = 0
+        self._restarted = False  # a span was decoded from the start (said once)
         self.on_frame = on_frame
         self._lock = threading.Lock()
 
@@ -157,6 +158,15 @@ class FrameSink:
             self.bad_packets += bad_packets
             if self.on_frame is not None:
                 self.on_frame(int(self.got.sum()))
+
+    def note_restart(self, first: int) -> None:
+        """A span that no seek reaches is decoded from the file's start: say so once per decode."""
+        with self._lock:
+            if self._restarted:
+                return
+            self._restarted = True
+        log.warning("%s: no seek reaches the keyframe at frame %d (the container refuses or misplaces it); spans "
+                    "like it are decoded from the start of the file: the same frames, more slowly", self.path, first)
 
     def count_bad_packet(self) -> None:
         with self._lock:
@@ -202,7 +212,7 @@ def decode_span(sink: FrameSink, first: int, last: int, threads: str) -> None:
         if packets is not None:
             _decode_packets(sink, stream, packets, first, last)
             return
-    log.info("%s: no seek reaches frame %d; decoding its span from the start", sink.path, first)
+    sink.note_restart(first)
     with open_video(sink.path) as (container, stream):
         configure_decoder(stream, sink.with_motion, threads)
         _decode_packets(sink, stream, demux_packets(container, stream), first, last)
