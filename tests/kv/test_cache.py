@@ -55,3 +55,22 @@ def test_keep_compacts_a_layers_chunk_and_maps_slots_to_tokens():
     # The next chunk lands after each layer's own kept slots.
     cache.write(1, torch.full((1, 1, 1, 2), 7.0), torch.zeros(1, 1, 1, 2))
     assert torch.all(cache.keys[1, 0, 0, 2] == 7)
+
+
+def test_a_cache_grows_keeping_its_contents_and_truncates_to_a_prefix():
+    from vidsight.kv import KVCache, TokenTable
+
+    cache = KVCache(2, 1, 4, 3, torch.float32, torch.device("cpu"))
+    chunks = [torch.randn(1, 1, n, 4) for n in (2, 3)]
+    for chunk in chunks:
+        cache.reserve(chunk.shape[2])
+        for layer in range(2):
+            cache.write(layer, chunk, -chunk)
+            cache.keep(layer, chunk.shape[2])
+        cache.commit(TokenTable.text(torch.zeros(3, chunk.shape[2], dtype=torch.long)))
+    assert cache.capacity >= 5 and cache.filled == [5, 5]
+    assert torch.equal(cache.keys[1, :, :, :5], torch.cat(chunks, dim=2))
+    cache.truncate(2)
+    assert cache.filled == [2, 2] and cache.length == 2
+    with pytest.raises(Exception, match="truncate"):
+        cache.truncate(3)

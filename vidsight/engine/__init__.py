@@ -4,6 +4,7 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.ask": ("AskResult", "Asker", "ask"),
+    "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
     "vidsight.engine.config": ("DEFAULT_MODEL", "FeedConfig", "GenerationConfig", "PrefillConfig"),
     "vidsight.engine.stats": ("AskStats",),
     "vidsight.kv.config": ("PruneConfig",),

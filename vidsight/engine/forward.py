@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
+from vidsight.kv.retrieval import KVPolicy, Step
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
@@ -20,7 +21,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int)
 
 @torch.inference_mode()
 def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
-            hook: LayerHook | None = None) -> torch.Tensor:
+            hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
+            ) -> torch.Tensor:
     """Run one chunk through every layer, appending its keys and values to ``cache``.
 
     Args:
@@ -33,6 +35,9 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
             the chunk's KV the layer keeps (None: all). The chunk's own queries always see all of
             it at that layer; if the hook's ``skip_pruned`` is set, the tokens it drops also skip
             the layers after it.
+        policy: Chooses, per layer, the cached tokens the chunk attends to (None: all of them);
+            the chunk always attends to itself, causally.
+        step: What kind of step this is, for the policy; counts what was attended.
 
     Returns:
         ``(1, n, hidden)`` hidden states after the last layer (before the final norm) of the ``n``
@@ -45,7 +50,16 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
         q, k, v = adapter.qkv(layer, hidden, rotary)
         past = cache.filled[layer]
         keys, values = cache.write(layer, k, v)
-        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, past))
+        chosen = policy.select(layer, cache, q, step) if policy is not None else None
+        if chosen is not None:
+            slots = chosen.to(keys.device)
+            keys = torch.cat([keys[:, :, slots], keys[:, :, past:]], dim=2)
+            values = torch.cat([values[:, :, slots], values[:, :, past:]], dim=2)
+        if step is not None:
+            step.cached += past
+            step.attended += past if chosen is None else len(chosen)
+            step.layers += 1
+        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2]))
         kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None
         cache.keep(layer, k.shape[2], kept, alive)
         if kept is not None and hook.skip_pruned:

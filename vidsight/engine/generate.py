@@ -9,6 +9,7 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.kv import KVCache, TokenTable
+from vidsight.kv.retrieval import KVPolicy, Step
 
 
 class TokenSampler:
@@ -31,7 +32,8 @@ class TokenSampler:
 
 @torch.inference_mode()
 def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
-             on_token: Callable[[int], None] | None = None) -> list[int]:
+             on_token: Callable[[int], None] | None = None, policy: KVPolicy | None = None,
+             step: Step | None = None) -> list[int]:
     """Decode from the prefill's last logits until an end token or ``max_new_tokens``.
 
     Args:
@@ -41,21 +43,24 @@ def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, 
         next_position: Position index of the first generated token (all three M-RoPE axes).
         config: Selection settings.
         on_token: Called after each token (progress bars).
+        policy: Chooses the cached tokens each generated token attends to (None: all).
+        step: An ``answer`` step that counts what the generated tokens attended.
 
     Returns:
         Generated ids, ending with the end token when one was produced.
     """
     sample = TokenSampler(config, logits.device)
     ids: list[int] = []
-    for step in range(config.max_new_tokens):
+    for offset in range(config.max_new_tokens):
         token = sample(logits)
         ids.append(token)
         if on_token is not None:
             on_token(len(ids))
-        if token in adapter.eos_token_ids or step == config.max_new_tokens - 1:
+        if token in adapter.eos_token_ids or offset == config.max_new_tokens - 1:
             break
-        positions = torch.full((3, 1), next_position + step, dtype=torch.long)
+        positions = torch.full((3, 1), next_position + offset, dtype=torch.long)
         embeds = adapter.embed_tokens(torch.tensor([[token]]))
-        hidden = forward(adapter, cache, embeds, positions, TokenTable.text(positions))
+        cache.reserve(1)
+        hidden = forward(adapter, cache, embeds, positions, TokenTable.text(positions), policy=policy, step=step)
         logits = adapter.logits(hidden[0, -1])
     return ids

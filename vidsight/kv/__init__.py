@@ -6,4 +6,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.kv.cache": ("TEXT", "VIDEO", "KVCache", "TokenTable"),
     "vidsight.kv.config": ("SCORERS", "PruneConfig"),
     "vidsight.kv.prune": ("GroupPruner", "LayerHook", "QueryRecorder"),
+    "vidsight.kv.retrieval": ("KVPolicy", "Step", "make_policy"),
 })

@@ -138,6 +138,37 @@ class KVCache:
         self.slot_rows[layer, begin : begin + len(offsets)] = offsets + len(self.tokens)
         self.filled[layer] = begin + len(offsets)
 
+    def reserve(self, tokens: int) -> None:
+        """Make room for ``tokens`` more in every layer, doubling the buffers when they are short.
+
+        Streams grow without a known end; preallocating by doubling keeps the copies rare.
+        """
+        needed = max(self.filled) + tokens
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = torch.zeros((*old.shape[:3], capacity, old.shape[4]), dtype=old.dtype, device=old.device)
+            grown[:, :, :, : self.capacity] = old
+            setattr(self, name, grown)
+        rows = torch.full((self.slot_rows.shape[0], capacity), -1, dtype=torch.long)
+        rows[:, : self.capacity] = self.slot_rows
+        self.slot_rows, self.capacity = rows, capacity
+
+    def truncate(self, length: int) -> None:
+        """Forget every token from row ``length`` on (e.g. a question and its answer).
+
+        Rows are appended in order, so in every layer the slots of the kept rows come first.
+        """
+        if not 0 <= length <= len(self.tokens):
+            raise ConfigError(f"cannot truncate a cache of {len(self.tokens)} tokens to {length}")
+        for layer in range(len(self.filled)):
+            rows = self.slot_rows[layer, : self.filled[layer]]
+            self.filled[layer] = int((rows < length).sum())
+            self.slot_rows[layer, self.filled[layer] :] = -1
+        self.tokens = self.tokens[:length]
+
     def commit(self, rows: TokenTable) -> None:
         """Record what the chunk's tokens are, once every layer has settled it with `keep`."""
         self.tokens = TokenTable.concat([self.tokens, rows])

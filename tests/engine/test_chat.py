@@ -1,0 +1,138 @@
+"""Chat sessions: `full` answers exactly as `ask` on the same frames; the baselines reduce to it."""
+
+import pytest
+import torch
+
+from vidsight.engine import GenerationConfig, PrefillConfig
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.engine.prefill import prefill_video
+from vidsight.engine.stats import AskStats, StageClock
+from vidsight.engine.generate import generate
+from vidsight.errors import ConfigError
+from vidsight.ingest import FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.feed import FrameFeed
+from vidsight.ingest.stream import SampledFrame
+from vidsight.ingest.types import CodecInfo
+from vidsight.kv import VIDEO
+from vidsight.kv.retrieval import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
+
+QUESTIONS = ["What colour is the square?", "Where is the square now?", "How many squares?"]
+NEW_TOKENS = 6
+FPS = 2.0
+
+# (spec fields): at 2 fps every video's sampled rate equals its duration rate, as in a stream.
+VIDEOS = [
+    dict(width=320, height=240, fps=24, duration_s=6.0, gop=12, bframes=True),
+    dict(width=320, height=240, fps=24, duration_s=6.0, gop=16, bframes=False, seed=3),
+    dict(width=176, height=144, fps=24, duration_s=4.0, gop=10, bframes=True, seed=5),
+]
+
+
+def sampled(make_test_video, fields) -> FrameBatch:
+    path, _ = make_test_video(**fields)
+    info = probe(path)
+    return decode_frames(path, sample_frames(info, SamplingConfig(fps=FPS)), info=info)
+
+
+def as_frames(batch: FrameBatch, start: int, stop: int) -> list[SampledFrame]:
+    return [SampledFrame(k, int(batch.indices[k]), float(batch.pts_s[k]), batch.data[k], CodecInfo("?", 0))
+            for k in range(start, stop)]
+
+
+def reference(adapter, batch: FrameBatch, count: int, question: str):
+    """`ask` at full compute on the first ``count`` frames: first-token logits and greedy answer."""
+    frames = FrameBatch(batch.data[:count], batch.pts_s[:count], batch.indices[:count])
+    clock = StageClock(AskStats(), adapter.device)
+    state = prefill_video(adapter, FrameFeed.decoded(frames), question, FPS, PrefillConfig(), NEW_TOKENS, clock)
+    ids = generate(adapter, state.cache, state.logits, state.next_position, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    return state.logits, ids
+
+
+@pytest.mark.parametrize("fields", VIDEOS, ids=["b-frames", "no-b-frames", "176x144"])
+def test_full_answers_as_ask_on_the_frames_seen_at_every_question(tiny_adapter, make_test_video, fields):
+    batch = sampled(make_test_video, fields)
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    cuts = [4, 8, len(batch)]
+    seen = 0
+    for cut, question in zip(cuts, QUESTIONS):
+        session.push(as_frames(batch, seen, cut))
+        seen = cut
+        answer = session.ask(question, GenerationConfig(max_new_tokens=NEW_TOKENS))
+        logits, ids = reference(tiny_adapter, batch, cut, question)
+        assert answer.token_ids == ids
+        assert torch.allclose(answer.logits, logits, atol=1e-4, rtol=0)
+        assert answer.stats.attended_tokens == answer.stats.cached_tokens  # full attends to everything
+
+
+def test_the_question_and_answer_leave_only_the_video_in_the_cache(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, 6))
+    length = session.cache.length
+    session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert session.cache.length == length and all(f == length for f in session.cache.filled)
+
+
+def test_recent_with_a_window_over_the_whole_history_equals_full(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    full = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    recent = ChatSession(tiny_adapter, RecentPolicy(RecentConfig(window_tokens=100_000)), ChatConfig(fps=FPS))
+    for session in (full, recent):
+        session.push(as_frames(batch, 0, len(batch)))
+    a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (full, recent))
+    assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+
+
+def test_rekv_retrieving_every_block_equals_full(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[1])
+    full = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    rekv = ChatSession(tiny_adapter, ReKVPolicy(ReKVConfig(local_tokens=100_000, top_frames=64)), ChatConfig(fps=FPS))
+    for session in (full, rekv):
+        session.push(as_frames(batch, 0, len(batch)))
+    a, b = (s.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (full, rekv))
+    assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+
+
+def test_rekv_at_a_question_selects_every_slot_when_k_covers_every_block(tiny_adapter, make_test_video):
+    """With a one-token local window, what the question sees comes from retrieval alone."""
+    batch = sampled(make_test_video, VIDEOS[1])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, len(batch)))
+    cache, filled = session.cache, session.cache.filled[0]
+    q = torch.randn(1, tiny_adapter.num_heads, 5, tiny_adapter.head_dim)
+    policy = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=len(batch) // 2))
+    step = Step("question")
+    for layer in range(tiny_adapter.num_layers):
+        assert torch.equal(policy.select(layer, cache, q, step), torch.arange(filled))
+    video = int((cache.tokens.kind == VIDEO).sum())
+    assert step.retrieved == tiny_adapter.num_layers * (video - 1)  # all video, bar the window's one token
+    fewer = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=2)).select(0, cache, q, Step("question"))
+    assert len(fewer) < filled
+
+
+def test_rekv_and_recent_attend_to_less_than_everything(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    for policy in (RecentPolicy(RecentConfig(window_tokens=64)), ReKVPolicy(ReKVConfig(local_tokens=64, top_frames=1))):
+        session = ChatSession(tiny_adapter, policy, ChatConfig(fps=FPS))
+        session.push(as_frames(batch, 0, len(batch)))
+        answer = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=2))
+        assert answer.stats.attended_tokens < answer.stats.cached_tokens
+    assert answer.stats.retrieved_tokens > 0  # rekv chose a block outside its local window
+
+
+def test_bad_questions_and_frames_are_refused(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[2])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    with pytest.raises(ConfigError, match="no video yet"):
+        session.ask(QUESTIONS[0])
+    session.push(as_frames(batch, 0, 1))
+    with pytest.raises(ConfigError, match="no video yet"):  # one frame of a two-frame patch
+        session.ask(QUESTIONS[0])
+    session.push(as_frames(batch, 1, 2))
+    with pytest.raises(ConfigError, match="empty"):
+        session.ask("   ")
+    other = SampledFrame(2, 99, 9.0, torch.zeros((10, 12, 3), dtype=torch.uint8), CodecInfo("?", 0))
+    with pytest.raises(ConfigError, match="frame size changed"):
+        session.push([other])
+    with pytest.raises(ConfigError, match="fps"):
+        ChatConfig(fps=0)

@@ -1,0 +1,217 @@
+"""The chat workload: one stream, prefilled temporal patch by temporal patch, questions at any time.
+
+The stream is one growing video prompt: the system prompt and the user turn's opening, then each
+temporal patch as soon as its frames arrive (encoded by the vision tower and prefilled on top of
+the cache with the M-RoPE positions `ask` would give the same frames), then, at a question, the
+end of the video span, the question and the assistant's turn. The answer is generated and, by
+default, the question and answer are dropped again so the cache holds only the video. Which
+cached tokens each step attends to is the `KVPolicy`'s choice; ``full`` attends to all and so
+answers exactly as `ask` on the same frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+import torch
+
+from vidsight.engine.config import GenerationConfig
+from vidsight.engine.forward import forward
+from vidsight.engine.generate import generate
+from vidsight.errors import ConfigError, ModelError
+from vidsight.ingest.stream import SampledFrame
+from vidsight.kv import VIDEO, KVCache, TokenTable
+from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
+from vidsight.vision import preprocess_video, video_size
+
+# Cache slots allocated up front; the cache doubles as the stream grows.
+INITIAL_CAPACITY = 4096
+MAX_QUESTION_CHARS = 20000
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatConfig:
+    """How a chat session reads its stream.
+
+    Attributes:
+        fps: Frames per second the stream is sampled at (sets the temporal positions); 1 by
+            default, as the chat issue asks (ReKV samples at 0.5).
+    """
+
+    fps: float = 1.0
+
+    def __post_init__(self):
+        if not 0 < self.fps <= 120:
+            raise ConfigError(f"fps must be in (0, 120], got {self.fps}")
+
+
+@dataclasses.dataclass
+class ChatStats:
+    """What one answer cost.
+
+    Attributes:
+        time_s: Stream time of the last frame seen when the question was asked.
+        frames_seen: Sampled frames pushed so far (a frame waiting for its temporal patch's
+            partner is not in the cache yet).
+        cached_tokens: Tokens in the cache when the question came (the video and the prompt).
+        attended_tokens: Cached tokens the question attended to, averaged over layers.
+        retrieved_tokens: Of those, tokens a retrieval chose beyond sinks and the local window.
+        ttft_s: From the question to its first answer token.
+        answer_s: From the question to the whole answer.
+    """
+
+    time_s: float = 0.0
+    frames_seen: int = 0
+    cached_tokens: int = 0
+    attended_tokens: float = 0.0
+    retrieved_tokens: float = 0.0
+    ttft_s: float = 0.0
+    answer_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ChatAnswer:
+    """An answer, its ids and its cost; ``logits`` are the first answer token's."""
+
+    question: str
+    answer: str
+    token_ids: list[int]
+    stats: ChatStats
+    logits: torch.Tensor = dataclasses.field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.stats.time_s, "question": self.question, "answer": self.answer,
+                "stats": self.stats.to_dict()}
+
+
+class ChatSession:
+    """One stream's memory and the questions asked about it.
+
+    Args:
+        adapter: A loaded model (`load_model`).
+        policy: Which cached tokens each step attends to (default: `FullPolicy`, exact).
+        config: Sampling rate of the stream.
+
+    Example:
+        >>> session = ChatSession(load_model("Qwen/Qwen2.5-VL-7B-Instruct"))
+        >>> session.push(StreamSource("cam.ts", fps=1.0))
+        >>> session.ask("What colour was the car that parked?").answer
+    """
+
+    def __init__(self, adapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig()):
+        self.adapter, self.config = adapter, config
+        self.policy = policy if policy is not None else FullPolicy()
+        self.cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, INITIAL_CAPACITY,
+                             adapter.dtype, adapter.device)
+        layout = adapter.build_prompt("?", 0)
+        self._prefix = layout.input_ids[: layout.video_start]
+        self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
+        self._size: tuple[int, int] | None = None  # resized (height, width), fixed by the first frame
+        self._input_hw: tuple[int, int] | None = None
+        self._patches = 0
+        self._next_position = len(self._prefix)  # after the video so far
+        self.frames_seen = 0
+        self.time_s = 0.0
+        self.frame_latencies_s: list[float] = []   # per temporal patch: vision + prefill
+
+    # -- the stream ------------------------------------------------------------------------------
+    def push(self, frames: Iterable[SampledFrame]) -> None:
+        """Add sampled frames; each completed temporal patch is prefilled at once."""
+        for frame in frames:
+            self._check_frame(frame)
+            self._pending.append(frame)
+            self.frames_seen += 1
+            self.time_s = frame.pts_s
+            if len(self._pending) == self.adapter.vision.temporal_patch_size:
+                self._prefill_patch(self._pending)
+                self._pending = []
+
+    def _check_frame(self, frame: SampledFrame) -> None:
+        hw = tuple(frame.rgb.shape[:2])
+        if frame.rgb.ndim != 3 or frame.rgb.shape[2] != 3 or frame.rgb.dtype != torch.uint8:
+            raise ConfigError(f"a frame must be (H, W, 3) uint8, got {tuple(frame.rgb.shape)} {frame.rgb.dtype}")
+        if self._input_hw is None:
+            self._input_hw = hw
+            spec = self.adapter.vision
+            # The stream has no known length, so no whole-video pixel budget: each frame gets
+            # the per-frame bound (what `ask` gives a video short enough not to reach the budget).
+            self._size = video_size(spec, spec.temporal_patch_size, *hw)
+        elif hw != self._input_hw:
+            raise ConfigError(f"frame size changed mid-stream from {self._input_hw} to {hw}")
+
+    def _prefill_patch(self, frames: list[SampledFrame]) -> None:
+        adapter, spec = self.adapter, self.adapter.vision
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self._patches == 0:
+                self._prefill_text(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
+            video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
+                                     size=self._size)
+            embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
+            gh, gw = video.grid_thw[1:]
+            count = embeds.shape[1]
+            # The positions of the whole video so far, as `ask` computes them; this patch's are the last.
+            seconds_per_patch = spec.temporal_patch_size / self.config.fps
+            positions = adapter.video_positions((self._patches + 1, gh, gw), seconds_per_patch,
+                                                len(self._prefix))[:, -count:]
+            merged = torch.stack(torch.meshgrid(torch.tensor([self._patches]), torch.arange(gh // spec.merge_size),
+                                                torch.arange(gw // spec.merge_size), indexing="ij"), -1).reshape(-1, 3)
+            rows = TokenTable(kind=torch.full((count,), VIDEO, dtype=torch.int8),
+                              frame_index=torch.full((count,), frames[0].frame_index, dtype=torch.long),
+                              time_s=torch.full((count,), frames[0].pts_s, dtype=torch.float64),
+                              grid=merged, position=positions.T.cpu().long())
+            self.cache.reserve(count)
+            forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=Step("frame"))
+        self._patches += 1
+        self._next_position = int(positions.max()) + 1
+        self.frame_latencies_s.append(time.perf_counter() - started)
+
+    def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
+        self.cache.reserve(len(ids))
+        embeds = self.adapter.embed_tokens(ids[None])
+        return forward(self.adapter, self.cache, embeds, positions, TokenTable.text(positions),
+                       policy=self.policy, step=step)
+
+    # -- questions -------------------------------------------------------------------------------
+    def ask(self, question: str, generation: GenerationConfig = GenerationConfig()) -> ChatAnswer:
+        """Answer ``question`` from the video seen so far; the cache keeps only the video afterwards.
+
+        A frame still waiting for its temporal patch's partner is not seen yet.
+
+        Raises:
+            ConfigError: an empty or overlong question, or no complete temporal patch yet.
+        """
+        if not question or not question.strip():
+            raise ConfigError("the question is empty")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
+        if self._patches == 0:
+            raise ConfigError(f"no video yet: a question needs {self.adapter.vision.temporal_patch_size} frames "
+                              f"first (one temporal patch); {self.frames_seen} arrived")
+        started = time.perf_counter()
+        layout = self.adapter.build_prompt(question, 0)
+        if not torch.equal(layout.input_ids[: layout.video_start], self._prefix):
+            raise ModelError(f"{self.adapter.name}: the chat template puts text that depends on the question "
+                             "before the video; a stream cannot be prefilled ahead of its questions")
+        suffix = layout.input_ids[layout.video_start :]
+        before = self.cache.length
+        stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
+        question_step, answer_step = Step("question"), Step("answer")
+        with torch.inference_mode():
+            positions = (torch.arange(len(suffix)) + self._next_position).expand(3, -1)
+            hidden = self._prefill_text(suffix, positions, question_step)
+            logits = self.adapter.logits(hidden[0, -1])
+            first_token = time.perf_counter()
+            ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
+                           policy=self.policy, step=answer_step)
+        self.cache.truncate(before)
+        stats.ttft_s = first_token - started
+        stats.answer_s = time.perf_counter() - started
+        stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
+        stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
+        return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)

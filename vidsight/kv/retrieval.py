@@ -1,0 +1,195 @@
+"""The retrieval seam: which cached tokens each layer of a step attends to.
+
+A `KVPolicy` is asked before each layer's attention in a step (a temporal patch prefilled into a
+stream's cache, a question, a generated token); the engine gathers the slots it names and attends
+over them and the step's own tokens, at the tokens' true positions. ``full`` names nothing and so
+attends to everything: the exact reference. The baselines here are a StreamingLLM-style local
+window with attention sinks (``recent``) and ReKV's frame retrieval (``rekv``; Di et al., ICLR
+2025).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from vidsight.errors import ConfigError
+from vidsight.kv.cache import VIDEO, KVCache
+
+STEP_KINDS = ("frame", "question", "answer")
+
+
+@dataclasses.dataclass
+class Step:
+    """One forward step, as policies see it, and what it attended (summed over layers).
+
+    Attributes:
+        kind: ``frame`` (a temporal patch prefilled), ``question`` or ``answer`` (a generated token).
+        cached: Cached tokens the layers could have attended to.
+        attended: Cached tokens they did attend to.
+        retrieved: Of those, tokens a retrieval chose (beyond sinks and the local window).
+        layers: Layers run.
+    """
+
+    kind: str
+    cached: int = 0
+    attended: int = 0
+    retrieved: int = 0
+    layers: int = 0
+
+    def __post_init__(self):
+        if self.kind not in STEP_KINDS:
+            raise ConfigError(f"step kind must be one of {', '.join(STEP_KINDS)}, got {self.kind!r}")
+
+
+class KVPolicy(Protocol):
+    """Chooses the cached slots a layer attends to in a step."""
+
+    name: str
+
+    def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> torch.Tensor | None:
+        """Slots (ascending) among ``cache.filled[layer]`` that the step's queries ``q`` attend to; None: all."""
+        ...
+
+
+class FullPolicy:
+    """Every cached token: the exact reference the other policies are measured against."""
+
+    name = "full"
+
+    def select(self, layer, cache, q, step):
+        return None
+
+
+def sink_mask(cache: KVCache, layer: int, first_frame: bool) -> torch.Tensor:
+    """``(filled,)`` bool: the slots of the text before the video (the system prompt) and, if asked,
+    of the video's first temporal patch: the tokens every later one leans on (attention sinks)."""
+    rows = cache.slot_rows[layer, : cache.filled[layer]]
+    video = torch.nonzero(cache.tokens.kind == VIDEO).flatten()
+    if len(video) == 0:
+        return torch.ones(len(rows), dtype=torch.bool)
+    sinks = rows < int(video[0])
+    if first_frame:
+        first = cache.tokens.frame_index[video[0]]
+        sinks |= (cache.tokens.kind[rows] == VIDEO) & (cache.tokens.frame_index[rows] == first)
+    return sinks
+
+
+def _window_mask(filled: int, tokens: int) -> torch.Tensor:
+    return torch.arange(filled) >= filled - tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class RecentConfig:
+    """A local window with attention sinks (StreamingLLM, Xiao et al., ICLR 2024).
+
+    Attributes:
+        window_tokens: The most recent cached tokens every step attends to.
+    """
+
+    window_tokens: int = 4096
+
+    def __post_init__(self):
+        if self.window_tokens < 1:
+            raise ConfigError(f"window_tokens must be positive, got {self.window_tokens}")
+
+
+class RecentPolicy:
+    """Sinks (the system prompt and the first temporal patch) plus the last ``window_tokens``."""
+
+    name = "recent"
+
+    def __init__(self, config: RecentConfig = RecentConfig()):
+        self.config = config
+
+    def select(self, layer, cache, q, step):
+        filled = cache.filled[layer]
+        keep = sink_mask(cache, layer, first_frame=True) | _window_mask(filled, self.config.window_tokens)
+        return torch.nonzero(keep).flatten()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReKVConfig:
+    """ReKV's retrieval (its released defaults: a 15000-token local window, 64 retrieved frames).
+
+    Attributes:
+        local_tokens: The most recent cached tokens every step attends to (ReKV's ``n_local``).
+        top_frames: Frame blocks retrieved per layer at a question (ReKV's ``retrieve_size``); a
+            block here is one temporal patch (two frames for Qwen2.5-VL).
+    """
+
+    local_tokens: int = 15000
+    top_frames: int = 64
+
+    def __post_init__(self):
+        if self.local_tokens < 1 or self.top_frames < 1:
+            raise ConfigError("local_tokens and top_frames must be positive")
+
+
+class ReKVPolicy:
+    """Streaming prefill sees the sinks and the local window; a question retrieves frame blocks.
+
+    At a question, per layer, each temporal patch's block is represented by the mean of its keys
+    and the question by the mean of its queries; the ``top_frames`` blocks with the largest inner
+    product (over all heads, each query head against its key head) are attended to together with
+    the sinks (the system prompt) and the local window, and stay chosen for the answer's tokens.
+    """
+
+    name = "rekv"
+
+    def __init__(self, config: ReKVConfig = ReKVConfig()):
+        self.config = config
+        self._retrieved: dict[int, torch.Tensor] = {}   # layer -> slots chosen at the question
+        self._question_start: dict[int, int] = {}       # layer -> first slot of the question
+
+    def select(self, layer, cache, q, step):
+        filled = cache.filled[layer]
+        keep = sink_mask(cache, layer, first_frame=False) | _window_mask(filled, self.config.local_tokens)
+        if step.kind == "question":
+            self._retrieved[layer] = self._retrieve(layer, cache, q)
+            self._question_start[layer] = filled
+        if step.kind != "frame" and layer in self._retrieved:
+            retrieved = torch.zeros(filled, dtype=torch.bool)
+            retrieved[self._retrieved[layer]] = True
+            retrieved[self._question_start[layer] :] = True  # the question and the answer so far
+            step.retrieved += int((retrieved & ~keep).sum())
+            keep |= retrieved
+        return torch.nonzero(keep).flatten()
+
+    def _retrieve(self, layer: int, cache: KVCache, q: torch.Tensor) -> torch.Tensor:
+        """Slots of the ``top_frames`` blocks whose mean key best matches the question's mean query."""
+        filled = cache.filled[layer]
+        rows = cache.slot_rows[layer, :filled]
+        video = torch.nonzero(cache.tokens.kind[rows] == VIDEO).flatten()
+        if len(video) == 0:
+            return video
+        blocks, block_of = torch.unique(cache.tokens.frame_index[rows[video]], return_inverse=True)
+        keys = cache.keys[layer, 0][:, video.to(cache.keys.device)].float()      # (kv_heads, n, head_dim)
+        sums = torch.zeros((keys.shape[0], len(blocks), keys.shape[2]), device=keys.device)
+        sums.index_add_(1, block_of.to(keys.device), keys)
+        counts = torch.bincount(block_of, minlength=len(blocks)).to(keys.device)
+        mean_keys = sums / counts[None, :, None]                                  # (kv_heads, blocks, head_dim)
+        heads, kv_heads = q.shape[1], keys.shape[0]
+        # (heads, head_dim) mean query, summed over the heads that share each key head.
+        query = q[0].float().mean(dim=1).reshape(kv_heads, heads // kv_heads, -1).sum(dim=1)
+        scores = torch.einsum("hd,hbd->b", query, mean_keys)
+        top = torch.topk(scores, min(self.config.top_frames, len(blocks))).indices.cpu()
+        chosen = torch.isin(block_of, top)
+        return video[chosen]
+
+
+POLICIES = {"full": (FullPolicy, None), "recent": (RecentPolicy, RecentConfig), "rekv": (ReKVPolicy, ReKVConfig)}
+
+
+def make_policy(name: str, **settings) -> KVPolicy:
+    """A policy by name, its config built from ``settings`` (the config's fields)."""
+    if name not in POLICIES:
+        raise ConfigError(f"unknown KV policy {name!r}; choose one of {', '.join(POLICIES)}")
+    policy, config = POLICIES[name]
+    if config is None:
+        if settings:
+            raise ConfigError(f"the {name} policy takes no settings, got {', '.join(settings)}")
+        return policy()
+    return policy(config(**settings))
