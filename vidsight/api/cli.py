@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from vidsight.api.chat import add_chat_parser, run_chat
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
 from vidsight.errors import ConfigError, VidsightError
 
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
+
+    add_chat_parser(commands, [common])
 
     probe = add("probe", help="describe a video's stream without decoding it")
     probe.add_argument("video")
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
         _quiet_libraries()
-    handlers = {"ask": _run_ask, "watch": _run_watch, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
+    handlers = {"ask": _run_ask, "watch": _run_watch, "chat": run_chat, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
                 "bench": _run_bench, "train": _run_train}
     try:
         return handlers[args.command](args)

@@ -1,0 +1,48 @@
+"""`vidsight chat` as a user meets it: scheduled questions, JSON lines, bad input."""
+
+import json
+
+import pytest
+
+from vidsight.api.cli import main
+
+
+def write_questions(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_scheduled_questions_are_answered_at_their_stream_times(make_test_video, tiny_model_dir, tmp_path, capsys):
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    questions = write_questions(tmp_path / "q.jsonl", [
+        {"time_s": 0.0, "question": "Before any frame?"},      # waits for the first temporal patch
+        {"time_s": 2.5, "question": "What colour is the square?"},
+        {"time_s": 60.0, "question": "After the end?"},         # answered from everything seen
+    ])
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--fps", "2", "--questions", str(questions),
+                 "--policy", "rekv", "--top-frames", "2", "--local-tokens", "64", "--max-new-tokens", "3", "--json"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    answers = [line for line in lines if line["type"] == "answer"]
+    assert [a["question"] for a in answers] == ["Before any frame?", "What colour is the square?", "After the end?"]
+    assert answers[0]["stats"]["frames_seen"] == 2
+    assert answers[1]["stats"]["frames_seen"] == 6 and answers[2]["stats"]["frames_seen"] == 12
+    assert answers[2]["stats"]["attended_tokens"] < answers[2]["stats"]["cached_tokens"]
+    assert lines[-1] == {"type": "end", "frames_seen": 12}
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"time_s": 1}\n', "q.jsonl:1"), ("not json\n", "q.jsonl:1"), ('{"time_s": -1, "question": "x"}\n', "time_s"),
+])
+def test_a_bad_questions_file_names_the_line(make_test_video, tiny_model_dir, tmp_path, capsys, content, message):
+    video, _ = make_test_video(duration_s=1.0)
+    (tmp_path / "q.jsonl").write_text(content)
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--questions", str(tmp_path / "q.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_settings_of_another_policy_are_refused(make_test_video, tiny_model_dir, capsys):
+    video, _ = make_test_video(duration_s=1.0)
+    assert main(["chat", str(video), "--model", str(tiny_model_dir), "--top-frames", "4"]) == 2
+    assert "do not apply to the full policy" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""`vidsight chat`: questions about a stream, asked at the stream time they arrive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+from pathlib import Path
+
+from vidsight.api.options import _float
+from vidsight.errors import ConfigError
+
+PROGRESS_EVERY_PATCHES = 32
+
+
+def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
+    from vidsight.engine.config import DEFAULT_MODEL
+
+    chat = commands.add_parser("chat", parents=parents, help="ask questions at any moment about a stream seen so far")
+    chat.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
+    chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
+    chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
+    chat.add_argument("--policy", default="full", choices=("full", "recent", "rekv"),
+                      help="which cached tokens each step attends to (default: full, exact)")
+    chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
+    chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000, ReKV's)")
+    chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64, ReKV's)")
+    chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
+                      help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
+    chat.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
+    chat.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
+    chat.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
+                      help="keep reading a growing file until idle this long")
+    chat.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    chat.add_argument("--json", action="store_true", help="one JSON line per answer and progress report")
+
+
+def read_questions(path: str | Path) -> list[tuple[float, str]]:
+    """``(time_s, question)`` pairs from a JSON-lines file, in time order."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the questions ({exc.strerror or exc})") from None
+    questions = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            time_s, question = float(record["time_s"]), str(record["question"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f'{path}:{number}: expected {{"time_s": seconds, "question": text}}, got {line[:80]!r}') from None
+        if time_s < 0 or not question.strip():
+            raise ConfigError(f"{path}:{number}: time_s must be >= 0 and the question non-empty")
+        questions.append((time_s, question))
+    return sorted(questions, key=lambda q: q[0])
+
+
+def _policy(args):
+    from vidsight.kv.retrieval import make_policy
+
+    settings = {"recent": {"window_tokens": args.window_tokens},
+                "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}.get(args.policy, {})
+    unused = [flag for flag, value in (("--window-tokens", args.window_tokens), ("--local-tokens", args.local_tokens),
+                                       ("--top-frames", args.top_frames)) if value is not None]
+    given = {k: v for k, v in settings.items() if v is not None}
+    if len(given) != len(unused):
+        raise ConfigError(f"{', '.join(unused)} do not apply to the {args.policy} policy")
+    return make_policy(args.policy, **given)
+
+
+def _stdin_questions() -> queue.Queue:
+    """Questions typed on stdin, each stamped when the stream reaches it; None marks the end."""
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in sys.stdin:
+            if line.strip():
+                lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True, name="vidsight-stdin").start()
+    return lines
+
+
+def run_chat(args) -> int:
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.config import GenerationConfig
+    from vidsight.ingest.stream import StreamSource
+    from vidsight.models import load_model
+
+    scheduled = read_questions(args.questions) if args.questions else None
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    config = ChatConfig(fps=args.fps)
+    policy = _policy(args)
+    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
+                          follow_idle_s=args.follow)
+    session = ChatSession(load_model(args.model, device=args.device), policy, config)
+    typed = _stdin_questions() if scheduled is None else None
+    typing_ended = False
+    origin = None
+
+    def answer(question: str) -> None:
+        result = session.ask(question, generation)
+        if args.json:
+            print(json.dumps({"type": "answer", **result.to_dict()}), flush=True)
+        else:
+            print(f"[{result.stats.time_s:8.1f} s] {question}\n{result.answer}", flush=True)
+
+    def due(now_s: float) -> list[str]:
+        """Questions whose time has come (typed ones at once), once the session has video."""
+        if session.frames_seen < session.adapter.vision.temporal_patch_size:
+            return []
+        nonlocal typing_ended
+        if typed is not None:
+            ready = []
+            while not typing_ended and not typed.empty():
+                item = typed.get_nowait()
+                typing_ended = item is None
+                ready += [item] if item is not None else []
+            return ready
+        ready = [q for t, q in scheduled if t <= now_s]
+        del scheduled[: len(ready)]
+        return ready
+
+    patches = 0
+    for frame in source:
+        origin = frame.pts_s if origin is None else origin
+        session.push([frame])
+        for question in due(frame.pts_s - origin):
+            answer(question)
+        if session.frame_latencies_s and len(session.frame_latencies_s) >= patches + PROGRESS_EVERY_PATCHES:
+            patches = len(session.frame_latencies_s)
+            recent = session.frame_latencies_s[-PROGRESS_EVERY_PATCHES:]
+            report = {"type": "progress", "time_s": session.time_s, "frames_seen": session.frames_seen,
+                      "cached_tokens": session.cache.length, "patch_prefill_s": sum(recent) / len(recent)}
+            print(json.dumps(report) if args.json else
+                  f"[{session.time_s:8.1f} s] {session.frames_seen} frames, {session.cache.length} tokens cached, "
+                  f"{report['patch_prefill_s'] * 1000:.0f} ms per temporal patch", file=sys.stdout if args.json
+                  else sys.stderr, flush=True)
+    # The stream ended: what is still to be asked is answered from everything seen.
+    if typed is not None:
+        while not typing_ended and (item := typed.get()) is not None:
+            answer(item)
+    else:
+        for _, question in scheduled:
+            answer(question)
+    print(json.dumps({"type": "end", "frames_seen": session.frames_seen}) if args.json else
+          f"[{session.frames_seen} frames seen]", flush=True)
+    return 0
