@@ -136,3 +136,26 @@ def test_bad_questions_and_frames_are_refused(tiny_adapter, make_test_video):
         session.push([other])
     with pytest.raises(ConfigError, match="fps"):
         ChatConfig(fps=0)
+
+
+def test_a_fork_starts_from_the_same_memory_and_goes_its_own_way(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, 6))
+    fork = session.fork(RecentPolicy(RecentConfig(window_tokens=8)))
+    fork.push(as_frames(batch, 6, 8))
+    assert fork.cache.length > session.cache.length and session.policy.name == "full"
+    a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=2)) for s in (session, session.fork()))
+    assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+
+
+def test_a_cache_that_grows_during_steps_stays_usable(tiny_adapter, make_test_video, monkeypatch):
+    import vidsight.engine.chat as chat
+
+    monkeypatch.setattr(chat, "INITIAL_CAPACITY", 16)  # every patch and question grows it
+    batch = sampled(make_test_video, VIDEOS[2])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    for cut in (4, 8):
+        session.push(as_frames(batch, cut - 4, cut))
+        session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=3))
+    assert session.cache.capacity > 16

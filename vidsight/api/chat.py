@@ -132,9 +132,9 @@ def run_chat(args) -> int:
         session.push([frame])
         for question in due(frame.pts_s - origin):
             answer(question)
-        if session.frame_latencies_s and len(session.frame_latencies_s) >= patches + PROGRESS_EVERY_PATCHES:
-            patches = len(session.frame_latencies_s)
-            recent = session.frame_latencies_s[-PROGRESS_EVERY_PATCHES:]
+        if len(session.patches) >= patches + PROGRESS_EVERY_PATCHES:
+            patches = len(session.patches)
+            recent = [p.latency_s for p in session.patches[-PROGRESS_EVERY_PATCHES:]]
             report = {"type": "progress", "time_s": session.time_s, "frames_seen": session.frames_seen,
                       "cached_tokens": session.cache.length, "patch_prefill_s": sum(recent) / len(recent)}
             print(json.dumps(report) if args.json else

@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench_watch.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_watch.add_argument("--json", action="store_true", help="print the JSON report")
 
+    bench_chat = bench_commands.add_parser("chat", parents=[common],
+                                           help="per-patch prefill and question latency against history, per KV policy")
+    bench_chat.add_argument("--shape", default="small", help="random-weight model shape (default: small)")
+    bench_chat.add_argument("--histories", type=int, nargs="+", default=[1000, 4000, 16000, 40000],
+                            help="cached tokens to time at (default: 1000 4000 16000 40000)")
+    bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
+    bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
+    bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    bench_chat.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
+    bench_chat.add_argument("--json", action="store_true", help="print the JSON report")
+
     containers = bench_commands.add_parser(
         "containers", parents=[common],
         help="copy a video into MP4, MKV, MPEG-TS and MPEG-PS and check every decoding path against sequential")
@@ -254,6 +265,8 @@ def _run_bench(args) -> int:
         return _run_bench_fuzz(args)
     if args.bench_command == "containers":
         return _run_bench_containers(args)
+    if args.bench_command == "chat":
+        return _run_bench_chat(args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
     report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
@@ -304,6 +317,16 @@ def _run_bench_watch(args) -> int:
                              progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _run_bench_chat(args) -> int:
+    from vidsight.bench.chat import format_chat_report, run_chat_bench, write_chat_report
+
+    report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
+                            args.out, progress=not args.json)
+    json_path, png_path = write_chat_report(report, args.out)
+    print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

@@ -11,6 +11,7 @@ answers exactly as `ask` on the same frames.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -75,6 +76,15 @@ class ChatStats:
 
 
 @dataclasses.dataclass
+class PatchStats:
+    """One temporal patch's prefill: its time and what its layers attended (per layer)."""
+
+    latency_s: float
+    cached_tokens: int
+    attended_tokens: float
+
+
+@dataclasses.dataclass
 class ChatAnswer:
     """An answer, its ids and its cost; ``logits`` are the first answer token's."""
 
@@ -117,7 +127,7 @@ class ChatSession:
         self._next_position = len(self._prefix)  # after the video so far
         self.frames_seen = 0
         self.time_s = 0.0
-        self.frame_latencies_s: list[float] = []   # per temporal patch: vision + prefill
+        self.patches: list[PatchStats] = []       # per temporal patch: preprocess, vision and prefill
 
     # -- the stream ------------------------------------------------------------------------------
     def push(self, frames: Iterable[SampledFrame]) -> None:
@@ -166,16 +176,29 @@ class ChatSession:
                               time_s=torch.full((count,), frames[0].pts_s, dtype=torch.float64),
                               grid=merged, position=positions.T.cpu().long())
             self.cache.reserve(count)
-            forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=Step("frame"))
+            cached, step = self.cache.length, Step("frame")
+            forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=step)
         self._patches += 1
         self._next_position = int(positions.max()) + 1
-        self.frame_latencies_s.append(time.perf_counter() - started)
+        self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers))
 
     def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
         self.cache.reserve(len(ids))
         embeds = self.adapter.embed_tokens(ids[None])
         return forward(self.adapter, self.cache, embeds, positions, TokenTable.text(positions),
                        policy=self.policy, step=step)
+
+    def fork(self, policy: KVPolicy | None = None) -> "ChatSession":
+        """A session that shares this one's model and starts from a copy of its memory.
+
+        Args:
+            policy: The fork's policy (default: this session's).
+        """
+        fork = copy.copy(self)
+        fork.policy = self.policy if policy is None else policy
+        fork.cache = self.cache.clone()
+        fork._pending, fork.patches = list(self._pending), []
+        return fork
 
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, generation: GenerationConfig = GenerationConfig()) -> ChatAnswer:

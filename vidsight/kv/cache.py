@@ -146,7 +146,10 @@ class KVCache:
         needed = max(self.filled) + tokens
         if needed <= self.capacity:
             return
-        capacity = max(needed, 2 * self.capacity)
+        with torch.inference_mode(False):  # normal tensors, writable whether or not a step runs
+            self._grow(max(needed, 2 * self.capacity))
+
+    def _grow(self, capacity: int) -> None:
         for name in ("keys", "values"):
             old = getattr(self, name)
             grown = torch.zeros((*old.shape[:3], capacity, old.shape[4]), dtype=old.dtype, device=old.device)
@@ -155,6 +158,14 @@ class KVCache:
         rows = torch.full((self.slot_rows.shape[0], capacity), -1, dtype=torch.long)
         rows[:, : self.capacity] = self.slot_rows
         self.slot_rows, self.capacity = rows, capacity
+
+    def clone(self) -> "KVCache":
+        """An independent copy (its own buffers), e.g. to branch a stream's memory."""
+        copy = KVCache.__new__(KVCache)
+        copy.keys, copy.values = self.keys.clone(), self.values.clone()
+        copy.capacity, copy.filled = self.capacity, list(self.filled)
+        copy.slot_rows, copy.tokens = self.slot_rows.clone(), self.tokens[:]
+        return copy
 
     def truncate(self, length: int) -> None:
         """Forget every token from row ``length`` on (e.g. a question and its answer).

@@ -1,0 +1,146 @@
+"""`vidsight bench chat`: per-patch prefill and question latency against cached history, per policy.
+
+One stream, one random-weight model shape, one question. The stream is prefilled at full compute
+until the cache holds each history length; there the session is forked once per policy and the
+same next temporal patches go through each policy's own per-patch path (its selection included),
+then the same question is asked (the shape of V-Rex's Fig. 13: per-frame latency against cache
+length). Accuracy on the chat suite is not measured here yet (the suite does not exist).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vidsight.bench.decode import bench_video
+from vidsight.bench.report import save_figure, write_report
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.engine.config import GenerationConfig
+from vidsight.errors import ConfigError
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.synthetic import SyntheticSpec
+from vidsight.kv.retrieval import make_policy
+from vidsight.models.shapes import SHAPES, build_shape
+
+HISTORY_TOKENS = (1000, 4000, 16000, 40000)
+POLICY_NAMES = ("full", "recent", "rekv")
+TIMED_PATCHES = 4
+QUESTION = "What colour was the square at the start?"
+STREAM_FPS = 1.0
+
+
+def chat_video(directory: str | Path, seconds: int) -> Path:
+    """A generated 320x240 stream long enough for ``seconds`` samples at 1 fps, made once and reused."""
+    return bench_video(directory, SyntheticSpec(width=320, height=240, fps=4, duration_s=seconds, gop=16,
+                                                square_size=24))
+
+
+def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TOKENS,
+                   policies: tuple[str, ...] = POLICY_NAMES, timed_patches: int = TIMED_PATCHES,
+                   dtype: str = "bfloat16", out: str | Path = "out/bench", progress: bool = False) -> dict:
+    """Time each policy's per-patch prefill and question at each history length.
+
+    Args:
+        shape: A random-weight model shape (`SHAPES`).
+        histories: Cached tokens at which to time, ascending.
+        policies: Policy names with their default settings.
+        timed_patches: Temporal patches timed per policy and history.
+        dtype: ``bfloat16`` or ``float32``.
+        out: Where the generated stream is kept.
+        progress: Print each history as it is reached.
+    """
+    if shape not in SHAPES:
+        raise ConfigError(f"unknown model shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if not histories or list(histories) != sorted(histories) or histories[0] < 1 or timed_patches < 1:
+        raise ConfigError("histories must be positive and ascending, and timed_patches positive")
+    for name in policies:
+        make_policy(name)  # an unknown name fails before the long work
+    adapter = build_shape(shape, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    spec = adapter.vision
+    tokens_per_patch = (SHAPES[shape].max_pixels // (spec.patch_size * spec.merge_size) ** 2)
+    # Frames resized within the shape's pixel bound hold at most tokens_per_patch; a fifth more covers the rest.
+    frames_needed = int(1.2 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
+    video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)
+    frames = iter(StreamSource(video, fps=STREAM_FPS, with_motion=False))
+    session = ChatSession(adapter, config=ChatConfig(fps=STREAM_FPS))
+    rows = []
+    for history in histories:
+        while session.cache.length < history:
+            before = session.frames_seen
+            session.push(itertools.islice(frames, spec.temporal_patch_size))
+            if session.frames_seen == before:
+                raise ConfigError(f"{video}: the stream ended at {session.cache.length} cached tokens")
+        timed = list(itertools.islice(frames, spec.temporal_patch_size * timed_patches))
+        for name in policies:
+            fork = session.fork(make_policy(name))
+            fork.push(timed)
+            answer = fork.ask(QUESTION, GenerationConfig(max_new_tokens=1))
+            rows.append({
+                "history_tokens": session.cache.length, "policy": name,
+                "patch_prefill_s": float(np.mean([p.latency_s for p in fork.patches])),
+                "patch_attended_tokens": float(np.mean([p.attended_tokens for p in fork.patches])),
+                "question_ttft_s": answer.stats.ttft_s, "question_attended_tokens": answer.stats.attended_tokens,
+                "question_retrieved_tokens": answer.stats.retrieved_tokens,
+                "cache_bytes": fork.cache.nbytes,
+            })
+            if progress:
+                print(f"{session.cache.length:>6} tokens, {name:<6}: {rows[-1]['patch_prefill_s'] * 1000:7.0f} ms "
+                      f"per patch, question {answer.stats.ttft_s * 1000:7.0f} ms", flush=True)
+            del fork
+        session.push(timed)  # the timed frames become history, as in a stream
+    report = {"shape": shape, "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
+              "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+              "rows": rows, "growth": _growth(rows, policies)}
+    return report
+
+
+def _growth(rows: list[dict], policies) -> dict[str, float]:
+    """Per policy: per-patch latency at the longest history over the shortest."""
+    growth = {}
+    for name in policies:
+        mine = [r for r in rows if r["policy"] == name]
+        growth[name] = mine[-1]["patch_prefill_s"] / mine[0]["patch_prefill_s"]
+    return growth
+
+
+def format_chat_report(report: dict) -> str:
+    lines = [f"shape {report['shape']} ({report['dtype']}), {report['tokens_per_patch']} tokens per temporal patch, "
+             f"{report['timed_patches']} patches timed per point, {report['cpu_count']} CPUs", "",
+             f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'attended':>9} {'TTFT ms':>8} {'q attended':>10} "
+             f"{'retrieved':>9} {'cache MiB':>9}"]
+    for r in report["rows"]:
+        lines.append(f"{r['history_tokens']:>8} {r['policy']:<7} {r['patch_prefill_s'] * 1000:9.0f} "
+                     f"{r['patch_attended_tokens']:9.0f} {r['question_ttft_s'] * 1000:8.0f} "
+                     f"{r['question_attended_tokens']:10.0f} {r['question_retrieved_tokens']:9.0f} "
+                     f"{r['cache_bytes'] / 2**20:9.0f}")
+    lines.append("")
+    lines += [f"{name}: per-patch latency at the longest history / the shortest = {g:.2f}x"
+              for name, g in report["growth"].items()]
+    return "\n".join(lines)
+
+
+def plot_chat_report(report: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (patch, question) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in report["growth"]:
+        mine = [r for r in report["rows"] if r["policy"] == name]
+        x = [r["history_tokens"] for r in mine]
+        patch.plot(x, [r["patch_prefill_s"] * 1000 for r in mine], marker="o", label=name)
+        question.plot(x, [r["question_ttft_s"] * 1000 for r in mine], marker="o", label=name)
+    for axis, title in ((patch, "per-patch prefill"), (question, "question time to first token")):
+        axis.set(xscale="log", xlabel="cached tokens", ylabel="ms", title=f"{title}, shape {report['shape']}")
+        axis.legend()
+    return save_figure(fig, path)
+
+
+def write_chat_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    return write_report(report, out, "chat", plot_chat_report)
