@@ -38,17 +38,37 @@ CASES = [
 ]
 
 
+# The 7B's attention layout at a small width: head_dim 128, seven query heads per key/value head.
+REAL_HEADS = dict(hidden_size=896, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=7,
+                  num_key_value_heads=1, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                                          "mrope_section": [16, 24, 24]})
+
+
+@pytest.fixture(scope="module", params=["tiny", "real head dims", "task model"])
+def reference_adapter(request, tiny_adapter, tmp_path_factory):
+    """The random tiny model; a random model with the 7B's head layout; the trained task model,
+    whose answers depend on the question (the tiny model's fall into a short cycle)."""
+    from vidsight.models import TASK_MODEL, load_model, write_tiny_model
+
+    if request.param == "tiny":
+        return tiny_adapter
+    if request.param == "real head dims":
+        return load_model(write_tiny_model(tmp_path_factory.mktemp("heads") / "m", seed=1, text=REAL_HEADS), "cpu")
+    return load_model(TASK_MODEL, "cpu")
+
+
 @pytest.mark.parametrize("name,fields,fps", CASES, ids=[c[0] for c in CASES])
-def test_greedy_answer_equals_transformers_generate(tiny_adapter, make_test_video, name, fields, fps):
+def test_greedy_answer_equals_transformers_generate(reference_adapter, make_test_video, name, fields, fps):
     path, _ = make_test_video(**fields)
     sampling = SamplingConfig(fps=fps)
-    result = Asker(tiny_adapter).ask(path, QUESTION, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS),
-                                     PrefillConfig(group_frames=2))
-    inputs, video = reference_inputs(tiny_adapter, path, sampling)
+    adapter = reference_adapter
+    result = Asker(adapter).ask(path, QUESTION, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS),
+                                PrefillConfig(group_frames=2))
+    inputs, video = reference_inputs(adapter, path, sampling)
     assert result.stats.frames % 2 == (0 if "even" in name else 1)
     assert result.stats.visual_tokens == video.pixel_values.shape[0] // 4
-    out = tiny_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      output_logits=True, return_dict_in_generate=True)
+    out = adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True)
     expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     assert result.token_ids == expected
     assert result.stats.generated_tokens == len(expected)

@@ -123,3 +123,18 @@ def test_pruning_with_every_token_refreshed_equals_pruned_full_comp(tiny_adapter
     for a, b in zip(every, full):
         assert a.kept_tokens == b.kept_tokens
         assert torch.allclose(a.logits, b.logits, atol=1e-4)
+
+
+def test_a_source_that_disagrees_with_the_watch_is_refused(tiny_adapter, stream_video):
+    from vidsight.errors import ConfigError
+    from vidsight.vision.motion import MotionPruneConfig
+
+    config = WatchConfig(WINDOWS, prune=MotionPruneConfig(tau=0.25))
+    watcher = Watcher(tiny_adapter, QUERY, config)
+    with pytest.raises(ConfigError, match="motion vectors"):
+        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps, with_motion=False))
+    with pytest.raises(ConfigError, match="fps"):
+        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps / 2))
+    source = config.open(stream_video)
+    assert source.with_motion and source.fps == WINDOWS.fps
+    assert not WatchConfig(WINDOWS).open(stream_video).with_motion

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="cached tokens to time at (default: 1000 4000 16000 40000)")
     bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
     bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
+    bench_chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
+    bench_chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000)")
+    bench_chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64)")
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     bench_chat.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_chat.add_argument("--json", action="store_true", help="print the JSON report")
@@ -206,15 +209,14 @@ def _run_ask(args) -> int:
 
 def _run_watch(args) -> int:
     from vidsight.engine.watch import WatchConfig, Watcher
-    from vidsight.ingest.stream import StreamSource, WindowConfig
+    from vidsight.ingest.stream import WindowConfig
     from vidsight.models import load_model
     from vidsight.vision.motion import MotionPruneConfig
 
     windows = WindowConfig(window_s=args.window, stride_fraction=args.stride, fps=args.fps)
     prune = MotionPruneConfig(tau=args.prune_tau) if args.prune_tau is not None else None
     config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after, prune=prune)
-    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=prune is not None,
-                          follow_idle_s=args.follow)
+    source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):
         record = {"type": "window", **verdict.to_dict()}
@@ -323,8 +325,11 @@ def _run_bench_watch(args) -> int:
 def _run_bench_chat(args) -> int:
     from vidsight.bench.chat import format_chat_report, run_chat_bench, write_chat_report
 
+    settings = {"recent": {"window_tokens": args.window_tokens},
+                "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}
+    settings = {name: {k: v for k, v in fields.items() if v is not None} for name, fields in settings.items()}
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
-                            args.out, progress=not args.json)
+                            args.out, progress=not args.json, settings=settings)
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0

@@ -24,7 +24,7 @@ from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, 
 from vidsight.bench.tasks import ANOMALY_QUERY, SAMPLE_FPS
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
-from vidsight.ingest.stream import StreamSource, WindowConfig
+from vidsight.ingest.stream import WindowConfig
 from vidsight.vision.motion import MotionPruneConfig
 
 # The anomaly suite's windows: 10 s at 2 fps, stride 20 %.
@@ -92,8 +92,7 @@ def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], prog
     for name, config in configs.items():
         windows, predicted, actual = [], [], []
         for video in tqdm(videos, desc=name, disable=not progress, leave=False):
-            source = StreamSource(video["video"], fps=config.windows.fps, with_motion=config.prune is not None)
-            verdicts = list(Watcher(adapter, video["query"], config).watch(source))
+            verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
             predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
             actual.append(video["label"])
             windows += [{**{s: v.stages_s.get(s, 0.0) for s in STAGES}, "visual": v.visual_tokens,

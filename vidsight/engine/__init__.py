@@ -7,5 +7,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
     "vidsight.engine.config": ("DEFAULT_MODEL", "FeedConfig", "GenerationConfig", "PrefillConfig"),
     "vidsight.engine.stats": ("AskStats",),
+    "vidsight.engine.watch": ("WatchConfig", "Watcher", "WindowVerdict"),
     "vidsight.kv.config": ("PruneConfig",),
 })

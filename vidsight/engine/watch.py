@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,12 @@ class WatchConfig:
             raise ConfigError(f"deviation_ratio must be in (0, 1], got {self.deviation_ratio}")
         if self.alert_after < 1:
             raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
+
+    def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None) -> StreamSource:
+        """Open ``source`` the way this watch needs it: at its sampling rate, with motion vectors
+        exactly when it prunes by motion (`StreamSource` explains the other arguments)."""
+        return StreamSource(source, fps=self.windows.fps, realtime=realtime, with_motion=self.prune is not None,
+                            follow_idle_s=follow_idle_s)
 
 
 @dataclasses.dataclass
@@ -122,7 +129,21 @@ class Watcher:
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
 
     def watch(self, source: StreamSource) -> Iterator[WindowVerdict]:
-        """Judge every window of ``source``, in order; ``alert`` marks the alerting windows."""
+        """Judge every window of ``source``, in order; ``alert`` marks the alerting windows.
+
+        Raises:
+            ConfigError: ``source`` samples at another rate than the windows, or lacks the motion
+                vectors motion pruning needs (open it with `WatchConfig.open`).
+        """
+        if source.fps != self.config.windows.fps:
+            raise ConfigError(f"{source.source}: sampled at {source.fps:g} fps, but the windows count frames at "
+                              f"{self.config.windows.fps:g} fps; open it with WatchConfig.open")
+        if self.config.prune is not None and not source.with_motion:
+            raise ConfigError(f"{source.source}: motion pruning needs the source's motion vectors, but it was "
+                              "opened without them; open it with WatchConfig.open")
+        return self._verdicts(source)
+
+    def _verdicts(self, source: StreamSource) -> Iterator[WindowVerdict]:
         streak = 0
         frames = iter(source)
         clock_start = time.perf_counter()

@@ -69,12 +69,14 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
+def write_tiny_model(directory: str | Path, seed: int = 0, text: dict | None = None) -> Path:
     """Write a random-weight Qwen2.5-VL checkpoint to ``directory``.
 
     Args:
         directory: Created if missing.
         seed: Seeds the weight initialisation; the same seed gives the same weights.
+        text: Language-model settings to change from `TINY_TEXT` (e.g. real head dimensions);
+            the vision merger's output follows its hidden size.
 
     Returns:
         The directory.
@@ -83,10 +85,11 @@ def write_tiny_model(directory: str | Path, seed: int = 0) -> Path:
 
     tokenizer = build_tiny_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = {**TINY_TEXT, **(text or {})}
     config = Qwen2_5_VLConfig(
-        text_config=dict(TINY_TEXT, vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
+        text_config=dict(text, vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
                          eos_token_id=ids["<|im_end|>"]),
-        vision_config=TINY_VISION,
+        vision_config=dict(TINY_VISION, out_hidden_size=text["hidden_size"]),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
