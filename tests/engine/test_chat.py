@@ -159,3 +159,15 @@ def test_a_cache_that_grows_during_steps_stays_usable(tiny_adapter, make_test_vi
         session.push(as_frames(batch, cut - 4, cut))
         session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=3))
     assert session.cache.capacity > 16
+
+
+def test_the_answer_text_streams_as_it_is_generated(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, 4))
+    pieces = []
+    answer = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS), on_text=pieces.append)
+    text = tiny_adapter.decode_text(answer.token_ids)
+    streamed = "".join(pieces)
+    assert pieces and text.startswith(streamed)
+    assert streamed == text or text.endswith("\ufffd")  # an unfinished character waits for its bytes

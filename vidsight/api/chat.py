@@ -104,11 +104,13 @@ def run_chat(args) -> int:
     origin = None
 
     def answer(question: str) -> None:
-        result = session.ask(question, generation)
         if args.json:
+            result = session.ask(question, generation)
             print(json.dumps({"type": "answer", **result.to_dict()}), flush=True)
-        else:
-            print(f"[{result.stats.time_s:8.1f} s] {question}\n{result.answer}", flush=True)
+            return
+        print(f"[{session.time_s:8.1f} s] {question}", flush=True)
+        session.ask(question, generation, on_text=lambda text: print(text, end="", flush=True))
+        print(flush=True)
 
     def due(now_s: float) -> list[str]:
         """Questions whose time has come (typed ones at once), once the session has video."""

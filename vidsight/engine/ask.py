@@ -119,7 +119,7 @@ class Asker:
             with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
                       leave=False) as bar:
                 ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
-                               on_token=lambda n: bar.update(1))
+                               on_token=lambda ids: bar.update(1))
         clock.stats.generated_tokens = len(ids)
         return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -201,10 +201,16 @@ class ChatSession:
         return fork
 
     # -- questions -------------------------------------------------------------------------------
-    def ask(self, question: str, generation: GenerationConfig = GenerationConfig()) -> ChatAnswer:
+    def ask(self, question: str, generation: GenerationConfig = GenerationConfig(),
+            on_text: Callable[[str], None] | None = None) -> ChatAnswer:
         """Answer ``question`` from the video seen so far; the cache keeps only the video afterwards.
 
         A frame still waiting for its temporal patch's partner is not seen yet.
+
+        Args:
+            question: The question.
+            generation: How answer tokens are chosen.
+            on_text: Called with each new piece of the answer's text as it is generated.
 
         Raises:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
@@ -231,6 +237,7 @@ class ChatSession:
             logits = self.adapter.logits(hidden[0, -1])
             first_token = time.perf_counter()
             ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
+                           on_token=None if on_text is None else self._text_stream(on_text),
                            policy=self.policy, step=answer_step)
         self.cache.truncate(before)
         stats.ttft_s = first_token - started
@@ -238,3 +245,16 @@ class ChatSession:
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
+
+    def _text_stream(self, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:
+        """A `generate` callback that hands ``on_text`` the text each token adds."""
+        shown = ""
+
+        def emit(ids: list[int]) -> None:
+            nonlocal shown
+            text = self.adapter.decode_text(ids)
+            if text.startswith(shown) and len(text) > len(shown) and not text.endswith("\ufffd"):
+                on_text(text[len(shown):])
+                shown = text
+
+        return emit

@@ -32,7 +32,7 @@ class TokenSampler:
 
 @torch.inference_mode()
 def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
-             on_token: Callable[[int], None] | None = None, policy: KVPolicy | None = None,
+             on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
              step: Step | None = None) -> list[int]:
     """Decode from the prefill's last logits until an end token or ``max_new_tokens``.
 
@@ -42,7 +42,7 @@ def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, 
         logits: ``(vocab,)`` logits of the last prompt token.
         next_position: Position index of the first generated token (all three M-RoPE axes).
         config: Selection settings.
-        on_token: Called after each token (progress bars).
+        on_token: Called with the ids generated so far after each token (progress bars, streamed text).
         policy: Chooses the cached tokens each generated token attends to (None: all).
         step: An ``answer`` step that counts what the generated tokens attended.
 
@@ -55,7 +55,7 @@ def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, 
         token = sample(logits)
         ids.append(token)
         if on_token is not None:
-            on_token(len(ids))
+            on_token(ids)
         if token in adapter.eos_token_ids or offset == config.max_new_tokens - 1:
             break
         positions = torch.full((3, 1), next_position + offset, dtype=torch.long)
