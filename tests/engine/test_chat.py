@@ -73,23 +73,16 @@ def test_the_question_and_answer_leave_only_the_video_in_the_cache(tiny_adapter,
     assert session.cache.length == length and all(f == length for f in session.cache.filled)
 
 
-def test_recent_with_a_window_over_the_whole_history_equals_full(tiny_adapter, make_test_video):
-    batch = sampled(make_test_video, VIDEOS[0])
-    full = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
-    recent = ChatSession(tiny_adapter, RecentPolicy(RecentConfig(window_tokens=100_000)), ChatConfig(fps=FPS))
-    for session in (full, recent):
-        session.push(as_frames(batch, 0, len(batch)))
-    a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (full, recent))
-    assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
-
-
-def test_rekv_retrieving_every_block_equals_full(tiny_adapter, make_test_video):
+@pytest.mark.parametrize("policy", [RecentPolicy(RecentConfig(window_tokens=100_000)),
+                                    ReKVPolicy(ReKVConfig(local_tokens=100_000, top_frames=64))],
+                         ids=["recent, window over the whole history", "rekv, k over every block"])
+def test_a_baseline_that_covers_the_whole_history_equals_full(tiny_adapter, make_test_video, policy):
     batch = sampled(make_test_video, VIDEOS[1])
     full = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
-    rekv = ChatSession(tiny_adapter, ReKVPolicy(ReKVConfig(local_tokens=100_000, top_frames=64)), ChatConfig(fps=FPS))
-    for session in (full, rekv):
+    baseline = ChatSession(tiny_adapter, policy, ChatConfig(fps=FPS))
+    for session in (full, baseline):
         session.push(as_frames(batch, 0, len(batch)))
-    a, b = (s.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (full, rekv))
+    a, b = (s.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (full, baseline))
     assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
 
 

@@ -8,11 +8,11 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
+from vidsight.api.bench import add_bench_parser, run_bench
 from vidsight.api.chat import add_chat_parser, run_chat
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
-from vidsight.errors import ConfigError, VidsightError
+from vidsight.errors import VidsightError
 
 EXIT_BAD_INPUT = 2
 
@@ -82,90 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
 
-    bench = add("bench", help="benchmarks")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    accuracy = bench_commands.add_parser("accuracy", parents=[common], help="accuracy on a held-out generated suite")
-    accuracy.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
-    accuracy.add_argument("--suite", default="default", help="suite name: default or smoke")
-    accuracy.add_argument("--root", default="out/suites", help="where suites are generated (default: out/suites)")
-    accuracy.add_argument("--json", action="store_true", help="print the JSON report")
-    accuracy.add_argument("--report", default=None, help="also write the JSON report to this file")
-    add_prefill_options(accuracy)
-
-    decode = bench_commands.add_parser("decode", parents=[common],
-                                       help="sequential vs threaded vs interval-parallel decoding, in one run")
-    decode.add_argument("video", nargs="?", default=None, help="video file (default: a generated 10-min 1280x720 one)")
-    decode.add_argument("--fps", type=_float, nargs="+", default=[1.0, 2.0], help="sampling rates (default: 1 2)")
-    decode.add_argument("--workers", type=int, default=None, help="most parallel workers to try (default: CPU count)")
-    decode.add_argument("--repeats", type=int, default=2, help="best of this many runs per method (default: 2)")
-    decode.add_argument("--lengths", type=_float, nargs="*", default=[],
-                        help="also time the first N seconds of the video for each N (decoding vs length)")
-    decode.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
-    decode.add_argument("--json", action="store_true", help="print the JSON report")
-
-    bench_ask = bench_commands.add_parser("ask", parents=[common],
-                                          help="full-compute ask vs parallel decoding + group prefill + pruning + overlap")
-    bench_ask.add_argument("video", nargs="?", default=None, help="video file (default: a generated 5-min 1280x720 one)")
-    bench_ask.add_argument("--gop", type=int, default=None,
-                           help="keyframe interval of the generated video when no VIDEO is given (default: 250, x264's)")
-    bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
-                           "qwen2.5-vl-7b (default: small)")
-    bench_ask.add_argument("--rho", type=_float, nargs="+", default=[0.5, 0.2], help="pruning ratios (default: 0.5 0.2)")
-    bench_ask.add_argument("--group-frames", type=int, default=32, help="frames per prefill group (default: 32)")
-    bench_ask.add_argument("--workers", type=int, default=None, help="parallel decoders (default: CPU count)")
-    bench_ask.add_argument("--fps", type=_float, default=1.0, help="sampling rate (default: 1)")
-    bench_ask.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                           help="weights and activations (default: bfloat16, the published checkpoints' dtype)")
-    bench_ask.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
-    bench_ask.add_argument("--json", action="store_true", help="print the JSON report")
-
-    bench_watch = bench_commands.add_parser("watch", parents=[common],
-                                            help="Full-Comp vs motion pruning vs KV refresh vs both on labelled videos")
-    bench_watch.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
-    bench_watch.add_argument("--shape", default=None, help="time a random-weight model shape instead of --model")
-    bench_watch.add_argument("--videos", type=int, default=20, help="generated anomaly videos (default: 20)")
-    bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
-    bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
-    bench_watch.add_argument("--sweeps", action="store_true", help="also sweep stride, tau and GOP length")
-    bench_watch.add_argument("--folder", default=None, help="a folder of videos to use instead (UCF-Crime style)")
-    bench_watch.add_argument("--labels", default=None, help="with --folder: CSV with video,label columns")
-    bench_watch.add_argument("--query", default=None, help="with --folder: the standing query")
-    bench_watch.add_argument("--root", default="out/suites", help="where generated videos go (default: out/suites)")
-    bench_watch.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
-    bench_watch.add_argument("--json", action="store_true", help="print the JSON report")
-
-    bench_chat = bench_commands.add_parser("chat", parents=[common],
-                                           help="per-patch prefill and question latency against history, per KV policy")
-    bench_chat.add_argument("--shape", default="small", help="random-weight model shape (default: small)")
-    bench_chat.add_argument("--histories", type=int, nargs="+", default=[1000, 4000, 16000, 40000],
-                            help="cached tokens to time at (default: 1000 4000 16000 40000)")
-    bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
-    bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
-    bench_chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
-    bench_chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000)")
-    bench_chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64)")
-    bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    bench_chat.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
-    bench_chat.add_argument("--json", action="store_true", help="print the JSON report")
-
-    containers = bench_commands.add_parser(
-        "containers", parents=[common],
-        help="copy a video into MP4, MKV, MPEG-TS and MPEG-PS and check every decoding path against sequential")
-    containers.add_argument("video", help="a video file (real footage is the point)")
-    containers.add_argument("--fps", type=_float, default=2.0, help="sampling rate (default: 2)")
-    containers.add_argument("--workers", type=int, default=2, help="parallel decoders (default: 2)")
-    containers.add_argument("--out", default="out/bench/containers", help="the copies go here")
-    containers.add_argument("--json", action="store_true", help="print JSON")
-
-    fuzz = bench_commands.add_parser("fuzz", parents=[common],
-                                     help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
-    fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
-    fuzz.add_argument("--seed", type=int, default=0, help="seeds the damage (default: 0)")
-    fuzz.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint ask loads (default: {TASK_MODEL})")
-    fuzz.add_argument("--workers", type=int, default=None, help="commands at once (default: CPU count)")
-    fuzz.add_argument("--time-limit", type=_float, default=60.0, help="seconds before a run counts as a hang (default: 60)")
-    fuzz.add_argument("--out", default="out/bench", help="the JSON report goes here (default: out/bench)")
-    fuzz.add_argument("--json", action="store_true", help="print the JSON report")
+    add_bench_parser(commands, [common])
 
     train = add("train", help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
@@ -256,111 +173,6 @@ def _run_model(args) -> int:
     return 0
 
 
-def _run_bench(args) -> int:
-    if args.bench_command == "decode":
-        return _run_bench_decode(args)
-    if args.bench_command == "ask":
-        return _run_bench_ask(args)
-    if args.bench_command == "watch":
-        return _run_bench_watch(args)
-    if args.bench_command == "fuzz":
-        return _run_bench_fuzz(args)
-    if args.bench_command == "containers":
-        return _run_bench_containers(args)
-    if args.bench_command == "chat":
-        return _run_bench_chat(args)
-    from vidsight.bench.accuracy import format_report, run_accuracy
-
-    report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
-                          progress=sys.stderr.isatty() and not args.json)
-    if args.report:
-        Path(args.report).write_text(json.dumps(report, indent=1))
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
-
-
-def _run_bench_decode(args) -> int:
-    from vidsight.bench.decode import bench_video, format_decode_report, run_decode_bench, write_decode_report
-
-    video = args.video or bench_video(args.out)
-    report = run_decode_bench(video, args.fps, args.workers, args.repeats, args.lengths)
-    json_path, png_path = write_decode_report(report, args.out)
-    print(json.dumps(report) if args.json else f"{format_decode_report(report)}\n\n{json_path}\n{png_path}")
-    return 0
-
-
-def _run_bench_ask(args) -> int:
-    from vidsight.bench.ask import ask_video, format_ask_report, run_ask_bench, write_ask_report
-
-    video = args.video or ask_video(args.out, args.gop)
-    report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
-                           dtype=args.dtype, progress=sys.stderr.isatty() and not args.json)
-    json_path, png_path = write_ask_report(report, args.out)
-    print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
-    return 0
-
-
-def _run_bench_watch(args) -> int:
-    from vidsight.bench.watch import (anomaly_videos, format_watch_report, labelled_folder, run_watch_bench,
-                                      write_watch_report)
-    from vidsight.models import load_model
-    from vidsight.models.shapes import build_shape
-
-    if args.folder:
-        if not args.labels or not args.query:
-            raise ConfigError("--folder needs --labels and --query")
-        videos = labelled_folder(args.folder, args.labels, args.query)
-    else:
-        if args.videos < 1 or args.gop < 1:
-            raise ConfigError("--videos and --gop must be positive")
-        videos = anomaly_videos(args.root, args.videos, args.gop)
-    adapter = build_shape(args.shape) if args.shape else load_model(args.model)
-    report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root,
-                             progress=sys.stderr.isatty() and not args.json)
-    json_path, png_path = write_watch_report(report, args.out)
-    print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
-    return 0
-
-
-def _run_bench_chat(args) -> int:
-    from vidsight.bench.chat import format_chat_report, run_chat_bench, write_chat_report
-
-    settings = {"recent": {"window_tokens": args.window_tokens},
-                "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}
-    settings = {name: {k: v for k, v in fields.items() if v is not None} for name, fields in settings.items()}
-    report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
-                            args.out, progress=not args.json, settings=settings)
-    json_path, png_path = write_chat_report(report, args.out)
-    print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
-    return 0
-
-
-def _run_bench_containers(args) -> int:
-    from vidsight.bench.containers import all_equal, format_container_report, run_container_check
-
-    if args.fps <= 0 or args.workers < 1:
-        raise ConfigError("--fps and --workers must be positive")
-    rows = run_container_check(args.video, args.out, args.fps, args.workers)
-    print(json.dumps(rows) if args.json else format_container_report(rows))
-    return 0 if all_equal(rows) else 1
-
-
-def _run_bench_fuzz(args) -> int:
-    from vidsight.bench.fuzz import format_fuzz_report, run_fuzz, summarise
-
-    if args.cases < 1 or args.time_limit <= 0 or (args.workers is not None and args.workers < 1):
-        raise ConfigError("--cases, --workers and --time-limit must be positive")
-    outcomes = run_fuzz(args.cases, args.seed, args.model, workers=args.workers or os.cpu_count() or 1,
-                        time_limit_s=args.time_limit, progress=sys.stderr.isatty() and not args.json)
-    report = {"seed": args.seed, **summarise(outcomes)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"fuzz-seed{args.seed}.json"
-    json_path.write_text(json.dumps(report, indent=1))
-    print(json.dumps(report) if args.json else f"{format_fuzz_report(report)}\n\n{json_path}")
-    return 0 if not report["failures"] else 1
-
-
 def _run_train(args) -> int:
     from vidsight.train import TrainConfig, export_checkpoint, train
 
@@ -399,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.debug:
         _quiet_libraries()
     handlers = {"ask": _run_ask, "watch": _run_watch, "chat": run_chat, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
-                "bench": _run_bench, "train": _run_train}
+                "bench": run_bench, "train": _run_train}
     try:
         return handlers[args.command](args)
     except VidsightError as exc:
