@@ -89,6 +89,7 @@ def _stdin_questions() -> queue.Queue:
 def run_chat(args) -> int:
     from vidsight.engine.chat import ChatConfig, ChatSession
     from vidsight.engine.config import GenerationConfig
+    from vidsight.ingest.queue import FrameQueue
     from vidsight.ingest.stream import StreamSource
     from vidsight.models import load_model
 
@@ -99,14 +100,17 @@ def run_chat(args) -> int:
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
                           follow_idle_s=args.follow)
     session = ChatSession(load_model(args.model, device=args.device), policy, config)
+    # Frames keep arriving while a question is answered: a live source drops the oldest queued ones.
+    frames = FrameQueue(source, drop_oldest=source.network or args.realtime)
     typed = _stdin_questions() if scheduled is None else None
     typing_ended = False
     origin = None
 
     def answer(question: str) -> None:
         if args.json:
-            result = session.ask(question, generation)
-            print(json.dumps({"type": "answer", **result.to_dict()}), flush=True)
+            record = session.ask(question, generation).to_dict()
+            record["stats"]["frames_dropped"] = frames.dropped
+            print(json.dumps({"type": "answer", **record}), flush=True)
             return
         print(f"[{session.time_s:8.1f} s] {question}", flush=True)
         session.ask(question, generation, on_text=lambda text: print(text, end="", flush=True))
@@ -129,7 +133,7 @@ def run_chat(args) -> int:
         return ready
 
     patches = 0
-    for frame in source:
+    for frame in frames:
         origin = frame.pts_s if origin is None else origin
         session.push([frame])
         for question in due(frame.pts_s - origin):
@@ -138,7 +142,8 @@ def run_chat(args) -> int:
             patches = len(session.patches)
             recent = [p.latency_s for p in session.patches[-PROGRESS_EVERY_PATCHES:]]
             report = {"type": "progress", "time_s": session.time_s, "frames_seen": session.frames_seen,
-                      "cached_tokens": session.cache.length, "patch_prefill_s": sum(recent) / len(recent)}
+                      "cached_tokens": session.cache.length, "patch_prefill_s": sum(recent) / len(recent),
+                      "queued_frames": len(frames), "frames_dropped": frames.dropped}
             print(json.dumps(report) if args.json else
                   f"[{session.time_s:8.1f} s] {session.frames_seen} frames, {session.cache.length} tokens cached, "
                   f"{report['patch_prefill_s'] * 1000:.0f} ms per temporal patch", file=sys.stdout if args.json
@@ -150,6 +155,6 @@ def run_chat(args) -> int:
     else:
         for _, question in scheduled:
             answer(question)
-    print(json.dumps({"type": "end", "frames_seen": session.frames_seen}) if args.json else
-          f"[{session.frames_seen} frames seen]", flush=True)
+    print(json.dumps({"type": "end", "frames_seen": session.frames_seen, "frames_dropped": frames.dropped})
+          if args.json else f"[{session.frames_seen} frames seen, {frames.dropped} dropped]", flush=True)
     return 0

@@ -1,0 +1,43 @@
+"""The bounded frame queue: nothing lost from a file, oldest dropped and counted from a live source."""
+
+import threading
+import time
+
+import pytest
+
+from vidsight.errors import ConfigError, VideoError
+from vidsight.ingest.queue import FrameQueue
+
+
+def test_a_file_loses_nothing_however_slow_the_consumer():
+    queue = FrameQueue(range(50), capacity=3)
+    got = []
+    for item in queue:
+        got.append(item)
+        time.sleep(0.001)
+        assert len(queue) <= 3
+    assert got == list(range(50)) and queue.dropped == 0
+
+
+def test_a_live_source_drops_the_oldest_and_counts_them():
+    produced = threading.Event()
+
+    def camera():
+        yield from range(100)
+        produced.set()
+
+    queue = FrameQueue(camera(), capacity=5, drop_oldest=True)
+    produced.wait(5)  # the consumer is busy (answering) while all of it arrives
+    got = list(queue)
+    assert got == list(range(95, 100)) and queue.dropped == 95
+
+
+def test_the_readers_error_reaches_the_consumer():
+    def broken():
+        yield 1
+        raise VideoError("cam: stream failed")
+
+    with pytest.raises(VideoError, match="stream failed"):
+        list(FrameQueue(broken()))
+    with pytest.raises(ConfigError):
+        FrameQueue([], capacity=0)

@@ -1,0 +1,85 @@
+"""A bounded queue between a source read in its own thread and a consumer that may fall behind.
+
+While a question is answered no frame is pushed; a file can simply wait, but a camera cannot. So
+the source is read in a thread into at most ``capacity`` frames: for a file the reader waits when
+the queue is full (nothing is lost), for a live source the oldest queued frame is dropped and
+counted (questions are about what is happening now, and a live source cannot be paused).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
+
+from vidsight.errors import ConfigError
+
+T = TypeVar("T")
+DEFAULT_CAPACITY = 256
+
+
+class FrameQueue(Generic[T]):
+    """Iterate ``frames`` through a bounded buffer filled by a reader thread.
+
+    Args:
+        frames: The source (e.g. a `StreamSource`); read once, in a daemon thread.
+        capacity: Most items held.
+        drop_oldest: When full, drop the oldest item and count it in ``dropped`` (live sources);
+            otherwise the reader waits (files).
+    """
+
+    def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY, drop_oldest: bool = False):
+        if capacity < 1:
+            raise ConfigError(f"queue capacity must be positive, got {capacity}")
+        self.capacity, self.drop_oldest = capacity, drop_oldest
+        self.dropped = 0
+        self._items: deque[T] = deque()
+        self._ready = threading.Condition()
+        self._done = self._stop = False
+        self._error: BaseException | None = None
+        self._reader = threading.Thread(target=self._read, args=(frames,), daemon=True, name="vidsight-frames")
+        self._reader.start()
+
+    def _read(self, frames: Iterable[T]) -> None:
+        try:
+            for item in frames:
+                with self._ready:
+                    while len(self._items) >= self.capacity and not self.drop_oldest and not self._stop:
+                        self._ready.wait()
+                    if self._stop:
+                        return
+                    if len(self._items) >= self.capacity:
+                        self._items.popleft()
+                        self.dropped += 1
+                    self._items.append(item)
+                    self._ready.notify_all()
+        except BaseException as exc:  # handed to the consumer, who raises it
+            self._error = exc
+        finally:
+            with self._ready:
+                self._done = True
+                self._ready.notify_all()
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            with self._ready:
+                while not self._items and not self._done:
+                    self._ready.wait()
+                if self._items:
+                    item = self._items.popleft()
+                    self._ready.notify_all()
+                elif self._error is not None:
+                    raise self._error
+                else:
+                    return
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def close(self) -> None:
+        """Stop reading (a reader blocked inside the source ends with the process)."""
+        with self._ready:
+            self._stop = True
+            self._ready.notify_all()
