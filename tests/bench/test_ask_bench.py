@@ -8,7 +8,7 @@ def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_pa
     import vidsight.models.shapes as shapes
 
     # The tiny model stands in for a shape: the bench must not care which weights it times.
-    monkeypatch.setitem(shapes.SHAPES, "tiny-test", shapes.Shape(
+    monkeypatch.setitem(shapes.MODEL_SHAPES, "tiny-test", shapes.Shape(
         text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
                   rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from vidsight.bench.scenes import COLOURS, SHAPES, Scene, SceneObject, shape_mask
+from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject, shape_mask
 from vidsight.bench.tasks import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
                                   probe_questions)
 
@@ -68,7 +68,7 @@ def test_cell_labels_mark_the_cells_an_object_covers():
     labels = sample.cell_labels(28, 2)
     assert labels.shape == (2, 4, 4)
     expected = np.zeros((4, 4), dtype=int)
-    expected[2, 1] = 1 + list(COLOURS).index("blue") * len(SHAPES) + SHAPES.index("square")
+    expected[2, 1] = 1 + list(COLOURS).index("blue") * len(OBJECT_SHAPES) + OBJECT_SHAPES.index("square")
     assert (labels == expected).all()
 
 

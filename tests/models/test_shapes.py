@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vidsight.errors import ConfigError
-from vidsight.models.shapes import SHAPES, shape_config
+from vidsight.models.shapes import MODEL_SHAPES, shape_config
 from vidsight.models.tiny import build_tiny_tokenizer
 
 
@@ -30,7 +30,7 @@ def test_unknown_shape_is_refused():
 
 
 def test_every_shape_has_a_whole_rotary_split():
-    for name in SHAPES:
+    for name in MODEL_SHAPES:
         config = shape_config(name, build_tiny_tokenizer()).text_config
         head_dim = config.hidden_size // config.num_attention_heads
         assert sum(config.rope_parameters["mrope_section"]) * 2 == head_dim

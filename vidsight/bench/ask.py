@@ -33,6 +33,7 @@ import numpy as np
 from vidsight.bench.decode import bench_video
 from vidsight.bench.report import save_figure, write_report
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.engine.stats import STAGES
 from vidsight.ingest import SamplingConfig, SyntheticSpec, probe
 
 # The issue's video: 5 minutes, sampled at 1 fps. Keyframes every 250 frames, x264's default (what
@@ -41,7 +42,6 @@ ASK_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=300, gop=25
 ASK_FPS = 1.0
 QUESTION = "What happens in this video?"
 OVERLAP_TOLERANCE = 0.15
-STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
 
 
 def _runs(rhos, group_frames: int, workers: int | None) -> dict[str, tuple[PrefillConfig, FeedConfig]]:

@@ -27,7 +27,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.synthetic import SyntheticSpec
 from vidsight.kv.retrieval import RecentConfig, RecentPolicy, make_policy
-from vidsight.models.shapes import SHAPES, build_shape
+from vidsight.models.shapes import MODEL_SHAPES, build_shape
 
 HISTORY_TOKENS = (1000, 4000, 16000, 40000)
 POLICY_NAMES = ("full", "recent", "rekv")
@@ -50,7 +50,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     """Time each policy's per-patch prefill and question at each history length.
 
     Args:
-        shape: A random-weight model shape (`SHAPES`).
+        shape: A random-weight model shape (`MODEL_SHAPES`).
         histories: Cached tokens at which to time, ascending.
         policies: Policy names with their default settings.
         timed_patches: Temporal patches timed per policy and history.
@@ -60,15 +60,15 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         settings: Per policy name, its config's fields to change from the defaults.
     """
     settings = settings or {}
-    if shape not in SHAPES:
-        raise ConfigError(f"unknown model shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if shape not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model shape {shape!r}; choose one of {', '.join(MODEL_SHAPES)}")
     if not histories or list(histories) != sorted(histories) or histories[0] < 1 or timed_patches < 1:
         raise ConfigError("histories must be positive and ascending, and timed_patches positive")
     for name in policies:
         make_policy(name, **settings.get(name, {}))  # a bad name or setting fails before the long work
     adapter = build_shape(shape, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     spec = adapter.vision
-    tokens_per_patch = (SHAPES[shape].max_pixels // (spec.patch_size * spec.merge_size) ** 2)
+    tokens_per_patch = (MODEL_SHAPES[shape].max_pixels // (spec.patch_size * spec.merge_size) ** 2)
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch; a fifth more covers the rest.
     frames_needed = int(1.2 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)

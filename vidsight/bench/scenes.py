@@ -21,7 +21,7 @@ COLOURS = {
     "yellow": (235, 210, 40),
     "white": (245, 245, 245),
 }
-SHAPES = ("circle", "square", "triangle")
+OBJECT_SHAPES = ("circle", "square", "triangle")
 ZONE_COLOUR = (15, 15, 15)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vidsight.bench.scenes import COLOURS, SHAPES, Scene, SceneObject
+from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject
 
 FRAME = 112
 SAMPLE_FPS = 2.0
@@ -47,7 +47,7 @@ class Sample:
         """What covers each ``cell`` x ``cell`` block per step of ``frames_per_step`` frames.
 
         Returns ``(steps, FRAME // cell, FRAME // cell)`` ints: 0 for background, else
-        ``1 + colour * len(SHAPES) + shape`` of the object covering most of the block (at least
+        ``1 + colour * len(OBJECT_SHAPES) + shape`` of the object covering most of the block (at least
         a tenth of it) over the step's frames. Training uses these as dense per-token targets.
         """
         maps = np.stack([self.scene.object_map(t) for t in self.times_s])
@@ -66,7 +66,7 @@ class Sample:
         for i, obj in enumerate(self.scene.objects):
             colour = np.array([colours.index(obj.colour_at(t)) for t in step_times])[:, None, None]
             mine = (winner == i) & (cover[i] >= 0.1)
-            labels = np.where(mine, 1 + colour * len(SHAPES) + SHAPES.index(obj.shape), labels)
+            labels = np.where(mine, 1 + colour * len(OBJECT_SHAPES) + OBJECT_SHAPES.index(obj.shape), labels)
         return labels
 
 
@@ -95,7 +95,7 @@ def count_task(rng, seed: int, frames: int) -> Sample:
     scene = _scene(rng, seed, frames)
     duration = scene.duration_s
     for quadrant in rng.permutation(4)[:n]:
-        scene.objects.append(_quadrant_object(rng, int(quadrant), str(rng.choice(SHAPES)),
+        scene.objects.append(_quadrant_object(rng, int(quadrant), str(rng.choice(OBJECT_SHAPES)),
                                               str(rng.choice(list(COLOURS))), 0.0, duration + 1))
     question = str(rng.choice(["How many objects are there?", "How many shapes can you see?"]))
     return Sample("count", seed, scene, question, str(n), frames)
@@ -103,7 +103,7 @@ def count_task(rng, seed: int, frames: int) -> Sample:
 
 def attribute_task(rng, seed: int, frames: int) -> Sample:
     n = int(rng.integers(1, 4))
-    shapes = rng.permutation(SHAPES)[:n]
+    shapes = rng.permutation(OBJECT_SHAPES)[:n]
     colours = rng.permutation(list(COLOURS))[:n]
     scene = _scene(rng, seed, frames)
     for quadrant, shape, colour in zip(rng.permutation(4)[:n], shapes, colours):
@@ -117,7 +117,7 @@ def attribute_task(rng, seed: int, frames: int) -> Sample:
 
 
 def order_task(rng, seed: int, frames: int) -> Sample:
-    first, second = (str(s) for s in rng.permutation(SHAPES)[:2])
+    first, second = (str(s) for s in rng.permutation(OBJECT_SHAPES)[:2])
     scene = _scene(rng, seed, frames)
     duration = scene.duration_s
     t_first = float(rng.uniform(0.0, duration * 0.4))
@@ -131,8 +131,8 @@ def order_task(rng, seed: int, frames: int) -> Sample:
 
 
 def needle_task(rng, seed: int, frames: int) -> Sample:
-    needle_shape = str(rng.choice(SHAPES))
-    others = [s for s in SHAPES if s != needle_shape]
+    needle_shape = str(rng.choice(OBJECT_SHAPES))
+    others = [s for s in OBJECT_SHAPES if s != needle_shape]
     scene = _scene(rng, seed, frames)
     duration = scene.duration_s
     quadrants = rng.permutation(4)
@@ -156,7 +156,7 @@ def _crossing_object(rng, duration: float, colour: str, t_in: float, t_out: floa
     start = rng.uniform(0, FRAME - size, size=2)
     end = rng.uniform(0, FRAME - size, size=2)
     velocity = (end - start) / max(t_out - t_in, 1e-6)
-    return SceneObject(str(rng.choice(SHAPES)), colour, size, t_in, t_out, tuple(start), tuple(velocity))
+    return SceneObject(str(rng.choice(OBJECT_SHAPES)), colour, size, t_in, t_out, tuple(start), tuple(velocity))
 
 
 def anomaly_scene(rng, seed: int, duration: float, want: bool, times_s: np.ndarray) -> Scene:
@@ -246,4 +246,4 @@ def vocabulary() -> list[str]:
     words = {"how", "many", "objects", "are", "there", "shapes", "can", "you", "see", "what", "colour", "is", "the",
              "shape", "object", "which", "appeared", "first", "or", "was", "a", "red", "in", "zone", "answer",
              "yes", "no", "system", "helpful", "assistant", "user", "?", ".", ",", "1", "2", "3", "4"}
-    return sorted(words | set(COLOURS) | set(SHAPES))
+    return sorted(words | set(COLOURS) | set(OBJECT_SHAPES))

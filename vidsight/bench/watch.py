@@ -22,6 +22,7 @@ from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
 from vidsight.bench.tasks import ANOMALY_QUERY, SAMPLE_FPS
+from vidsight.engine.stats import STAGES
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import WindowConfig
@@ -31,7 +32,8 @@ from vidsight.vision.motion import MotionPruneConfig
 SUITE_WINDOWS = WindowConfig(window_s=WINDOW_FRAMES / SAMPLE_FPS, stride_fraction=STRIDE_FRAMES / WINDOW_FRAMES,
                              fps=SAMPLE_FPS)
 DEFAULT_GOP = 32  # 8 s at the suite's 4 fps: a surveillance-style long GOP
-STAGES = ("decode", "preprocess", "vision", "prefill")
+# A verdict reads the first answer token's logits: nothing is generated.
+WINDOW_STAGES = tuple(stage for stage in STAGES if stage != "generate")
 
 
 def configurations(tau: float = 0.25) -> dict[str, WatchConfig]:
@@ -95,7 +97,7 @@ def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], prog
             verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
             predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
             actual.append(video["label"])
-            windows += [{**{s: v.stages_s.get(s, 0.0) for s in STAGES}, "visual": v.visual_tokens,
+            windows += [{**{s: v.stages_s.get(s, 0.0) for s in WINDOW_STAGES}, "visual": v.visual_tokens,
                          "kept": v.kept_tokens, "reused": v.reused_tokens, "refreshed": v.refreshed_tokens,
                          "flops": flops(v)} for v in verdicts[1:]]  # the first window has nothing to reuse
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}

@@ -35,7 +35,7 @@ class Shape:
     total_pixels: int = VIDEO_TOTAL_PIXELS
 
 
-SHAPES = {
+MODEL_SHAPES = {
     "qwen2.5-vl-7b": Shape(
         text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                   num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
@@ -60,9 +60,9 @@ def shape_config(name: str, tokenizer):
     """The ``Qwen2_5_VLConfig`` of shape ``name``, with ``tokenizer``'s special token ids."""
     from transformers import Qwen2_5_VLConfig
 
-    if name not in SHAPES:
-        raise ConfigError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
-    shape = SHAPES[name]
+    if name not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model shape {name!r}; choose one of {', '.join(MODEL_SHAPES)}")
+    shape = MODEL_SHAPES[name]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     return Qwen2_5_VLConfig(
         text_config=dict(_TEXT_COMMON, **shape.text, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
@@ -79,7 +79,7 @@ def build_shape(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
 
     tokenizer = build_tiny_tokenizer()
     config = shape_config(name, tokenizer)
-    shape = SHAPES[name]
+    shape = MODEL_SHAPES[name]
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")

@@ -18,7 +18,7 @@ from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
-from vidsight.bench.scenes import COLOURS, SHAPES
+from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
 from vidsight.train.recipe import model_config, write_checkpoint
@@ -31,7 +31,7 @@ HELD_OUT_SEED = 1_000_000_000
 # One family per step; those the model learns slowest (count, attribute, needle) twice as often.
 SCHEDULE = ("count", "attribute", "needle", "order", "count", "attribute", "needle", "anomaly")
 NEEDLE_TRAIN_FRAMES = (16, 32, 48, 64)
-CELL_CLASSES = 1 + len(COLOURS) * len(SHAPES)
+CELL_CLASSES = 1 + len(COLOURS) * len(OBJECT_SHAPES)
 # Key-word answers are read after this many of the language model's layers, leaving the rest to
 # carry them to the answer position.
 KEY_LAYER = 2
