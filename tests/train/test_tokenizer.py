@@ -1,6 +1,6 @@
 import pytest
 
-from vidsight.bench.tasks import FAMILIES, make_sample
+from vidsight.tasks.families import FAMILIES, make_sample
 from vidsight.train.tokenizer import UNKNOWN, build_task_tokenizer
 
 

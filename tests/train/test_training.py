@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from vidsight.bench.tasks import key_word, make_sample
+from vidsight.tasks.families import key_word, make_sample
 from vidsight.models import load_model
 from vidsight.models.positions import prompt_positions
 from vidsight.train import TrainConfig, train

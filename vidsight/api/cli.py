@@ -19,7 +19,7 @@ EXIT_BAD_INPUT = 2
 
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules: --help, flag errors and probe must start fast.
-    from vidsight.bench.tasks import FAMILIES
+    from vidsight.tasks.families import FAMILIES
     from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES, GenerationConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
     from vidsight.models.paths import TASK_MODEL

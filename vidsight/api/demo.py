@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw
 
 from vidsight.bench.accuracy import normalise
 from vidsight.bench.suite import VIDEO_FPS
-from vidsight.bench.tasks import SAMPLE_FPS, make_sample
+from vidsight.tasks.families import SAMPLE_FPS, make_sample
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.writer import write_video

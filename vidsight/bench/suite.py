@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vidsight.bench.tasks import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
+from vidsight.tasks.families import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
 from vidsight.errors import ConfigError
 from vidsight.ingest.writer import write_video
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
-from vidsight.bench.tasks import ANOMALY_QUERY, SAMPLE_FPS
+from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS
 from vidsight.engine.stats import STAGES
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError

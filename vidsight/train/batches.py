@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from vidsight.bench.tasks import SAMPLE_FPS, Sample, key_word, probe_questions
+from vidsight.tasks.families import SAMPLE_FPS, Sample, key_word, probe_questions
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 

@@ -12,13 +12,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vidsight.bench.tasks import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
+from vidsight.tasks.families import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
 from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
-from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES
+from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
 from vidsight.train.recipe import model_config, write_checkpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vidsight.bench.tasks import FRAME
+from vidsight.tasks.families import FRAME
 from vidsight.models.tiny import save_checkpoint
 
 TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vidsight.bench.tasks import vocabulary
+from vidsight.tasks.families import vocabulary
 from vidsight.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
 
 UNKNOWN = "[UNK]"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject
+from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject
 
 FRAME = 112
 SAMPLE_FPS = 2.0

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from vidsight.bench.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject, shape_mask
-from vidsight.bench.tasks import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
+from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject, shape_mask
+from vidsight.tasks.families import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
                                   probe_questions)
 
 
