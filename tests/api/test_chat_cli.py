@@ -47,3 +47,23 @@ def test_settings_of_another_policy_are_refused(make_test_video, tiny_model_dir,
     video, _ = make_test_video(duration_s=1.0)
     assert main(["chat", str(video), "--model", str(tiny_model_dir), "--top-frames", "4"]) == 2
     assert "do not apply to the full policy" in capsys.readouterr().err
+
+
+def test_tiered_memory_flags_report_tiers_and_clean_up(make_test_video, tiny_model_dir, tmp_path, capsys):
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    questions = write_questions(tmp_path / "q.jsonl", [{"time_s": 60.0, "question": "What colour is the square?"}])
+    disk = tmp_path / "kv"
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--fps", "2", "--questions", str(questions),
+                 "--kv-device-budget", "100", "--kv-host-budget", "100", "--kv-disk", str(disk), "--json"])
+    answer = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert code == 0
+    tiers = answer["stats"]["tokens_by_tier"]
+    assert tiers["device"] <= 100 and tiers["host"] <= 100 and tiers["disk"] > 0
+    assert answer["stats"]["bytes_moved"]["down"] > 0 and not list(disk.iterdir())
+
+
+def test_an_unusable_disk_tier_is_refused(make_test_video, tiny_model_dir, tmp_path, capsys):
+    video, _ = make_test_video(duration_s=1.0)
+    (tmp_path / "file").write_text("x")
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--kv-disk", str(tmp_path / "file" / "kv")])
+    assert code == 2 and "cannot hold the KV disk tier" in capsys.readouterr().err

@@ -27,6 +27,12 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
     chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000, ReKV's)")
     chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64, ReKV's)")
+    chat.add_argument("--kv-device-budget", type=int, default=None, metavar="TOKENS",
+                      help="cached tokens (summed over layers) the device keeps; the rest moves to host memory")
+    chat.add_argument("--kv-host-budget", type=int, default=None, metavar="TOKENS",
+                      help="cached tokens host memory keeps; the rest moves to --kv-disk, or is evicted")
+    chat.add_argument("--kv-disk", default=None, metavar="DIR", help="memory-mapped disk tier, a directory per session")
+    chat.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
     chat.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
@@ -77,10 +83,14 @@ def _stdin_questions() -> queue.Queue:
     lines: queue.Queue = queue.Queue()
 
     def read():
-        for line in sys.stdin:
-            if line.strip():
-                lines.put(line.strip())
-        lines.put(None)
+        try:
+            for line in sys.stdin:
+                if line.strip():
+                    lines.put(line.strip())
+        except (OSError, ValueError):  # no readable stdin: no typed questions
+            pass
+        finally:
+            lines.put(None)
 
     threading.Thread(target=read, daemon=True, name="vidsight-stdin").start()
     return lines
@@ -89,8 +99,8 @@ def _stdin_questions() -> queue.Queue:
 def run_chat(args) -> int:
     from vidsight.engine.chat import ChatConfig, ChatSession
     from vidsight.engine.config import GenerationConfig
-    from vidsight.ingest.queue import FrameQueue
     from vidsight.ingest.stream import StreamSource
+    from vidsight.kv.tiers import TierConfig
     from vidsight.models import load_model
 
     scheduled = read_questions(args.questions) if args.questions else None
@@ -99,7 +109,17 @@ def run_chat(args) -> int:
     policy = _policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
                           follow_idle_s=args.follow)
-    session = ChatSession(load_model(args.model, device=args.device), policy, config)
+    tiered = args.kv_device_budget is not None or args.kv_host_budget is not None or args.kv_disk is not None
+    tiers = TierConfig(args.kv_device_budget, args.kv_host_budget, Path(args.kv_disk) if args.kv_disk else None,
+                       args.keep_kv) if tiered else None
+    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
+        return _converse(args, session, source, scheduled, generation)
+
+
+def _converse(args, session, source, scheduled, generation) -> int:
+    """Feed ``source`` to ``session`` and answer the questions as their times come."""
+    from vidsight.ingest.queue import FrameQueue
+
     # Frames keep arriving while a question is answered: a live source drops the oldest queued ones.
     frames = FrameQueue(source, drop_oldest=source.network or args.realtime)
     typed = _stdin_questions() if scheduled is None else None

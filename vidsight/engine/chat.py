@@ -25,6 +25,7 @@ from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import VIDEO, KVCache, TokenTable
 from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
+from vidsight.kv.tiers import TierConfig, TieredKVCache
 from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.
@@ -61,6 +62,8 @@ class ChatStats:
         retrieved_tokens: Of those, tokens a retrieval chose beyond sinks and the local window.
         ttft_s: From the question to its first answer token.
         answer_s: From the question to the whole answer.
+        tokens_by_tier: Cached tokens (summed over layers) on the device, host and disk after the answer.
+        bytes_moved: Bytes copied up and down between the tiers since the session began.
     """
 
     time_s: float = 0.0
@@ -70,6 +73,8 @@ class ChatStats:
     retrieved_tokens: float = 0.0
     ttft_s: float = 0.0
     answer_s: float = 0.0
+    tokens_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,6 +111,8 @@ class ChatSession:
         adapter: A loaded model (`load_model`).
         policy: Which cached tokens each step attends to (default: `FullPolicy`, exact).
         config: Sampling rate of the stream.
+        tiers: Budgets of the device, host and disk KV tiers (default: one device buffer). Close
+            the session (or use it as a context manager) to remove its disk directory.
 
     Example:
         >>> session = ChatSession(load_model("Qwen/Qwen2.5-VL-7B-Instruct"))
@@ -113,11 +120,13 @@ class ChatSession:
         >>> session.ask("What colour was the car that parked?").answer
     """
 
-    def __init__(self, adapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig()):
+    def __init__(self, adapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
+                 tiers: TierConfig | None = None):
         self.adapter, self.config = adapter, config
         self.policy = policy if policy is not None else FullPolicy()
-        self.cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, INITIAL_CAPACITY,
-                             adapter.dtype, adapter.device)
+        shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)
+        self.cache = (KVCache(*shape, INITIAL_CAPACITY, adapter.dtype, adapter.device) if tiers is None
+                      else TieredKVCache(*shape, adapter.dtype, adapter.device, tiers))
         layout = adapter.build_prompt("?", 0)
         self._prefix = layout.input_ids[: layout.video_start]
         self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
@@ -188,12 +197,28 @@ class ChatSession:
         return forward(self.adapter, self.cache, embeds, positions, TokenTable.text(positions),
                        policy=self.policy, step=step)
 
+    def close(self) -> None:
+        """Release the session's disk tier, if it has one."""
+        if isinstance(self.cache, TieredKVCache):
+            self.cache.close()
+
+    def __enter__(self) -> "ChatSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def fork(self, policy: KVPolicy | None = None) -> "ChatSession":
         """A session that shares this one's model and starts from a copy of its memory.
 
         Args:
             policy: The fork's policy (default: this session's).
+
+        Raises:
+            ConfigError: the session keeps its memory in tiers (not copied yet).
         """
+        if isinstance(self.cache, TieredKVCache):
+            raise ConfigError("a session with tiered KV memory cannot be forked yet")
         fork = copy.copy(self)
         fork.policy = self.policy if policy is None else policy
         fork.cache = self.cache.clone()
@@ -244,6 +269,7 @@ class ChatSession:
         stats.answer_s = time.perf_counter() - started
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
+        stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
 
     def _text_stream(self, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:

@@ -49,12 +49,8 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, rotary)
         past = cache.filled[layer]
-        keys, values = cache.write(layer, k, v)
         chosen = policy.select(layer, cache, q, step) if policy is not None else None
-        if chosen is not None:
-            slots = chosen.to(keys.device)
-            keys = torch.cat([keys[:, :, slots], keys[:, :, past:]], dim=2)
-            values = torch.cat([values[:, :, slots], values[:, :, past:]], dim=2)
+        keys, values = cache.write(layer, k, v, chosen)
         if step is not None:
             step.cached += past
             step.attended += past if chosen is None else len(chosen)

@@ -90,6 +90,7 @@ class KVCache:
         self.filled = [0] * num_layers
         self.slot_rows = torch.full((num_layers, capacity), -1, dtype=torch.long)
         self.tokens = TokenTable.empty()
+        self.bytes_moved = {"up": 0, "down": 0}  # between tiers: none here
 
     @property
     def nbytes(self) -> int:
@@ -100,11 +101,23 @@ class KVCache:
         """Tokens fed so far, kept or not (the rows of `tokens`)."""
         return len(self.tokens)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tokens_by_tier(self) -> dict[str, int]:
+        """Cached tokens summed over layers, per tier: all on the device (`TieredKVCache` has more)."""
+        return {"device": sum(self.filled), "host": 0, "disk": 0}
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store a chunk's ``(1, kv_heads, n, head_dim)`` keys and values after the layer's filled slots.
 
+        Args:
+            layer: The layer.
+            k: The chunk's keys.
+            v: The chunk's values.
+            slots: The earlier slots the chunk attends to (None: all).
+
         Returns:
-            Views of the layer's keys and values up to and including the chunk.
+            The keys and values the chunk attends to: those of ``slots`` (all earlier ones when
+            None: then views, no copy) followed by the chunk's own.
         """
         begin = self.filled[layer]
         end = begin + k.shape[2]
@@ -112,7 +125,22 @@ class KVCache:
             raise ConfigError(f"KV cache full: {end} tokens exceed its capacity of {self.capacity}")
         self.keys[layer, :, :, begin:end] = k
         self.values[layer, :, :, begin:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        if slots is None:
+            return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        past_k, past_v = self.read(layer, slots)
+        return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+
+    def read(self, layer: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` of ``layer`` (all filled ones when None)."""
+        if slots is None:
+            end = self.filled[layer]
+            return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        index = slots.to(self.keys.device)
+        return self.keys[layer][:, :, index], self.values[layer][:, :, index]
+
+    def rows(self, layer: int) -> torch.Tensor:
+        """The token-table row of each of ``layer``'s filled slots."""
+        return self.slot_rows[layer, : self.filled[layer]]
 
     def keep(self, layer: int, written: int, kept: torch.Tensor | None = None,
              offsets: torch.Tensor | None = None) -> None:
@@ -165,6 +193,7 @@ class KVCache:
         copy.keys, copy.values = self.keys.clone(), self.values.clone()
         copy.capacity, copy.filled = self.capacity, list(self.filled)
         copy.slot_rows, copy.tokens = self.slot_rows.clone(), self.tokens[:]
+        copy.bytes_moved = dict(self.bytes_moved)
         return copy
 
     def truncate(self, length: int) -> None:
@@ -186,4 +215,4 @@ class KVCache:
 
     def layer_tokens(self, layer: int) -> TokenTable:
         """What each filled slot of ``layer`` holds, in slot order."""
-        return self.tokens[self.slot_rows[layer, : self.filled[layer]]]
+        return self.tokens[self.rows(layer)]

@@ -66,7 +66,7 @@ class FullPolicy:
 def sink_mask(cache: KVCache, layer: int, first_frame: bool) -> torch.Tensor:
     """``(filled,)`` bool: the slots of the text before the video (the system prompt) and, if asked,
     of the video's first temporal patch: the tokens every later one leans on (attention sinks)."""
-    rows = cache.slot_rows[layer, : cache.filled[layer]]
+    rows = cache.rows(layer)
     video = torch.nonzero(cache.tokens.kind == VIDEO).flatten()
     if len(video) == 0:
         return torch.ones(len(rows), dtype=torch.bool)
@@ -160,13 +160,12 @@ class ReKVPolicy:
 
     def _retrieve(self, layer: int, cache: KVCache, q: torch.Tensor) -> torch.Tensor:
         """Slots of the ``top_frames`` blocks whose mean key best matches the question's mean query."""
-        filled = cache.filled[layer]
-        rows = cache.slot_rows[layer, :filled]
+        rows = cache.rows(layer)
         video = torch.nonzero(cache.tokens.kind[rows] == VIDEO).flatten()
         if len(video) == 0:
             return video
         blocks, block_of = torch.unique(cache.tokens.frame_index[rows[video]], return_inverse=True)
-        keys = cache.keys[layer, 0][:, video.to(cache.keys.device)].float()      # (kv_heads, n, head_dim)
+        keys = cache.read(layer, video)[0][0].float()                            # (kv_heads, n, head_dim)
         sums = torch.zeros((keys.shape[0], len(blocks), keys.shape[2]), device=keys.device)
         sums.index_add_(1, block_of.to(keys.device), keys)
         counts = torch.bincount(block_of, minlength=len(blocks)).to(keys.device)
