@@ -4,20 +4,9 @@ from vidsight.api.cli import main
 from vidsight.bench.ask import plot_ask_report, run_ask_bench
 
 
-def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_path, monkeypatch):
-    import vidsight.models.shapes as shapes
-
-    # The tiny model stands in for a shape: the bench must not care which weights it times.
-    monkeypatch.setitem(shapes.MODEL_SHAPES, "tiny-test", shapes.Shape(
-        text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
-        vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                    spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
-                    tokens_per_second=2),
-        min_pixels=56 * 56, max_pixels=112 * 112, total_pixels=112 * 112 * 256))
+def test_ask_bench_runs_every_configuration_on_one_video(make_test_video, tmp_path, tiny_shape):
     path, _ = make_test_video(width=320, height=240, duration_s=12.0, fps=10, gop=10, seed=4)
-    report = run_ask_bench(path, "tiny-test", rhos=(0.5,), group_frames=4, workers=2, fps=2.0, max_new_tokens=3,
+    report = run_ask_bench(path, tiny_shape, rhos=(0.5,), group_frames=4, workers=2, fps=2.0, max_new_tokens=3,
                            dtype="float32")
     runs = report["runs"]
     assert list(runs) == ["full compute", "decode, then groups, rho=0.5", "overlap, rho=1", "overlap, rho=0.5",

@@ -6,10 +6,10 @@ from vidsight.bench.chat import format_chat_report, run_chat_bench
 from vidsight.errors import ConfigError
 
 
-def test_each_policy_is_timed_at_each_history(tmp_path):
-    report = run_chat_bench("small", histories=(150, 400), timed_patches=1, dtype="float32", out=tmp_path)
+def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
+    report = run_chat_bench(tiny_shape, histories=(60, 200), timed_patches=1, dtype="float32", out=tmp_path)
     rows = report["rows"]
-    assert [(r["history_tokens"] >= h, r["policy"]) for r, h in zip(rows, (150,) * 3 + (400,) * 3)] == [
+    assert [(r["history_tokens"] >= h, r["policy"]) for r, h in zip(rows, (60,) * 3 + (200,) * 3)] == [
         (True, p) for p in ("full", "recent", "rekv")] * 2
     assert all(r["patch_prefill_s"] > 0 and r["question_ttft_s"] > 0 for r in rows)
     full = [r for r in rows if r["policy"] == "full"]
@@ -22,3 +22,15 @@ def test_each_policy_is_timed_at_each_history(tmp_path):
 def test_bad_settings_fail_before_the_long_work(tmp_path, settings):
     with pytest.raises(ConfigError):
         run_chat_bench(**{"out": tmp_path, **settings})
+
+
+def test_the_chat_suite_asks_every_policy_the_same_needle_question(tiny_adapter):
+    from vidsight.bench.chat import format_chat_accuracy, run_chat_accuracy
+
+    report = run_chat_accuracy(tiny_adapter, streams=2, frames=16, settings={"recent": {"window_tokens": 16}})
+    assert set(report["accuracy"]) == {"full", "recent", "rekv"}
+    assert all(0 <= a <= 1 for a in report["accuracy"].values())
+    assert report["attended_share"]["full"] == 1.0 > report["attended_share"]["recent"]
+    assert "accuracy" in format_chat_accuracy(report)
+    with pytest.raises(ConfigError):
+        run_chat_accuracy(tiny_adapter, streams=0)

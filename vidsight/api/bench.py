@@ -79,6 +79,12 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000)")
     bench_chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64)")
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    bench_chat.add_argument("--accuracy", action="store_true",
+                            help="instead of timing, answer the chat suite's needle streams with --model")
+    bench_chat.add_argument("--model", default=str(TASK_MODEL), help=f"with --accuracy (default: {TASK_MODEL})")
+    bench_chat.add_argument("--streams", type=int, default=20, help="with --accuracy: streams (default: 20)")
+    bench_chat.add_argument("--stream-frames", type=int, default=512,
+                            help="with --accuracy: sampled frames per stream (default: 512)")
     bench_chat.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_chat.add_argument("--json", action="store_true", help="print the JSON report")
 
@@ -167,6 +173,17 @@ def _run_bench_chat(args) -> int:
     settings = {"recent": {"window_tokens": args.window_tokens},
                 "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}
     settings = {name: {k: v for k, v in fields.items() if v is not None} for name, fields in settings.items()}
+    if args.accuracy:
+        from vidsight.bench.chat import format_chat_accuracy, run_chat_accuracy
+        from vidsight.models import load_model
+
+        report = run_chat_accuracy(load_model(args.model, device="cpu"), args.streams, args.stream_frames,
+                                   tuple(args.policies), settings, progress=not args.json)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "chat-accuracy.json").write_text(json.dumps(report, indent=1))
+        print(json.dumps(report) if args.json else f"{format_chat_accuracy(report)}\n\n{out / 'chat-accuracy.json'}")
+        return 0
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
                             args.out, progress=not args.json, settings=settings)
     json_path, png_path = write_chat_report(report, args.out)
