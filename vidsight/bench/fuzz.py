@@ -109,11 +109,11 @@ def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str
 
 def _warm_imports() -> None:
     """Import what `ask` needs once in the parent, before forking (no torch work: forked OpenMP is unsafe)."""
-    import transformers  # noqa: F401
+    import importlib
 
-    import vidsight.api.cli  # noqa: F401
-    import vidsight.engine.ask  # noqa: F401
-    from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: F401
+    for module in ("transformers", "vidsight.api.cli", "vidsight.engine.ask",
+                   "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"):
+        importlib.import_module(module)
 
 
 def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None = None, workers: int = 2,
