@@ -164,3 +164,17 @@ def test_the_answer_text_streams_as_it_is_generated(tiny_adapter, make_test_vide
     streamed = "".join(pieces)
     assert pieces and text.startswith(streamed)
     assert streamed == text or text.endswith("\ufffd")  # an unfinished character waits for its bytes
+
+
+def test_rekvs_index_kept_across_questions_chooses_as_a_fresh_one(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    kept = ReKVPolicy(ReKVConfig(local_tokens=8, top_frames=2))
+    session = ChatSession(tiny_adapter, kept, ChatConfig(fps=FPS))
+    for cut in (4, 8, len(batch)):
+        session.push(as_frames(batch, cut - 4 if cut < len(batch) else 8, cut))
+        session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=2))
+    q = torch.randn(1, tiny_adapter.num_heads, 3, tiny_adapter.head_dim)
+    fresh = ReKVPolicy(ReKVConfig(local_tokens=8, top_frames=2))
+    for layer in range(tiny_adapter.num_layers):
+        assert torch.equal(kept.select(layer, session.cache, q, Step("question")),
+                           fresh.select(layer, session.cache, q, Step("question")))

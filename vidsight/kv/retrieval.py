@@ -128,6 +128,16 @@ class ReKVConfig:
             raise ConfigError("local_tokens and top_frames must be positive")
 
 
+@dataclasses.dataclass
+class _BlockIndex:
+    """One layer's frame blocks: the sum and count of each block's keys, over the slots indexed so far."""
+
+    frames: torch.Tensor   # (blocks,) frame index of each block's first frame
+    sums: torch.Tensor     # (kv_heads, blocks, head_dim) float32
+    counts: torch.Tensor   # (blocks,)
+    indexed: int = 0       # slots already read
+
+
 class ReKVPolicy:
     """Streaming prefill sees the sinks and the local window; a question retrieves frame blocks.
 
@@ -135,6 +145,7 @@ class ReKVPolicy:
     and the question by the mean of its queries; the ``top_frames`` blocks with the largest inner
     product (over all heads, each query head against its key head) are attended to together with
     the sinks (the system prompt) and the local window, and stay chosen for the answer's tokens.
+    The block means are kept as an index: a question reads only the keys written since the last.
     """
 
     name = "rekv"
@@ -143,6 +154,8 @@ class ReKVPolicy:
         self.config = config
         self._retrieved: dict[int, torch.Tensor] = {}   # layer -> slots chosen at the question
         self._question_start: dict[int, int] = {}       # layer -> first slot of the question
+        self._index: dict[int, _BlockIndex] = {}
+        self._cache_id: int | None = None
 
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
@@ -158,25 +171,45 @@ class ReKVPolicy:
             keep |= retrieved
         return torch.nonzero(keep).flatten()
 
+    def _update(self, layer: int, cache: KVCache) -> _BlockIndex:
+        """The layer's index, with the video slots written since it was last read.
+
+        A temporal patch is written whole in one step, so the slots since then form new blocks;
+        a question's own slots lie past the video and are dropped again before the next patch.
+        """
+        if self._cache_id != id(cache):
+            self._index, self._cache_id = {}, id(cache)
+        filled, rows = cache.filled[layer], cache.rows(layer)
+        index = self._index.get(layer)
+        if index is None:
+            kv_heads, head_dim = cache.read(layer, torch.empty(0, dtype=torch.long))[0].shape[1::2]
+            index = self._index[layer] = _BlockIndex(torch.empty(0, dtype=torch.long),
+                                                     torch.zeros((kv_heads, 0, head_dim)), torch.zeros(0))
+        new = torch.nonzero(cache.tokens.kind[rows[index.indexed : filled]] == VIDEO).flatten() + index.indexed
+        if len(new):
+            frames, block_of = torch.unique(cache.tokens.frame_index[rows[new]], return_inverse=True)
+            keys = cache.read(layer, new)[0][0].float().cpu()                    # (kv_heads, n, head_dim)
+            sums = torch.zeros((keys.shape[0], len(frames), keys.shape[2]))
+            sums.index_add_(1, block_of, keys)
+            index.frames = torch.cat([index.frames, frames])
+            index.sums = torch.cat([index.sums, sums], dim=1)
+            index.counts = torch.cat([index.counts, torch.bincount(block_of, minlength=len(frames)).float()])
+        index.indexed = filled
+        return index
+
     def _retrieve(self, layer: int, cache: KVCache, q: torch.Tensor) -> torch.Tensor:
         """Slots of the ``top_frames`` blocks whose mean key best matches the question's mean query."""
+        index = self._update(layer, cache)
+        if len(index.frames) == 0:
+            return torch.empty(0, dtype=torch.long)
+        heads, kv_heads = q.shape[1], index.sums.shape[0]
+        # (kv_heads, head_dim) mean query, summed over the query heads that share each key head.
+        query = q[0].float().cpu().mean(dim=1).reshape(kv_heads, heads // kv_heads, -1).sum(dim=1)
+        scores = torch.einsum("hd,hbd->b", query, index.sums / index.counts[None, :, None])
+        top = index.frames[torch.topk(scores, min(self.config.top_frames, len(index.frames))).indices]
         rows = cache.rows(layer)
         video = torch.nonzero(cache.tokens.kind[rows] == VIDEO).flatten()
-        if len(video) == 0:
-            return video
-        blocks, block_of = torch.unique(cache.tokens.frame_index[rows[video]], return_inverse=True)
-        keys = cache.read(layer, video)[0][0].float()                            # (kv_heads, n, head_dim)
-        sums = torch.zeros((keys.shape[0], len(blocks), keys.shape[2]), device=keys.device)
-        sums.index_add_(1, block_of.to(keys.device), keys)
-        counts = torch.bincount(block_of, minlength=len(blocks)).to(keys.device)
-        mean_keys = sums / counts[None, :, None]                                  # (kv_heads, blocks, head_dim)
-        heads, kv_heads = q.shape[1], keys.shape[0]
-        # (heads, head_dim) mean query, summed over the heads that share each key head.
-        query = q[0].float().mean(dim=1).reshape(kv_heads, heads // kv_heads, -1).sum(dim=1)
-        scores = torch.einsum("hd,hbd->b", query, mean_keys)
-        top = torch.topk(scores, min(self.config.top_frames, len(blocks))).indices.cpu()
-        chosen = torch.isin(block_of, top)
-        return video[chosen]
+        return video[torch.isin(cache.tokens.frame_index[rows[video]], top)]
 
 
 POLICIES = {"full": (FullPolicy, None), "recent": (RecentPolicy, RecentConfig), "rekv": (ReKVPolicy, ReKVConfig)}
