@@ -21,9 +21,10 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.engine.generate import generate
+from vidsight.engine.prefill import patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
-from vidsight.kv import VIDEO, KVCache, TokenTable
+from vidsight.kv import KVCache, TokenTable
 from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
 from vidsight.kv.tiers import TierConfig, TieredKVCache
 from vidsight.vision import preprocess_video, video_size
@@ -178,12 +179,8 @@ class ChatSession:
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
             positions = adapter.video_positions((self._patches + 1, gh, gw), seconds_per_patch,
                                                 len(self._prefix))[:, -count:]
-            merged = torch.stack(torch.meshgrid(torch.tensor([self._patches]), torch.arange(gh // spec.merge_size),
-                                                torch.arange(gw // spec.merge_size), indexing="ij"), -1).reshape(-1, 3)
-            rows = TokenTable(kind=torch.full((count,), VIDEO, dtype=torch.int8),
-                              frame_index=torch.full((count,), frames[0].frame_index, dtype=torch.long),
-                              time_s=torch.full((count,), frames[0].pts_s, dtype=torch.float64),
-                              grid=merged, position=positions.T.cpu().long())
+            rows = patch_rows(self._patches, (gh // spec.merge_size, gw // spec.merge_size),
+                              torch.tensor([frames[0].frame_index]), torch.tensor([frames[0].pts_s]), positions)
             self.cache.reserve(count)
             cached, step = self.cache.length, Step("frame")
             forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=step)

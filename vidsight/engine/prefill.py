@@ -54,15 +54,30 @@ def plan_video(adapter, frames: int, height: int, width: int) -> VideoPlan:
 
 def video_rows(feed: FrameFeed, plan: VideoPlan, spec, positions: torch.Tensor) -> TokenTable:
     """Token-table rows for the video span: frame, time and grid cell of every token."""
-    gt, gh, gw = plan.grid_thw[0], plan.grid_thw[1] // spec.merge_size, plan.grid_thw[2] // spec.merge_size
-    first_frame = torch.clamp(torch.arange(gt) * spec.temporal_patch_size, max=len(feed) - 1)
-    grid = torch.stack(torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij"), -1)
-    grid = grid.reshape(-1, 3)
-    n = grid.shape[0]
+    first_frame = torch.clamp(torch.arange(plan.grid_thw[0]) * spec.temporal_patch_size, max=len(feed) - 1)
+    merged = (plan.grid_thw[1] // spec.merge_size, plan.grid_thw[2] // spec.merge_size)
+    return patch_rows(0, merged, feed.indices[first_frame], feed.pts_s[first_frame], positions)
+
+
+def patch_rows(first_patch: int, merged_hw: tuple[int, int], frame_index: torch.Tensor, time_s: torch.Tensor,
+               positions: torch.Tensor) -> TokenTable:
+    """Token-table rows for consecutive temporal patches, from ``first_patch`` on.
+
+    Args:
+        first_patch: Temporal grid index of the first patch.
+        merged_hw: Token rows and columns per patch (after the spatial merge).
+        frame_index: ``(patches,)`` stream index of each patch's first frame.
+        time_s: ``(patches,)`` its presentation time.
+        positions: ``(3, tokens)`` positions the tokens' keys are rotated with.
+    """
+    patches = torch.arange(first_patch, first_patch + len(frame_index))
+    grid = torch.stack(torch.meshgrid(patches, torch.arange(merged_hw[0]), torch.arange(merged_hw[1]),
+                                      indexing="ij"), -1).reshape(-1, 3)
+    patch = grid[:, 0] - first_patch
     return TokenTable(
-        kind=torch.full((n,), VIDEO, dtype=torch.int8),
-        frame_index=feed.indices[first_frame][grid[:, 0]].long(),
-        time_s=feed.pts_s[first_frame][grid[:, 0]].double(),
+        kind=torch.full((grid.shape[0],), VIDEO, dtype=torch.int8),
+        frame_index=frame_index[patch].long(),
+        time_s=time_s[patch].double(),
         grid=grid,
         position=positions.T.cpu().long(),
     )

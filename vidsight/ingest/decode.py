@@ -226,7 +226,7 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
     gops = _GopTrimmer(info, sink.wanted, first, last, stream) if sink.config.trim_gops else None
 
     def index_of(pts: int) -> int:
-        return int(np.searchsorted(info.pts_s, pts * time_base - 1e-9))
+        return info.frame_at(pts * time_base)
 
     def take(frame: av.VideoFrame) -> bool:
         """Store ``frame`` if it is in the span; True once the span is complete."""

@@ -82,7 +82,7 @@ def packets_from_keyframe(container: av.container.InputContainer, stream: av.vid
         for packet in packets:
             if packet.pts is None:
                 continue
-            index = int(np.searchsorted(info.pts_s, packet.pts * time_base - 1e-9))
+            index = info.frame_at(packet.pts * time_base)
             if index == first and packet.is_keyframe:
                 return _stamped(itertools.chain([packet], packets), info.decode_pts,
                                 int(info.decode_position[first]))

@@ -24,8 +24,8 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
-from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.motion import intra_blocks, motion_map
+from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,6 +55,10 @@ class VideoInfo:
     def decode_position(self) -> np.ndarray:
         """Each frame's position (presentation order in, decode order out) among the packets."""
         return np.argsort(self.decode_pts, kind="stable")
+
+    def frame_at(self, time_s: float) -> int:
+        """Presentation index of the frame presented at ``time_s`` (a decoded frame's or packet's pts)."""
+        return int(np.searchsorted(self.pts_s, time_s - 1e-9))
 
     @property
     def keyframe_times_s(self) -> np.ndarray:
