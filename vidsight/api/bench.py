@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from vidsight.api.options import _float, add_prefill_options, prefill_config
+from vidsight.api.options import _float, add_policy_options, add_prefill_options, policy_settings, prefill_config
 from vidsight.errors import ConfigError
 
 
@@ -75,9 +75,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             help="cached tokens to time at (default: 1000 4000 16000 40000)")
     bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
     bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
-    bench_chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
-    bench_chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000)")
-    bench_chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64)")
+    add_policy_options(bench_chat)
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     bench_chat.add_argument("--accuracy", action="store_true",
                             help="instead of timing, answer the chat suite's needle streams with --model")
@@ -170,9 +168,7 @@ def _run_bench_watch(args) -> int:
 def _run_bench_chat(args) -> int:
     from vidsight.bench.chat import format_chat_report, run_chat_bench, write_chat_report
 
-    settings = {"recent": {"window_tokens": args.window_tokens},
-                "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}
-    settings = {name: {k: v for k, v in fields.items() if v is not None} for name, fields in settings.items()}
+    settings = policy_settings(args)
     if args.accuracy:
         from vidsight.bench.chat import format_chat_accuracy, run_chat_accuracy
         from vidsight.models import load_model

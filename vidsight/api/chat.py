@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import _float
+from vidsight.api.options import POLICY_FLAGS, _float, add_policy_options, policy_settings
 from vidsight.errors import ConfigError
 
 PROGRESS_EVERY_PATCHES = 32
@@ -24,9 +24,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
     chat.add_argument("--policy", default="full", choices=("full", "recent", "rekv"),
                       help="which cached tokens each step attends to (default: full, exact)")
-    chat.add_argument("--window-tokens", type=int, default=None, help="recent: local window (default: 4096)")
-    chat.add_argument("--local-tokens", type=int, default=None, help="rekv: local window (default: 15000, ReKV's)")
-    chat.add_argument("--top-frames", type=int, default=None, help="rekv: frame blocks retrieved (default: 64, ReKV's)")
+    add_policy_options(chat)
     chat.add_argument("--kv-device-budget", type=int, default=None, metavar="TOKENS",
                       help="cached tokens (summed over layers) the device keeps; the rest moves to host memory")
     chat.add_argument("--kv-host-budget", type=int, default=None, metavar="TOKENS",
@@ -68,14 +66,12 @@ def read_questions(path: str | Path) -> list[tuple[float, str]]:
 def _policy(args):
     from vidsight.kv.retrieval import make_policy
 
-    settings = {"recent": {"window_tokens": args.window_tokens},
-                "rekv": {"local_tokens": args.local_tokens, "top_frames": args.top_frames}}.get(args.policy, {})
-    unused = [flag for flag, value in (("--window-tokens", args.window_tokens), ("--local-tokens", args.local_tokens),
-                                       ("--top-frames", args.top_frames)) if value is not None]
-    given = {k: v for k, v in settings.items() if v is not None}
-    if len(given) != len(unused):
-        raise ConfigError(f"{', '.join(unused)} do not apply to the {args.policy} policy")
-    return make_policy(args.policy, **given)
+    settings = policy_settings(args)
+    others = [flag for name, flags in POLICY_FLAGS.items() if name != args.policy
+              for flag, field, _ in flags if field in settings[name]]
+    if others:
+        raise ConfigError(f"{', '.join(others)} do not apply to the {args.policy} policy")
+    return make_policy(args.policy, **settings.get(args.policy, {}))
 
 
 def _stdin_questions() -> queue.Queue:

@@ -62,3 +62,23 @@ def feed_config(args):
     return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
                       trim_gops=not args.decode_all_frames, resize_in_decoder=not args.resize_after_decoding,
                       split_cores=not args.oversubscribe)
+
+
+# Each retrieval policy's command-line settings: (flag, the config field it sets, help).
+POLICY_FLAGS = {
+    "recent": (("--window-tokens", "window_tokens", "recent: local window (default: 4096)"),),
+    "rekv": (("--local-tokens", "local_tokens", "rekv: local window (default: 15000, ReKV's)"),
+             ("--top-frames", "top_frames", "rekv: frame blocks retrieved (default: 64, ReKV's)")),
+}
+
+
+def add_policy_options(parser: argparse.ArgumentParser) -> None:
+    for flags in POLICY_FLAGS.values():
+        for flag, _, help_text in flags:
+            parser.add_argument(flag, type=int, default=None, help=help_text)
+
+
+def policy_settings(args) -> dict[str, dict]:
+    """Per policy name, the config fields its flags set (flags not given are left out)."""
+    return {name: {field: getattr(args, field) for _, field, _ in flags if getattr(args, field) is not None}
+            for name, flags in POLICY_FLAGS.items()}
