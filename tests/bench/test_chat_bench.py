@@ -24,12 +24,16 @@ def test_bad_settings_fail_before_the_long_work(tmp_path, settings):
         run_chat_bench(**{"out": tmp_path, **settings})
 
 
-def test_the_chat_suite_asks_every_policy_the_same_needle_question(tiny_adapter):
-    from vidsight.bench.chat import format_chat_accuracy, run_chat_accuracy
+def test_the_chat_suite_asks_every_policy_the_same_questions_at_their_times(tiny_adapter):
+    from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
 
-    report = run_chat_accuracy(tiny_adapter, streams=2, frames=16, settings={"recent": {"window_tokens": 16}})
+    report = run_chat_accuracy(tiny_adapter, streams=1, frames=64, settings={"recent": {"window_tokens": 16}})
     assert set(report["accuracy"]) == {"full", "recent", "rekv"}
     assert all(0 <= a <= 1 for a in report["accuracy"].values())
+    asked = {name: [(q["time_s"], q["question"]) for q in report["questions"] if q["policy"] == name]
+             for name in report["accuracy"]}
+    assert asked["full"] == asked["recent"] == asked["rekv"] and len(asked["full"]) == 3
+    assert [t for t, _ in asked["full"]] == sorted(t for t, _ in asked["full"])
     assert report["attended_share"]["full"] == 1.0 > report["attended_share"]["recent"]
     assert "accuracy" in format_chat_accuracy(report)
     with pytest.raises(ConfigError):

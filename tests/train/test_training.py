@@ -77,3 +77,27 @@ def test_step_samples_depend_on_seed_and_step_only():
     a, b = step_samples(config, 17), step_samples(config, 17)
     assert [s.seed for s in a] == [s.seed for s in b] and a[0].family == b[0].family
     assert [s.seed for s in step_samples(TrainConfig(seed=1), 17)] != [s.seed for s in a]
+
+
+def test_an_offset_clip_has_the_same_tokens_with_later_temporal_positions():
+    adapter = build_adapter(seed=0)
+    sample = make_sample("needle", 5, 16)
+    later = make_sample("needle", 5, 16)
+    later.offset_patches = 100
+    a, b = make_batch([sample], adapter, augment=False), make_batch([later], adapter, augment=False)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.pixel_values, b.pixel_values)
+    video = (a.input_ids[0] == adapter.video_token_id).nonzero().flatten()
+    shift = b.position_ids[:, 0] - a.position_ids[:, 0]
+    assert (shift[:, : video[0]] == 0).all()                            # the system prompt stays
+    assert (shift[0, video] == 200).all() and (shift[1:, video] == 0).all()  # 100 patches of 2 ticks, time only
+    assert (shift[:, video[-1] + 1 :] == 200).all()                     # the question follows the video
+
+
+def test_chat_steps_alternate_and_are_chat_suite_prefixes():
+    config = TrainConfig(chat_frames=(128,), offset_patches=50)
+    families = [step_samples(config, step)[0].family for step in range(4)]
+    assert families[0] == "count" and families[1].startswith("chat-") and families[3].startswith("chat-")
+    chat = step_samples(config, 1)
+    assert len(chat) == 2 and all(s.frames <= 128 and s.frames % 2 == 0 for s in chat)
+    offsets = [s.offset_patches for step in range(40) for s in step_samples(config, step)]
+    assert 0 in offsets and max(offsets) <= 50 and len(set(offsets)) > 5

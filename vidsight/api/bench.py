@@ -78,7 +78,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_policy_options(bench_chat)
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     bench_chat.add_argument("--accuracy", action="store_true",
-                            help="instead of timing, answer the chat suite's needle streams with --model")
+                            help="instead of timing, answer the chat suite (questions at several times) with --model")
     bench_chat.add_argument("--model", default=str(TASK_MODEL), help=f"with --accuracy (default: {TASK_MODEL})")
     bench_chat.add_argument("--streams", type=int, default=20, help="with --accuracy: streams (default: 20)")
     bench_chat.add_argument("--stream-frames", type=int, default=512,
@@ -170,7 +170,7 @@ def _run_bench_chat(args) -> int:
 
     settings = policy_settings(args)
     if args.accuracy:
-        from vidsight.bench.chat import format_chat_accuracy, run_chat_accuracy
+        from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
         from vidsight.models import load_model
 
         report = run_chat_accuracy(load_model(args.model, device="cpu"), args.streams, args.stream_frames,

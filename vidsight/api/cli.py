@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=TrainConfig.steps)
     train.add_argument("--seed", type=int, default=TrainConfig.seed)
     train.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    train.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
+    train.add_argument("--warmup", type=int, default=TrainConfig.warmup, help="warm-up steps")
+    train.add_argument("--init", default=None, metavar="MODEL",
+                       help="fine-tune this checkpoint instead of starting from random weights")
+    train.add_argument("--offset-patches", type=int, default=TrainConfig.offset_patches, metavar="N",
+                       help="clips start up to N temporal patches into a stream (default: 0, at the start)")
+    train.add_argument("--chat-frames", type=int, nargs="*", default=list(TrainConfig.chat_frames), metavar="F",
+                       help="train on chat-suite streams of these lengths too (every other step)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
@@ -179,7 +187,9 @@ def _run_train(args) -> int:
     if args.export:
         print(export_checkpoint(args.out, seed=args.seed))
         return 0
-    config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every)
+    config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
+                         warmup=args.warmup, init=args.init,
+                         offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames))
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
     return 0

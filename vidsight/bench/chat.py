@@ -7,9 +7,7 @@ length; there the session is forked once per policy and the same next temporal p
 through each policy's own per-patch path (its selection included), then the same question is
 asked (the shape of V-Rex's Fig. 13: per-frame latency against cache length).
 
-`run_chat_accuracy` is the chat suite's first family: long generated streams (512 sampled frames
-by default) with one brief object long before the question, "What colour was the <shape>?",
-asked at the end of the stream; every policy sees the same frames and question.
+Accuracy on the chat suite is `bench.chat_accuracy`.
 """
 
 from __future__ import annotations
@@ -22,27 +20,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vidsight.bench.accuracy import normalise
 from vidsight.bench.decode import bench_video
 from vidsight.bench.report import save_figure, write_report
 from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.engine.config import GenerationConfig
 from vidsight.errors import ConfigError
-from vidsight.ingest.stream import SampledFrame, StreamSource
-from vidsight.ingest.types import CodecInfo
+from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.synthetic import SyntheticSpec
 from vidsight.kv.retrieval import RecentConfig, RecentPolicy, make_policy
 from vidsight.models.shapes import MODEL_SHAPES, build_shape
-from vidsight.tasks.families import SAMPLE_FPS, make_sample
 
 HISTORY_TOKENS = (1000, 4000, 16000, 40000)
 POLICY_NAMES = ("full", "recent", "rekv")
 TIMED_PATCHES = 4
 QUESTION = "What colour was the square at the start?"
 STREAM_FPS = 1.0
-CHAT_STREAMS = 20
-CHAT_STREAM_FRAMES = 512
-CHAT_SUITE_SEED = 3_000_000_000
 HISTORY_WINDOW = 1024
 
 
@@ -113,52 +105,6 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
               "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
               "rows": rows, "growth": _growth(rows, policies)}
     return report
-
-
-def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
-                      policies: tuple[str, ...] = POLICY_NAMES, settings: dict[str, dict] | None = None,
-                      progress: bool = False) -> dict:
-    """Answer the needle question at the end of each long stream under each policy.
-
-    Args:
-        adapter: The model (vidsight's task model reads these questions).
-        streams: Generated streams (seeds from `CHAT_SUITE_SEED`).
-        frames: Sampled frames per stream, at the task families' 2 fps.
-        policies: Policy names.
-        settings: Per policy name, its config's fields to change from the defaults.
-        progress: Print each stream's answers.
-    """
-    if streams < 1 or frames < 8:
-        raise ConfigError("streams must be positive and frames at least 8")
-    settings = settings or {}
-    for name in policies:
-        make_policy(name, **settings.get(name, {}))
-    correct = dict.fromkeys(policies, 0)
-    shares = {name: [] for name in policies}
-    for k in range(streams):
-        sample = make_sample("needle", CHAT_SUITE_SEED + k, frames)
-        pictures = sample.render()
-        stream = [SampledFrame(i, i, float(t), torch.from_numpy(pictures[i]), CodecInfo("?", 0))
-                  for i, t in enumerate(sample.times_s)]
-        for name in policies:
-            with ChatSession(adapter, make_policy(name, **settings.get(name, {})), ChatConfig(fps=SAMPLE_FPS)) as chat:
-                chat.push(stream)
-                answer = chat.ask(sample.question, GenerationConfig(max_new_tokens=2))
-            correct[name] += normalise(answer.answer) == sample.answer
-            shares[name].append(answer.stats.attended_tokens / answer.stats.cached_tokens)
-            if progress:
-                print(f"stream {k}: {name:<6} {answer.answer!r} (truth {sample.answer})", flush=True)
-    return {"streams": streams, "frames": frames, "settings": {n: settings.get(n, {}) for n in policies},
-            "accuracy": {n: correct[n] / streams for n in policies},
-            "attended_share": {n: float(np.mean(shares[n])) for n in policies}}
-
-
-def format_chat_accuracy(report: dict) -> str:
-    lines = [f"{report['streams']} streams of {report['frames']} sampled frames; the needle question at the end"]
-    for name, accuracy in report["accuracy"].items():
-        lines.append(f"{name:<7} accuracy {accuracy:6.1%}   attended {report['attended_share'][name]:6.1%} of the cache "
-                     f"{report['settings'][name] or ''}")
-    return "\n".join(lines)
 
 
 def _growth(rows: list[dict], policies) -> dict[str, float]:

@@ -26,7 +26,12 @@ DEFAULT_FRAMES = {"count": 16, "attribute": 16, "order": 16, "needle": 64, "anom
 
 @dataclasses.dataclass
 class Sample:
-    """One question about one clip, with its answer."""
+    """One question about one clip, with its answer.
+
+    ``offset_patches`` places the clip that many temporal patches into a longer stream: the
+    frames are the same, their temporal positions later (training reads late positions this way
+    without long sequences).
+    """
 
     family: str
     seed: int
@@ -34,6 +39,7 @@ class Sample:
     question: str
     answer: str
     frames: int
+    offset_patches: int = 0
 
     @property
     def times_s(self) -> np.ndarray:

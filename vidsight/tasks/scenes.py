@@ -84,6 +84,7 @@ class Scene:
         pan: Camera pan in pixels per second (0 for a static camera).
         zone: ``(x0, y0, x1, y1)`` marked zone, drawn as a dark outline, or None.
         objects: The objects, drawn in order.
+        cuts: Times of scene changes, ascending: each starts a new background (a new shot).
     """
 
     width: int
@@ -93,26 +94,31 @@ class Scene:
     pan: float = 0.0
     zone: tuple[int, int, int, int] | None = None
     objects: list[SceneObject] = dataclasses.field(default_factory=list)
+    cuts: tuple[float, ...] = ()
 
     def __post_init__(self):
-        self._background = None
+        self._backgrounds: dict[int, np.ndarray] = {}
 
-    def background(self) -> np.ndarray:
-        """Muted smooth texture, wide enough for the pan."""
-        if self._background is None:
-            rng = np.random.default_rng(self.seed)
+    def shot(self, t: float) -> int:
+        """Index of the shot showing at time ``t`` (0 before the first cut)."""
+        return int(np.searchsorted(self.cuts, t, side="right"))
+
+    def background(self, shot: int = 0) -> np.ndarray:
+        """Muted smooth texture of one shot, wide enough for the pan."""
+        if shot not in self._backgrounds:
+            rng = np.random.default_rng(self.seed if shot == 0 else [self.seed, shot])
             width = self.width + int(math.ceil(abs(self.pan) * self.duration_s)) + 2
             smooth = smooth_texture(rng, self.height, width, 90, 165)
             grey = smooth.mean(axis=2, keepdims=True)
             # Desaturate so object colours are unmistakable; keep grain so motion search is honest.
             texture = 0.6 * grey + 0.4 * smooth + rng.normal(0, 6, size=(self.height, width, 1))
-            self._background = np.clip(texture, 0, 255).astype(np.uint8)
-        return self._background
+            self._backgrounds[shot] = np.clip(texture, 0, 255).astype(np.uint8)
+        return self._backgrounds[shot]
 
     def render(self, t: float) -> np.ndarray:
         """The frame at time ``t``: ``(height, width, 3)`` uint8."""
         offset = int(round(abs(self.pan) * t))
-        bg = self.background()
+        bg = self.background(self.shot(t))
         start = offset if self.pan >= 0 else bg.shape[1] - self.width - offset
         frame = bg[:, start : start + self.width].copy()
         if self.zone is not None:
@@ -172,7 +178,7 @@ class Scene:
     def to_dict(self) -> dict:
         return {
             "width": self.width, "height": self.height, "duration_s": self.duration_s, "seed": self.seed,
-            "pan": self.pan, "zone": self.zone,
+            "pan": self.pan, "zone": self.zone, "cuts": list(self.cuts),
             "objects": [dataclasses.asdict(o) | {"t_stop": _finite(o.t_stop), "recolour_at": _finite(o.recolour_at)}
                         for o in self.objects],
             "events": self.events(),

@@ -86,6 +86,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         ids = torch.cat([layout.input_ids, torch.tensor(answer + later_ids, dtype=torch.long)])
         second_per_grid_t = adapter.vision.temporal_patch_size / SAMPLE_FPS
         vpos = adapter.video_positions(video.grid_thw, second_per_grid_t, layout.video_start)
+        vpos[0] += int(sample.offset_patches * second_per_grid_t * adapter.vision.tokens_per_second)
         pos, _ = prompt_positions(len(ids), layout.video_start, vpos)
         label = torch.full_like(ids, IGNORE)
         label[len(layout.input_ids):] = torch.tensor(answer + later_labels, dtype=torch.long)

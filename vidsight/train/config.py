@@ -23,6 +23,13 @@ class TrainConfig:
         probes: Further questions about each clip asked as later turns (`probe_questions`).
         cell_weight: Weight of the training-only per-video-token loss (`loop.TrainingHeads`).
         key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
+        init: A checkpoint directory to start from (fine-tuning) instead of random weights.
+        offset_patches: Clips start up to this many temporal patches into a stream (positions
+            shifted, frames the same; drawn per clip, half of them at 0), so the model reads
+            late stream positions without long sequences. 0 keeps every clip at the start.
+        chat_frames: Lengths in sampled frames of the chat-suite streams (`tasks.chat`) trained
+            on, one drawn per chat step; empty for none. With any, every other step is a chat step.
+        eval_chat_frames: Length of the held-out chat streams evaluated (every question of each).
     """
 
     steps: int = 7000
@@ -36,8 +43,15 @@ class TrainConfig:
     probes: int = 4
     cell_weight: float = 1.0
     key_weight: float = 1.0
+    init: str | None = None
+    offset_patches: int = 0
+    chat_frames: tuple[int, ...] = ()
+    eval_chat_frames: int = 512
 
     def __post_init__(self):
+        object.__setattr__(self, "chat_frames", tuple(self.chat_frames))
+        if self.offset_patches < 0 or any(f < 64 or f % 2 for f in (*self.chat_frames, self.eval_chat_frames)):
+            raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
         if self.probes < 0 or self.cell_weight < 0 or self.key_weight < 0:

@@ -12,10 +12,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vidsight.tasks.families import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
 from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
+from vidsight.tasks.chat import make_chat_stream
+from vidsight.tasks.families import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
@@ -31,6 +32,8 @@ HELD_OUT_SEED = 1_000_000_000
 # One family per step; those the model learns slowest (count, attribute, needle) twice as often.
 SCHEDULE = ("count", "attribute", "needle", "order", "count", "attribute", "needle", "anomaly")
 NEEDLE_TRAIN_FRAMES = (16, 32, 48, 64)
+# Chat steps train on clips of about this many frames' worth of tokens (so batches stay one size).
+CHAT_BATCH_FRAMES = 256
 CELL_CLASSES = 1 + len(COLOURS) * len(OBJECT_SHAPES)
 # Key-word answers are read after this many of the language model's layers, leaving the rest to
 # carry them to the answer position.
@@ -40,24 +43,49 @@ VISION = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, image_me
                     tokens_per_second=2)
 
 
-def build_adapter(seed: int) -> Qwen25VLAdapter:
+def build_adapter(seed: int, init: str | None = None) -> Qwen25VLAdapter:
+    """The task model to train: random weights from ``seed``, or a checkpoint's with ``init``."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_task_tokenizer()
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(model_config(tokenizer))
+    if init is not None:
+        from vidsight.models.loading import load_model
+
+        source = load_model(init, device="cpu", dtype=torch.float32)
+        if source.tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"{init}: its vocabulary is not the task tokenizer's; cannot fine-tune it")
+        model.load_state_dict(source.model.state_dict())
     eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     return Qwen25VLAdapter("training", model, tokenizer, CHAT_TEMPLATE, VISION, eos)
 
 
+def step_schedule(config: TrainConfig) -> tuple[str, ...]:
+    """The families of consecutive steps, repeated: with chat streams, every other step is a chat step."""
+    if not config.chat_frames:
+        return SCHEDULE
+    return tuple(f for family in SCHEDULE for f in (family, "chat"))
+
+
 def step_samples(config: TrainConfig, step: int) -> list:
     """The clips of one step: a function of the seed and the step only, so resuming replays exactly."""
-    family = SCHEDULE[step % len(SCHEDULE)]
+    schedule = step_schedule(config)
+    family = schedule[step % len(schedule)]
     rng = np.random.default_rng([config.seed, step])
-    frames = int(rng.choice(NEEDLE_TRAIN_FRAMES)) if family == "needle" else DEFAULT_FRAMES[family]
-    count = config.batch if frames <= 32 else config.batch // 2
     base = (config.seed * 1_000_003 + step * config.batch) % (HELD_OUT_SEED - config.batch)
-    return [make_sample(family, base + i, frames) for i in range(count)]
+    if family == "chat":
+        frames = int(rng.choice(config.chat_frames))
+        streams = [make_chat_stream(base + i, frames) for i in range(max(1, CHAT_BATCH_FRAMES // frames))]
+        samples = [s.sample(s.questions[int(rng.integers(len(s.questions)))]) for s in streams]
+    else:
+        frames = int(rng.choice(NEEDLE_TRAIN_FRAMES)) if family == "needle" else DEFAULT_FRAMES[family]
+        count = config.batch if frames <= 32 else config.batch // 2
+        samples = [make_sample(family, base + i, frames) for i in range(count)]
+    if config.offset_patches:
+        for sample in samples:
+            sample.offset_patches = int(rng.integers(config.offset_patches + 1)) if rng.random() < 0.5 else 0
+    return samples
 
 
 class TrainingHeads(torch.nn.Module):
@@ -98,22 +126,35 @@ def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: 
 
 @torch.no_grad()
 def held_out_accuracy(adapter, config: TrainConfig) -> dict[str, float]:
-    """First-answer-token accuracy per family on clips never seen in training (rendered, not encoded)."""
+    """First-answer-token accuracy per family on clips never seen in training (rendered, not encoded).
+
+    With chat training, ``chat`` scores every question of ``eval_per_family // 4`` held-out
+    streams of ``eval_chat_frames`` frames, each asked after the stream so far.
+    """
     adapter.model.eval()
+    suites = {family: [make_sample(family, HELD_OUT_SEED + i) for i in range(config.eval_per_family)]
+              for family in FAMILIES}
+    if config.chat_frames:
+        streams = [make_chat_stream(HELD_OUT_SEED + i, config.eval_chat_frames)
+                   for i in range(max(1, config.eval_per_family // 4))]
+        suites["chat"] = [s.sample(q) for s in streams for q in s.questions]
     scores = {}
-    for family in FAMILIES:
-        correct = 0
-        samples = [make_sample(family, HELD_OUT_SEED + i) for i in range(config.eval_per_family)]
-        for lo in range(0, len(samples), 4):
-            batch = make_batch(samples[lo : lo + 4], adapter, augment=False).to(adapter.model.device)
-            logits = adapter.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                                   pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).logits
-            rows = torch.arange(len(batch.answer_start))
-            predicted = logits[rows, batch.answer_start - 1].argmax(-1)
-            correct += int((predicted == batch.input_ids[rows, batch.answer_start]).sum())
+    for family, samples in suites.items():
+        size = 1 if family == "chat" else 4  # a chat stream's questions see different lengths
+        correct = sum(_first_token_correct(adapter, samples[lo : lo + size]) for lo in range(0, len(samples), size))
         scores[family] = correct / len(samples)
     adapter.model.train()
     return scores
+
+
+def _first_token_correct(adapter, samples: list) -> int:
+    """How many of ``samples`` (same length) get their answer's first token right at full compute."""
+    batch = make_batch(samples, adapter, augment=False).to(adapter.model.device)
+    logits = adapter.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                           pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).logits
+    rows = torch.arange(len(batch.answer_start))
+    predicted = logits[rows, batch.answer_start - 1].argmax(-1)
+    return int((predicted == batch.input_ids[rows, batch.answer_start]).sum())
 
 
 def _schedule(config: TrainConfig):
@@ -135,7 +176,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    adapter = build_adapter(config.seed)
+    adapter = build_adapter(config.seed, config.init)
     model = adapter.model.to(resolve_device(device)).train()
     heads = TrainingHeads(model)
     optimizer = torch.optim.AdamW([*model.parameters(), *heads.parameters()], lr=config.lr,
@@ -210,7 +251,7 @@ def plot_history(history: list[dict], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(steps, [h["loss"] for h in history], marker="o")
     left.set(xlabel="step", ylabel="training loss", yscale="log", title="loss")
-    for family in FAMILIES:
+    for family in history[-1]["held_out_accuracy"] if history else ():
         right.plot(steps, [h["held_out_accuracy"][family] for h in history], marker="o", label=family)
     right.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="held-out first-token accuracy")
     right.axhline(0.9, color="grey", linestyle="--", linewidth=0.8)

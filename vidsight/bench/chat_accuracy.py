@@ -1,0 +1,108 @@
+"""`vidsight bench chat --accuracy`: the chat suite (`tasks.chat`) answered under each policy.
+
+Every policy sees the same streams and questions: one session per stream and policy; the
+stream is pushed up to each question's time, the question is asked (its turn then dropped, as
+chat does by default) and the stream goes on. The first answer word is scored against the truth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vidsight.bench.accuracy import normalise
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.engine.config import GenerationConfig
+from vidsight.errors import ConfigError
+from vidsight.ingest.stream import SampledFrame
+from vidsight.ingest.types import CodecInfo
+from vidsight.kv.retrieval import make_policy
+from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
+from vidsight.tasks.families import SAMPLE_FPS
+
+CHAT_STREAMS = 20
+CHAT_STREAM_FRAMES = 512
+CHAT_SUITE_SEED = 3_000_000_000
+ANSWER_TOKENS = 2
+
+
+def stream_frames(stream: ChatStream) -> list[SampledFrame]:
+    """The stream's frames as a sampler would give them."""
+    pictures = stream.render()
+    return [SampledFrame(i, i, float(t), torch.from_numpy(pictures[i]), CodecInfo("generated", 0))
+            for i, t in enumerate(stream.times_s)]
+
+
+def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], policy_name: str,
+                  settings: dict) -> list[dict]:
+    """One session over ``stream`` under one policy: each question asked at its time."""
+    rows = []
+    with ChatSession(adapter, make_policy(policy_name, **settings), ChatConfig(fps=SAMPLE_FPS)) as chat:
+        for question in stream.questions:
+            chat.push(frames[chat.frames_seen : question.frames_seen])
+            answer = chat.ask(question.question, GenerationConfig(max_new_tokens=ANSWER_TOKENS))
+            rows.append({"seed": stream.seed, "time_s": question.time_s, "family": question.family,
+                         "question": question.question, "truth": question.answer, "answer": answer.answer,
+                         "correct": normalise(answer.answer) == question.answer,
+                         "seconds_back": round(question.time_s - question.event_s, 1),
+                         "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
+                         "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens})
+    return rows
+
+
+def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
+                      policies: tuple[str, ...] = ("full", "recent", "rekv"), settings: dict[str, dict] | None = None,
+                      progress: bool = False) -> dict:
+    """Answer every question of ``streams`` chat-suite streams under each policy.
+
+    Args:
+        adapter: The model (vidsight's task model reads these questions).
+        streams: Generated streams (seeds from `CHAT_SUITE_SEED`, never trained on).
+        frames: Sampled frames per stream, at the task families' 2 fps (even, at least 64).
+        policies: Policy names.
+        settings: Per policy name, its config's fields to change from the defaults.
+        progress: Print each stream's answers.
+
+    Returns:
+        ``{"streams", "frames", "settings", "accuracy": {policy: share}, "by_family": {policy:
+        {family: share}}, "attended_share": {policy: mean}, "questions": [...]}``.
+    """
+    if streams < 1 or frames < 64 or frames % 2:
+        raise ConfigError("streams must be positive and frames even, at least 64")
+    settings = settings or {}
+    for name in policies:
+        make_policy(name, **settings.get(name, {}))  # a bad name or setting fails before the long work
+    questions = []
+    for k in range(streams):
+        stream = make_chat_stream(CHAT_SUITE_SEED + k, frames)
+        pictures = stream_frames(stream)
+        for name in policies:
+            for row in answer_stream(adapter, stream, pictures, name, settings.get(name, {})):
+                questions.append({"policy": name, **row})
+                if progress:
+                    print(f"stream {k} t={row['time_s']:6.1f} s {name:<6} {row['question']} -> {row['answer']!r} "
+                          f"(truth {row['truth']})", flush=True)
+
+    def share(rows: list[dict], key: str = "correct") -> float:
+        return float(np.mean([r[key] for r in rows])) if rows else float("nan")
+
+    def mine(name: str, family: str | None = None) -> list[dict]:
+        return [q for q in questions if q["policy"] == name and family in (None, q["family"])]
+
+    return {"streams": streams, "frames": frames, "questions_per_policy": len(mine(policies[0])),
+            "settings": {n: settings.get(n, {}) for n in policies},
+            "accuracy": {n: share(mine(n)) for n in policies},
+            "by_family": {n: {f: share(mine(n, f)) for f in CHAT_FAMILIES} for n in policies},
+            "attended_share": {n: share(mine(n), "attended_share") for n in policies},
+            "questions": questions}
+
+
+def format_chat_accuracy(report: dict) -> str:
+    lines = [f"{report['streams']} streams of {report['frames']} sampled frames, "
+             f"{report['questions_per_policy']} questions at several times",
+             f"{'policy':<7} {'accuracy':>8} " + " ".join(f"{f:>7}" for f in CHAT_FAMILIES) + "  attended  settings"]
+    for name, accuracy in report["accuracy"].items():
+        families = " ".join(f"{report['by_family'][name][f]:7.1%}" for f in CHAT_FAMILIES)
+        lines.append(f"{name:<7} {accuracy:8.1%} {families}  {report['attended_share'][name]:7.1%}  "
+                     f"{report['settings'][name] or ''}")
+    return "\n".join(lines)
