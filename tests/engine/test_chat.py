@@ -178,3 +178,50 @@ def test_rekvs_index_kept_across_questions_chooses_as_a_fresh_one(tiny_adapter, 
     for layer in range(tiny_adapter.num_layers):
         assert torch.equal(kept.select(layer, session.cache, q, Step("question")),
                            fresh.select(layer, session.cache, q, Step("question")))
+
+
+def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tiny_adapter, make_test_video):
+    """With turns kept, the second answer equals one transformers forward over the whole dialogue:
+    video, question, answer, a new user turn with the next video span (Qwen's positions for a
+    second video), and the second question."""
+    from vidsight.models.positions import video_grid_positions
+    from vidsight.vision import preprocess_video
+
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS, keep_dialogue=True))
+    session.push(as_frames(batch, 0, 4))
+    first = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    after_first = session.cache.length
+    session.push(as_frames(batch, 4, 8))
+    second = session.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert session.cache.length > after_first  # the second turn stays too
+
+    spec, tokenizer = tiny_adapter.vision, tiny_adapter.tokenizer
+    videos = [preprocess_video(batch.data[lo:hi], spec, size=session._size) for lo, hi in ((0, 4), (4, 8))]
+    tokens = [v.pixel_values.shape[0] // spec.merge_size**2 for v in videos]
+    one = tiny_adapter.build_prompt(QUESTIONS[0], tokens[0])
+    two = tiny_adapter.build_prompt(QUESTIONS[1], tokens[1])
+    prefix = one.input_ids[: one.video_start].tolist()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = first.token_ids if first.token_ids[-1] == end else first.token_ids + [end]
+    reopen = prefix[prefix.index(end) + 1 :]
+    ids = one.input_ids.tolist() + answer + reopen + two.input_ids[two.video_start :].tolist()
+
+    def video_positions(video, start):
+        return video_grid_positions(tuple(video.grid_thw), spec.merge_size, spec.temporal_patch_size / FPS,
+                                    spec.tokens_per_second, start)
+
+    first_video = video_positions(videos[0], one.video_start)
+    text = len(one.input_ids) - one.video_start - tokens[0] + len(answer) + len(reopen)
+    second_start = int(first_video.max()) + 1 + text
+    second_video = video_positions(videos[1], second_start)
+    rest = len(two.input_ids) - two.video_start - tokens[1]
+    positions = torch.cat([torch.arange(one.video_start).expand(3, -1), first_video,
+                           (torch.arange(text) + int(first_video.max()) + 1).expand(3, -1), second_video,
+                           (torch.arange(rest) + int(second_video.max()) + 1).expand(3, -1)], dim=1)
+    assert positions.shape[1] == len(ids)
+    with torch.no_grad():
+        logits = tiny_adapter.model(input_ids=torch.tensor([ids]), position_ids=positions[:, None],
+                                    pixel_values_videos=torch.cat([v.pixel_values for v in videos]),
+                                    video_grid_thw=torch.tensor([list(v.grid_thw) for v in videos])).logits[0, -1]
+    assert torch.allclose(second.logits, logits, atol=1e-4, rtol=0)

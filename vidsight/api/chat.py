@@ -33,6 +33,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
+    chat.add_argument("--keep-dialogue", action="store_true",
+                      help="keep each question and answer in the memory, as a chat would (default: only video)")
     chat.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
     chat.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
     chat.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
@@ -101,7 +103,7 @@ def run_chat(args) -> int:
 
     scheduled = read_questions(args.questions) if args.questions else None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    config = ChatConfig(fps=args.fps)
+    config = ChatConfig(fps=args.fps, keep_dialogue=args.keep_dialogue)
     policy = _policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
                           follow_idle_s=args.follow)

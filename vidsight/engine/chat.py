@@ -41,9 +41,14 @@ class ChatConfig:
     Attributes:
         fps: Frames per second the stream is sampled at (sets the temporal positions); 1 by
             default, as the chat issue asks (ReKV samples at 0.5).
+        keep_dialogue: Keep each question and answer in the cache, as a chat would: the turn is
+            closed, a new user turn opens and the stream goes on in it as a new video span
+            (positions as Qwen gives a second video: from the position after the turn, time
+            counted from the span's first frame). Off by default, so the memory holds only video.
     """
 
     fps: float = 1.0
+    keep_dialogue: bool = False
 
     def __post_init__(self):
         if not 0 < self.fps <= 120:
@@ -135,6 +140,9 @@ class ChatSession:
         self._input_hw: tuple[int, int] | None = None
         self._patches = 0
         self._next_position = len(self._prefix)  # after the video so far
+        # The video span the stream is in: its first position and first temporal patch (a kept
+        # dialogue turn starts a new span).
+        self._span_start, self._span_first_patch = len(self._prefix), 0
         self.frames_seen = 0
         self.time_s = 0.0
         self.patches: list[PatchStats] = []       # per temporal patch: preprocess, vision and prefill
@@ -175,10 +183,10 @@ class ChatSession:
             embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
             gh, gw = video.grid_thw[1:]
             count = embeds.shape[1]
-            # The positions of the whole video so far, as `ask` computes them; this patch's are the last.
+            # The positions of the whole span so far, as `ask` computes them; this patch's are the last.
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
-            positions = adapter.video_positions((self._patches + 1, gh, gw), seconds_per_patch,
-                                                len(self._prefix))[:, -count:]
+            positions = adapter.video_positions((self._patches - self._span_first_patch + 1, gh, gw),
+                                                seconds_per_patch, self._span_start)[:, -count:]
             rows = patch_rows(self._patches, (gh // spec.merge_size, gw // spec.merge_size),
                               torch.tensor([frames[0].frame_index]), torch.tensor([frames[0].pts_s]), positions)
             self.cache.reserve(count)
@@ -261,13 +269,36 @@ class ChatSession:
             ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
                            on_token=None if on_text is None else self._text_stream(on_text),
                            policy=self.policy, step=answer_step)
-        self.cache.truncate(before)
+            if self.config.keep_dialogue:
+                self._keep_turn(ids, self._next_position + len(suffix) + len(ids) - 1)
+        if not self.config.keep_dialogue:
+            self.cache.truncate(before)
         stats.ttft_s = first_token - started
         stats.answer_s = time.perf_counter() - started
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
         stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
+
+    def _keep_turn(self, ids: list[int], last_position: int) -> None:
+        """Close the answered turn and open the next user turn's video span after it.
+
+        The answer's last token is not in the cache yet (`generate` stops before writing it);
+        it goes in with the turn's end and the template's opening of a user turn with a video
+        (the prompt's tokens after the system turn ends).
+        """
+        end = next((t for t in self._prefix.tolist() if t in self.adapter.eos_token_ids), None)
+        if end is None:
+            raise ModelError(f"{self.adapter.name}: the chat template has no end-of-turn token before the video; "
+                             "dialogue turns cannot be kept")
+        prefix = self._prefix.tolist()
+        reopen = prefix[prefix.index(end) + 1 :]
+        closing = ids[-1:] + ([] if ids[-1] in self.adapter.eos_token_ids else [end])
+        tokens = torch.tensor(closing + reopen)
+        positions = (torch.arange(len(tokens)) + last_position).expand(3, -1)
+        self._prefill_text(tokens, positions, Step("answer"))
+        self._next_position = self._span_start = last_position + len(tokens)
+        self._span_first_patch = self._patches
 
     def _text_stream(self, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:
         """A `generate` callback that hands ``on_text`` the text each token adds."""
