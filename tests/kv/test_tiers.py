@@ -1,6 +1,8 @@
 """Tiered KV memory: lossless offload, budgets kept, bit-exact disk, the session directory removed."""
 
+import errno
 import os
+import threading
 
 import pytest
 import torch
@@ -96,3 +98,63 @@ def test_an_unwritable_disk_directory_is_refused(tmp_path):
         TieredKVCache(1, 1, 4, torch.float32, torch.device("cpu"), TierConfig(disk_dir=blocked / "kv"))
     with pytest.raises(ConfigError):
         TierConfig(device_tokens=0)
+
+
+def _write_chunks(cache, chunks):
+    for chunk in chunks:
+        cache.write(0, chunk, -chunk)
+        cache.keep(0, chunk.shape[2])
+        cache.commit(TokenTable.text(torch.zeros(3, chunk.shape[2], dtype=torch.long)))
+
+
+def test_a_block_is_readable_while_its_disk_write_is_in_flight(tmp_path, monkeypatch):
+    from vidsight.kv.copies import CopyEngine
+
+    release, write = threading.Event(), CopyEngine._write
+
+    def slow_write(self, path, data):
+        release.wait(10)
+        write(self, path, data)
+
+    monkeypatch.setattr(CopyEngine, "_write", slow_write)
+    cache = TieredKVCache(1, 2, 8, torch.float32, torch.device("cpu"),
+                          TierConfig(device_tokens=3, host_tokens=1, disk_dir=tmp_path))
+    chunks = [torch.randn(1, 2, 3, 8) for _ in range(3)]
+    _write_chunks(cache, chunks)
+    assert cache.tokens_by_tier()["disk"] == 6 and not list(cache.directory.iterdir())  # written later
+    keys, _ = cache.read(0)  # waits for nothing it does not need: the host copies serve
+    assert torch.equal(keys, torch.cat(chunks, dim=2))
+    release.set()
+    cache.close()
+    assert not os.listdir(tmp_path)
+
+
+def test_a_full_disk_evicts_the_oldest_blocks_counted_with_one_warning(tmp_path, monkeypatch, caplog):
+    from vidsight.kv.copies import CopyEngine
+
+    def full(self, path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(CopyEngine, "_write", full)
+    cache = TieredKVCache(1, 1, 4, torch.float32, torch.device("cpu"),
+                          TierConfig(device_tokens=2, host_tokens=2, disk_dir=tmp_path))
+    _write_chunks(cache, [torch.full((1, 1, 2, 4), float(k)) for k in range(5)])
+    cache._reap(wait=True)
+    assert cache.evicted_tokens == 6 and cache.tokens_by_tier() == {"device": 2, "host": 2, "disk": 0}
+    assert cache.read(0)[0][0, 0, :, 0].tolist() == [3, 3, 4, 4]  # the newest stay
+    assert len([r for r in caplog.records if "disk tier is full" in r.message]) == 1
+    cache.close()
+
+
+def test_a_tiered_session_forks_with_its_own_directory(tiny_adapter, frames, tmp_path):
+    budget = TierConfig(device_tokens=200, host_tokens=200, disk_dir=tmp_path)
+    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0), tiers=budget) as session:
+        session.push(frames[:12])
+        fork = session.fork()
+        assert fork.cache.directory != session.cache.directory and fork.cache.tokens_by_tier()["disk"] > 0
+        a, b = (s.ask(QUESTION, GenerationConfig(max_new_tokens=4)) for s in (session, fork))
+        assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+        fork.close()
+        assert os.listdir(tmp_path) == [session.cache.directory.name]
+        assert session.cache.device_peak_tokens >= 200 and session.cache.tokens_by_tier()["device"] <= 200
+    assert not os.listdir(tmp_path)

@@ -70,6 +70,7 @@ class ChatStats:
         answer_s: From the question to the whole answer.
         tokens_by_tier: Cached tokens (summed over layers) on the device, host and disk after the answer.
         bytes_moved: Bytes copied up and down between the tiers since the session began.
+        copy_s: Seconds those copies took, up and down (copies down run beside the computation).
     """
 
     time_s: float = 0.0
@@ -81,6 +82,7 @@ class ChatStats:
     answer_s: float = 0.0
     tokens_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
+    copy_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -214,16 +216,11 @@ class ChatSession:
         self.close()
 
     def fork(self, policy: KVPolicy | None = None) -> "ChatSession":
-        """A session that shares this one's model and starts from a copy of its memory.
+        """A session that shares this one's model and starts from a copy of its memory (tiers too).
 
         Args:
             policy: The fork's policy (default: this session's).
-
-        Raises:
-            ConfigError: the session keeps its memory in tiers (not copied yet).
         """
-        if isinstance(self.cache, TieredKVCache):
-            raise ConfigError("a session with tiered KV memory cannot be forked yet")
         fork = copy.copy(self)
         fork.policy = self.policy if policy is None else policy
         fork.cache = self.cache.clone()
@@ -278,6 +275,7 @@ class ChatSession:
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
         stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
+        stats.copy_s = {way: round(seconds, 6) for way, seconds in self.cache.copy_seconds.items()}
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
 
     def _keep_turn(self, ids: list[int], last_position: int) -> None:

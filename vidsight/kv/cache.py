@@ -91,6 +91,7 @@ class KVCache:
         self.slot_rows = torch.full((num_layers, capacity), -1, dtype=torch.long)
         self.tokens = TokenTable.empty()
         self.bytes_moved = {"up": 0, "down": 0}  # between tiers: none here
+        self.copy_seconds = {"up": 0.0, "down": 0.0}
 
     @property
     def nbytes(self) -> int:
@@ -193,7 +194,7 @@ class KVCache:
         copy.keys, copy.values = self.keys.clone(), self.values.clone()
         copy.capacity, copy.filled = self.capacity, list(self.filled)
         copy.slot_rows, copy.tokens = self.slot_rows.clone(), self.tokens[:]
-        copy.bytes_moved = dict(self.bytes_moved)
+        copy.bytes_moved, copy.copy_seconds = dict(self.bytes_moved), dict(self.copy_seconds)
         return copy
 
     def truncate(self, length: int) -> None:

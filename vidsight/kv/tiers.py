@@ -6,25 +6,30 @@ least recently used blocks move down a tier (device -> host -> disk), and a bloc
 to moves back up first, so during a step the device also holds the blocks that step attends to.
 When every tier is full the oldest blocks are evicted and counted: attention then skips their
 tokens. Disk blocks are memory-mapped files in one directory per session, removed on `close`.
-Copies are synchronous here (the CPU is the device on this machine); bytes moved are counted.
+Copies down run beside the computation (`copies.CopyEngine`): a block being written to disk
+keeps its host copy until the write is done, and a write that fails (a full disk) evicts the
+block, counted, with one warning.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from vidsight.errors import ConfigError
 from vidsight.kv.cache import TokenTable
+from vidsight.kv.copies import CopyEngine, Transfer
 
 log = logging.getLogger(__name__)
 DEVICE, HOST, DISK = "device", "host", "disk"
+# Disk writes in flight at most; past it the oldest is waited for (each holds a host copy).
+WRITES_IN_FLIGHT = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +61,10 @@ class _Block:
     start: int                 # first slot of the layer it holds
     length: int
     tier: str
-    data: torch.Tensor | None  # (2, kv_heads, length, head_dim) keys and values; None on disk
+    data: torch.Tensor | None  # (2, kv_heads, length, head_dim) keys and values; None once on disk
     path: Path | None = None
     last_used: int = 0
+    transfer: Transfer | None = None  # its copy down, while in flight
 
 
 class TieredKVCache:
@@ -84,9 +90,11 @@ class TieredKVCache:
         self.filled = [0] * num_layers
         self.slot_rows: list[list[int]] = [[] for _ in range(num_layers)]
         self.tokens = TokenTable.empty()
-        self.bytes_moved = {"up": 0, "down": 0}
+        self.copies = CopyEngine(self.device)
         self.evicted_tokens = 0
+        self.device_peak_tokens = 0  # the most on the device at any moment, steps included
         self._clock = 0
+        self._disk_full_warned = False
         self.directory = self._open_directory(config.disk_dir) if config.disk_dir is not None else None
 
     @staticmethod
@@ -99,6 +107,14 @@ class TieredKVCache:
         return directory
 
     # -- what the engine calls ----------------------------------------------------------------
+    @property
+    def bytes_moved(self) -> dict[str, int]:
+        return self.copies.bytes
+
+    @property
+    def copy_seconds(self) -> dict[str, float]:
+        return self.copies.seconds
+
     @property
     def length(self) -> int:
         return len(self.tokens)
@@ -126,6 +142,7 @@ class TieredKVCache:
         block = _Block(layer, self.filled[layer], k.shape[2], DEVICE, torch.stack([k[0], v[0]]).clone(),
                        last_used=self._clock)
         self.blocks[layer].append(block)
+        self._note_device()
         return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
 
     def read(self, layer: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,30 +198,57 @@ class TieredKVCache:
         self.tokens = self.tokens[:length]
 
     def close(self) -> None:
-        """Remove the session's disk directory (unless kept)."""
+        """Finish the writes in flight and remove the session's disk directory (unless kept)."""
+        self.copies.close()
         if self.directory is not None and not self.config.keep_files:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+    def clone(self) -> "TieredKVCache":
+        """An independent copy with the same budgets; its disk blocks in a directory of its own."""
+        self._reap(wait=True)
+        twin = copy.copy(self)
+        twin.copies = CopyEngine(self.device)
+        twin.copies.bytes, twin.copies.seconds = dict(self.copies.bytes), dict(self.copies.seconds)
+        twin.directory = self._open_directory(self.config.disk_dir) if self.directory is not None else None
+        twin.blocks = [[dataclasses.replace(b, data=None if b.data is None else b.data.clone(),
+                                            path=None if b.path is None else twin.directory / b.path.name)
+                        for b in layer] for layer in self.blocks]
+        for block in (b for layer in self.blocks for b in layer if b.path is not None):
+            shutil.copyfile(block.path, twin.directory / block.path.name)
+        twin.filled, twin.slot_rows, twin.tokens = list(self.filled), [list(r) for r in self.slot_rows], self.tokens[:]
+        return twin
 
     # -- moving blocks ------------------------------------------------------------------------
     def _up(self, block: _Block) -> torch.Tensor:
         """The block's data on the device, moving it up a tier or two first."""
         block.last_used = self._clock
-        if block.tier != DEVICE:
-            data = self._load(block) if block.tier == DISK else block.data
-            self.bytes_moved["up"] += data.nbytes
-            if block.path is not None:
-                block.path.unlink(missing_ok=True)
-            block.data, block.tier, block.path = data.to(self.device), DEVICE, None
+        if block.tier == DEVICE:
+            return block.data
+        self._settle(block)
+        if block.data is None:
+            data = self.copies.load(block.path, self.dtype, (2, self.shape[0], block.length, self.shape[1]))
+        else:
+            data = self.copies.up(block.data)
+        if block.path is not None:
+            block.path.unlink(missing_ok=True)
+        block.data, block.tier, block.path = data, DEVICE, None
+        self._note_device()
         return block.data
 
+    def _note_device(self) -> None:
+        self.device_peak_tokens = max(self.device_peak_tokens, self._count(DEVICE))
+
     def _enforce(self) -> None:
+        self._reap()
         device, host = self.config.device_tokens, self.config.host_tokens
         while device is not None and self._count(DEVICE) > device:
             self._down(self._least_recent(DEVICE), HOST)
         while host is not None and self._count(HOST) > host:
             block = self._least_recent(HOST)
-            if self.directory is None or not self._down(block, DISK):
+            if self.directory is None:
                 self._evict(block)
+            else:
+                self._down(block, DISK)
 
     def _count(self, tier: str) -> int:
         return sum(b.length for layer in self.blocks for b in layer if b.tier == tier)
@@ -212,38 +256,48 @@ class TieredKVCache:
     def _least_recent(self, tier: str) -> _Block:
         return min((b for layer in self.blocks for b in layer if b.tier == tier), key=lambda b: (b.last_used, b.start))
 
-    def _down(self, block: _Block, tier: str) -> bool:
-        """Move ``block`` to ``tier``; False when the disk is full."""
+    def _down(self, block: _Block, tier: str) -> None:
+        """Start moving ``block`` down to ``tier``; the step goes on while the copy runs."""
         if tier == HOST:
-            host = block.data.to("cpu")
-            block.data = host.pin_memory() if self.device.type == "cuda" else host
+            block.data, block.transfer = self.copies.to_host(block.data)
         else:
-            path = self.directory / f"layer{block.layer}-slot{block.start}.kv"
-            raw = block.data.contiguous().view(torch.uint8).reshape(-1).numpy()
-            try:
-                mapped = np.memmap(path, dtype=np.uint8, mode="w+", shape=raw.shape)
-                mapped[:] = raw
-                mapped.flush()
-            except OSError as exc:
-                path.unlink(missing_ok=True)
-                log.warning("%s: the KV disk tier is full (%s); evicting the oldest blocks", self.directory, exc)
-                return False
-            block.data, block.path = None, path
-        self.bytes_moved["down"] += block.length * 2 * self.shape[0] * self.shape[1] * self.dtype.itemsize
+            self._settle(block)
+            block.path = self.directory / f"layer{block.layer}-slot{block.start}.kv"
+            block.transfer = self.copies.to_disk(block.path, block.data)
         block.tier = tier
+        if sum(b.transfer is not None for layer in self.blocks for b in layer) > WRITES_IN_FLIGHT:
+            self._reap(wait=True)
+
+    def _settle(self, block: _Block) -> bool:
+        """Wait for the block's copy in flight; False (and the host copy kept) when a disk write failed."""
+        transfer, block.transfer = block.transfer, None
+        if transfer is None:
+            return True
+        try:
+            transfer.wait()
+        except OSError as exc:
+            if not self._disk_full_warned:
+                log.warning("%s: the KV disk tier is full (%s); evicting the oldest blocks", self.directory, exc)
+                self._disk_full_warned = True
+            block.path = None
+            return False
+        if block.tier == DISK:
+            block.data = None  # on disk now: the host copy goes
         return True
 
-    def _load(self, block: _Block) -> torch.Tensor:
-        mapped = np.memmap(block.path, dtype=np.uint8, mode="r")
-        data = torch.from_numpy(np.array(mapped)).view(self.dtype)
-        return data.reshape(2, self.shape[0], block.length, self.shape[1])
+    def _reap(self, wait: bool = False) -> None:
+        """Finish the copies that are done (all, with ``wait``); a block whose disk write failed is evicted."""
+        for block in [b for layer in self.blocks for b in layer if b.transfer is not None]:
+            if (wait or block.transfer.done()) and not self._settle(block):
+                self._evict(block)
 
     def _evict(self, block: _Block) -> None:
         self.evicted_tokens += block.length
         self._drop(block)
 
     def _drop(self, block: _Block) -> None:
+        if block.transfer is not None:
+            self._settle(block)
         if block.path is not None:
             block.path.unlink(missing_ok=True)
         self.blocks[block.layer].remove(block)
-
