@@ -38,3 +38,17 @@ def test_the_chat_suite_asks_every_policy_the_same_questions_at_their_times(tiny
     assert "accuracy" in format_chat_accuracy(report)
     with pytest.raises(ConfigError):
         run_chat_accuracy(tiny_adapter, streams=0)
+
+
+def test_with_tiers_the_bench_reports_the_devices_peak_within_budget_and_bytes_moved(tmp_path, tiny_shape):
+    from vidsight.kv.tiers import TierConfig
+
+    tiers = TierConfig(device_tokens=100, host_tokens=100, disk_dir=tmp_path / "kv")
+    report = run_chat_bench(tiny_shape, histories=(60, 200), timed_patches=1, dtype="float32", out=tmp_path,
+                            tiers=tiers)
+    assert report["tiers"] == {"device_tokens": 100, "host_tokens": 100, "disk": True}
+    for row in report["rows"]:
+        assert row["tokens_by_tier"]["device"] <= 100 and row["device_peak_tokens"] >= row["tokens_by_tier"]["device"]
+    late = [r for r in report["rows"] if r["history_tokens"] >= 200]
+    assert all(r["tokens_by_tier"]["disk"] > 0 for r in late) and any(sum(r["bytes_moved"].values()) for r in late)
+    assert "peak tok" in format_chat_report(report) and not list((tmp_path / "kv").iterdir())

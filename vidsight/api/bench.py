@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from vidsight.api.options import _float, add_policy_options, add_prefill_options, policy_settings, prefill_config
+from vidsight.api.options import (_float, add_policy_options, add_prefill_options, add_tier_options, policy_settings,
+                                  prefill_config, tier_config)
 from vidsight.errors import ConfigError
 
 
@@ -76,6 +77,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
     bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
     add_policy_options(bench_chat)
+    add_tier_options(bench_chat)
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     bench_chat.add_argument("--accuracy", action="store_true",
                             help="instead of timing, answer the chat suite (questions at several times) with --model")
@@ -181,7 +183,7 @@ def _run_bench_chat(args) -> int:
         print(json.dumps(report) if args.json else f"{format_chat_accuracy(report)}\n\n{out / 'chat-accuracy.json'}")
         return 0
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
-                            args.out, progress=not args.json, settings=settings)
+                            args.out, progress=not args.json, settings=settings, tiers=tier_config(args))
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0

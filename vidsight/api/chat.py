@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import POLICY_FLAGS, _float, add_policy_options, policy_settings
+from vidsight.api.options import POLICY_FLAGS, _float, add_policy_options, add_tier_options, policy_settings, tier_config
 from vidsight.errors import ConfigError
 
 PROGRESS_EVERY_PATCHES = 32
@@ -25,12 +25,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--policy", default="full", choices=("full", "recent", "rekv"),
                       help="which cached tokens each step attends to (default: full, exact)")
     add_policy_options(chat)
-    chat.add_argument("--kv-device-budget", type=int, default=None, metavar="TOKENS",
-                      help="cached tokens (summed over layers) the device keeps; the rest moves to host memory")
-    chat.add_argument("--kv-host-budget", type=int, default=None, metavar="TOKENS",
-                      help="cached tokens host memory keeps; the rest moves to --kv-disk, or is evicted")
-    chat.add_argument("--kv-disk", default=None, metavar="DIR", help="memory-mapped disk tier, a directory per session")
-    chat.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
+    add_tier_options(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
     chat.add_argument("--keep-dialogue", action="store_true",
@@ -98,7 +93,6 @@ def run_chat(args) -> int:
     from vidsight.engine.chat import ChatConfig, ChatSession
     from vidsight.engine.config import GenerationConfig
     from vidsight.ingest.stream import StreamSource
-    from vidsight.kv.tiers import TierConfig
     from vidsight.models import load_model
 
     scheduled = read_questions(args.questions) if args.questions else None
@@ -107,10 +101,7 @@ def run_chat(args) -> int:
     policy = _policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
                           follow_idle_s=args.follow)
-    tiered = args.kv_device_budget is not None or args.kv_host_budget is not None or args.kv_disk is not None
-    tiers = TierConfig(args.kv_device_budget, args.kv_host_budget, Path(args.kv_disk) if args.kv_disk else None,
-                       args.keep_kv) if tiered else None
-    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
+    with ChatSession(load_model(args.model, device=args.device), policy, config, tier_config(args)) as session:
         return _converse(args, session, source, scheduled, generation)
 
 

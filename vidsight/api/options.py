@@ -82,3 +82,25 @@ def policy_settings(args) -> dict[str, dict]:
     """Per policy name, the config fields its flags set (flags not given are left out)."""
     return {name: {field: getattr(args, field) for _, field, _ in flags if getattr(args, field) is not None}
             for name, flags in POLICY_FLAGS.items()}
+
+
+def add_tier_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tiered KV memory")
+    group.add_argument("--kv-device-budget", type=int, default=None, metavar="TOKENS",
+                       help="cached tokens (summed over layers) the device keeps; the rest moves to host memory")
+    group.add_argument("--kv-host-budget", type=int, default=None, metavar="TOKENS",
+                       help="cached tokens host memory keeps; the rest moves to --kv-disk, or is evicted")
+    group.add_argument("--kv-disk", default=None, metavar="DIR", help="memory-mapped disk tier, a directory per session")
+    group.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
+
+
+def tier_config(args):
+    """The tiers the flags ask for, or None (one device buffer) when none is set."""
+    from pathlib import Path
+
+    from vidsight.kv.tiers import TierConfig
+
+    if args.kv_device_budget is None and args.kv_host_budget is None and args.kv_disk is None:
+        return None
+    return TierConfig(args.kv_device_budget, args.kv_host_budget, Path(args.kv_disk) if args.kv_disk else None,
+                      args.keep_kv)

@@ -28,6 +28,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.synthetic import SyntheticSpec
 from vidsight.kv.retrieval import RecentConfig, RecentPolicy, make_policy
+from vidsight.kv.tiers import TierConfig
 from vidsight.models.shapes import MODEL_SHAPES, build_shape
 
 HISTORY_TOKENS = (1000, 4000, 16000, 40000)
@@ -47,7 +48,7 @@ def chat_video(directory: str | Path, seconds: int) -> Path:
 def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TOKENS,
                    policies: tuple[str, ...] = POLICY_NAMES, timed_patches: int = TIMED_PATCHES,
                    dtype: str = "bfloat16", out: str | Path = "out/bench", progress: bool = False,
-                   settings: dict[str, dict] | None = None) -> dict:
+                   settings: dict[str, dict] | None = None, tiers: TierConfig | None = None) -> dict:
     """Time each policy's per-patch prefill and question at each history length.
 
     Args:
@@ -59,6 +60,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         out: Where the generated stream is kept.
         progress: Print each history as it is reached.
         settings: Per policy name, its config's fields to change from the defaults.
+        tiers: KV tiers for the stream (its forks copy them); None keeps all KV in one device buffer.
     """
     settings = settings or {}
     if shape not in MODEL_SHAPES:
@@ -74,7 +76,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     frames_needed = int(1.2 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)
     frames = iter(StreamSource(video, fps=STREAM_FPS, with_motion=False))
-    session = ChatSession(adapter, RecentPolicy(RecentConfig(window_tokens=HISTORY_WINDOW)), ChatConfig(fps=STREAM_FPS))
+    session = ChatSession(adapter, RecentPolicy(RecentConfig(window_tokens=HISTORY_WINDOW)), ChatConfig(fps=STREAM_FPS),
+                          tiers)
     rows = []
     for history in histories:
         while session.cache.length < history:
@@ -85,6 +88,9 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         timed = list(itertools.islice(frames, spec.temporal_patch_size * timed_patches))
         for name in policies:
             fork = session.fork(make_policy(name, **settings.get(name, {})))
+            moved = dict(fork.cache.bytes_moved)
+            if tiers is not None:
+                fork.cache.device_peak_tokens = fork.cache.tokens_by_tier()["device"]
             fork.push(timed)
             answer = fork.ask(QUESTION, GenerationConfig(max_new_tokens=1))
             rows.append({
@@ -94,13 +100,20 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 "question_ttft_s": answer.stats.ttft_s, "question_attended_tokens": answer.stats.attended_tokens,
                 "question_retrieved_tokens": answer.stats.retrieved_tokens,
                 "cache_bytes": fork.cache.nbytes,
+                "device_peak_tokens": fork.cache.device_peak_tokens if tiers is not None else None,
+                "tokens_by_tier": fork.cache.tokens_by_tier(),
+                "bytes_moved": {way: fork.cache.bytes_moved[way] - moved[way] for way in moved},
             })
+            fork.close()
             if progress:
                 print(f"{session.cache.length:>6} tokens, {name:<6}: {rows[-1]['patch_prefill_s'] * 1000:7.0f} ms "
                       f"per patch, question {answer.stats.ttft_s * 1000:7.0f} ms", flush=True)
             del fork
         session.push(timed)  # the timed frames become history, as in a stream
+    session.close()
     report = {"shape": shape, "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
+              "tiers": None if tiers is None else {"device_tokens": tiers.device_tokens,
+                                                    "host_tokens": tiers.host_tokens, "disk": tiers.disk_dir is not None},
               "settings": {name: settings.get(name, {}) for name in policies},
               "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
               "rows": rows, "growth": _growth(rows, policies)}
@@ -122,12 +135,16 @@ def format_chat_report(report: dict) -> str:
              f"{report['timed_patches']} patches timed per point (median), {report['cpu_count']} CPUs; "
              f"policy settings: {changed}", "",
              f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'attended':>9} {'TTFT ms':>8} {'q attended':>10} "
-             f"{'retrieved':>9} {'cache MiB':>9}"]
+             f"{'retrieved':>9} {'device MiB':>10} {'peak tok':>9} {'moved MiB':>9}"]
     for r in report["rows"]:
+        peak = "" if r["device_peak_tokens"] is None else r["device_peak_tokens"]
         lines.append(f"{r['history_tokens']:>8} {r['policy']:<7} {r['patch_prefill_s'] * 1000:9.0f} "
                      f"{r['patch_attended_tokens']:9.0f} {r['question_ttft_s'] * 1000:8.0f} "
                      f"{r['question_attended_tokens']:10.0f} {r['question_retrieved_tokens']:9.0f} "
-                     f"{r['cache_bytes'] / 2**20:9.0f}")
+                     f"{r['cache_bytes'] / 2**20:10.1f} {peak:>9} {sum(r['bytes_moved'].values()) / 2**20:9.1f}")
+    if report["tiers"]:
+        lines.insert(1, f"KV tiers: {report['tiers']} (device MiB: the device tier after the question; peak tok: "
+                        "the most tokens, summed over layers, on the device at any moment of the timed work)")
     lines.append("")
     lines += [f"{name}: per-patch latency at the longest history / the shortest = {g:.2f}x"
               for name, g in report["growth"].items()]
