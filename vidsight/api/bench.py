@@ -74,7 +74,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_chat.add_argument("--shape", default="small", help="random-weight model shape (default: small)")
     bench_chat.add_argument("--histories", type=int, nargs="+", default=[1000, 4000, 16000, 40000],
                             help="cached tokens to time at (default: 1000 4000 16000 40000)")
-    bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"], help="policies to time")
+    bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"],
+                            help="policies to compare; a variant fixes settings: mosaic:clustering=visual,split=eager")
     bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
     add_policy_options(bench_chat)
     add_tier_options(bench_chat)

@@ -9,7 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import POLICY_FLAGS, _float, add_policy_options, add_tier_options, policy_settings, tier_config
+from vidsight.api.options import (POLICY_NAMES, _float, add_policy_options, add_tier_options, foreign_policy_flags,
+                                  policy_settings, tier_config)
 from vidsight.errors import ConfigError
 
 PROGRESS_EVERY_PATCHES = 32
@@ -22,7 +23,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
     chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
-    chat.add_argument("--policy", default="full", choices=("full", "recent", "rekv"),
+    chat.add_argument("--policy", default="full", choices=POLICY_NAMES,
                       help="which cached tokens each step attends to (default: full, exact)")
     add_policy_options(chat)
     add_tier_options(chat)
@@ -63,12 +64,10 @@ def read_questions(path: str | Path) -> list[tuple[float, str]]:
 def _policy(args):
     from vidsight.kv.retrieval import make_policy
 
-    settings = policy_settings(args)
-    others = [flag for name, flags in POLICY_FLAGS.items() if name != args.policy
-              for flag, field, _ in flags if field in settings[name]]
+    others = foreign_policy_flags(args, args.policy)
     if others:
         raise ConfigError(f"{', '.join(others)} do not apply to the {args.policy} policy")
-    return make_policy(args.policy, **settings.get(args.policy, {}))
+    return make_policy(args.policy, **policy_settings(args)[args.policy])
 
 
 def _stdin_questions() -> queue.Queue:

@@ -64,24 +64,51 @@ def feed_config(args):
                       split_cores=not args.oversubscribe)
 
 
-# Each retrieval policy's command-line settings: (flag, the config field it sets, help).
+POLICY_NAMES = ("full", "recent", "rekv", "mosaic")
+# The retrieval policies' settings: flag -> (config field, parser, the policies it sets, help).
+# A parser of None is a switch that turns a default-on setting off.
 POLICY_FLAGS = {
-    "recent": (("--window-tokens", "window_tokens", "recent: local window (default: 4096)"),),
-    "rekv": (("--local-tokens", "local_tokens", "rekv: local window (default: 15000, ReKV's)"),
-             ("--top-frames", "top_frames", "rekv: frame blocks retrieved (default: 64, ReKV's)")),
+    "--window-tokens": ("window_tokens", int, ("recent",), "recent: local window in tokens (default: 4096)"),
+    "--local-tokens": ("local_tokens", int, ("rekv", "mosaic"),
+                       "rekv, mosaic: local window in tokens (default: 15000, ReKV's)"),
+    "--top-frames": ("top_frames", int, ("rekv", "mosaic"),
+                     "rekv: frame blocks retrieved; mosaic: its token budget in frame blocks (default: 64, ReKV's)"),
+    "--visual-top": ("visual_top", int, ("mosaic",), "mosaic: visual partitions searched (default: 4)"),
+    "--tau-small": ("tau_small", _float, ("mosaic",), "mosaic: variance threshold of small clusters (default: 0.05)"),
+    "--tau-large": ("tau_large", _float, ("mosaic",), "mosaic: variance threshold of large clusters (default: 0.15)"),
+    "--tau-rate": ("tau_rate", _float, ("mosaic",), "mosaic: cluster size of the threshold's transition (default: 16)"),
+    "--visual-tau": ("visual_tau", _float, ("mosaic",), "mosaic: variance threshold of visual clusters (default: 0.01)"),
+    "--clustering": ("clustering", str, ("mosaic",),
+                     "mosaic: nested (default), or an ablation: visual, semantic, none (token-level top-k)"),
+    "--split": ("split", str, ("mosaic",), "mosaic: deferred (default, Algorithm 1) or eager"),
+    "--no-summaries": ("summaries", None, ("mosaic",), "mosaic: no representatives of unretrieved clusters"),
+    "--no-prefetch": ("prefetch", None, ("mosaic",), "mosaic: no cross-layer prediction"),
 }
 
 
 def add_policy_options(parser: argparse.ArgumentParser) -> None:
-    for flags in POLICY_FLAGS.values():
-        for flag, _, help_text in flags:
-            parser.add_argument(flag, type=int, default=None, help=help_text)
+    group = parser.add_argument_group("retrieval policies (chat)")
+    for flag, (field, parse, _, help_text) in POLICY_FLAGS.items():
+        if parse is None:
+            group.add_argument(flag, dest=field, action="store_const", const=False, default=None, help=help_text)
+        else:
+            group.add_argument(flag, dest=field, type=parse, default=None, help=help_text)
 
 
 def policy_settings(args) -> dict[str, dict]:
     """Per policy name, the config fields its flags set (flags not given are left out)."""
-    return {name: {field: getattr(args, field) for _, field, _ in flags if getattr(args, field) is not None}
-            for name, flags in POLICY_FLAGS.items()}
+    settings = {name: {} for name in POLICY_NAMES}
+    for field, _, names, _ in POLICY_FLAGS.values():
+        if getattr(args, field) is not None:
+            for name in names:
+                settings[name][field] = getattr(args, field)
+    return settings
+
+
+def foreign_policy_flags(args, policy: str) -> list[str]:
+    """The flags given that do not apply to ``policy``."""
+    return [flag for flag, (field, _, names, _) in POLICY_FLAGS.items()
+            if getattr(args, field) is not None and policy not in names]
 
 
 def add_tier_options(parser: argparse.ArgumentParser) -> None:

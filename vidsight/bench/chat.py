@@ -68,7 +68,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     if not histories or list(histories) != sorted(histories) or histories[0] < 1 or timed_patches < 1:
         raise ConfigError("histories must be positive and ascending, and timed_patches positive")
     for name in policies:
-        make_policy(name, **settings.get(name, {}))  # a bad name or setting fails before the long work
+        make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     adapter = build_shape(shape, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     spec = adapter.vision
     tokens_per_patch = (MODEL_SHAPES[shape].max_pixels // (spec.patch_size * spec.merge_size) ** 2)
@@ -87,7 +87,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 raise ConfigError(f"{video}: the stream ended at {session.cache.length} cached tokens")
         timed = list(itertools.islice(frames, spec.temporal_patch_size * timed_patches))
         for name in policies:
-            fork = session.fork(make_policy(name, **settings.get(name, {})))
+            fork = session.fork(make_policy(name, **settings.get(name.partition(":")[0], {})))
             moved = dict(fork.cache.bytes_moved)
             if tiers is not None:
                 fork.cache.device_peak_tokens = fork.cache.tokens_by_tier()["device"]
@@ -114,7 +114,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     report = {"shape": shape, "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
               "tiers": None if tiers is None else {"device_tokens": tiers.device_tokens,
                                                     "host_tokens": tiers.host_tokens, "disk": tiers.disk_dir is not None},
-              "settings": {name: settings.get(name, {}) for name in policies},
+              "settings": {name: settings.get(name.partition(":")[0], {}) for name in policies},
               "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
               "rows": rows, "growth": _growth(rows, policies)}
     return report

@@ -37,7 +37,8 @@ def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], polic
                   settings: dict) -> list[dict]:
     """One session over ``stream`` under one policy: each question asked at its time."""
     rows = []
-    with ChatSession(adapter, make_policy(policy_name, **settings), ChatConfig(fps=SAMPLE_FPS)) as chat:
+    policy = make_policy(policy_name, **settings)
+    with ChatSession(adapter, policy, ChatConfig(fps=SAMPLE_FPS)) as chat:
         for question in stream.questions:
             chat.push(frames[chat.frames_seen : question.frames_seen])
             answer = chat.ask(question.question, GenerationConfig(max_new_tokens=ANSWER_TOKENS))
@@ -46,7 +47,8 @@ def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], polic
                          "correct": normalise(answer.answer) == question.answer,
                          "seconds_back": round(question.time_s - question.event_s, 1),
                          "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
-                         "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens})
+                         "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
+                         "ttft_s": answer.stats.ttft_s, "policy_report": policy.report()})
     return rows
 
 
@@ -71,13 +73,13 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
         raise ConfigError("streams must be positive and frames even, at least 64")
     settings = settings or {}
     for name in policies:
-        make_policy(name, **settings.get(name, {}))  # a bad name or setting fails before the long work
+        make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     questions = []
     for k in range(streams):
         stream = make_chat_stream(CHAT_SUITE_SEED + k, frames)
         pictures = stream_frames(stream)
         for name in policies:
-            for row in answer_stream(adapter, stream, pictures, name, settings.get(name, {})):
+            for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {})):
                 questions.append({"policy": name, **row})
                 if progress:
                     print(f"stream {k} t={row['time_s']:6.1f} s {name:<6} {row['question']} -> {row['answer']!r} "
@@ -90,10 +92,12 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
         return [q for q in questions if q["policy"] == name and family in (None, q["family"])]
 
     return {"streams": streams, "frames": frames, "questions_per_policy": len(mine(policies[0])),
-            "settings": {n: settings.get(n, {}) for n in policies},
+            "settings": {n: settings.get(n.partition(":")[0], {}) for n in policies},
             "accuracy": {n: share(mine(n)) for n in policies},
             "by_family": {n: {f: share(mine(n, f)) for f in CHAT_FAMILIES} for n in policies},
             "attended_share": {n: share(mine(n), "attended_share") for n in policies},
+            "retrieved_share": {n: share(mine(n), "retrieved_share") for n in policies},
+            "ttft_s": {n: share(mine(n), "ttft_s") for n in policies},
             "questions": questions}
 
 

@@ -192,7 +192,8 @@ class ChatSession:
             rows = patch_rows(self._patches, (gh // spec.merge_size, gw // spec.merge_size),
                               torch.tensor([frames[0].frame_index]), torch.tensor([frames[0].pts_s]), positions)
             self.cache.reserve(count)
-            cached, step = self.cache.length, Step("frame")
+            cached = self.cache.length
+            step = Step("frame", visual=embeds[0], frame_index=frames[0].frame_index)
             forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=step)
         self._patches += 1
         self._next_position = int(positions.max()) + 1

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
-from vidsight.kv.retrieval import KVPolicy, Step
+from vidsight.kv.retrieval import KVPolicy, Selection, Step
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
@@ -35,8 +35,8 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
             the chunk's KV the layer keeps (None: all). The chunk's own queries always see all of
             it at that layer; if the hook's ``skip_pruned`` is set, the tokens it drops also skip
             the layers after it.
-        policy: Chooses, per layer, the cached tokens the chunk attends to (None: all of them);
-            the chunk always attends to itself, causally.
+        policy: Chooses, per layer, the cached tokens the chunk attends to (None: all of them),
+            and maybe summary entries beside them; the chunk always attends to itself, causally.
         step: What kind of step this is, for the policy; counts what was attended.
 
     Returns:
@@ -50,10 +50,18 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
         q, k, v = adapter.qkv(layer, hidden, rotary)
         past = cache.filled[layer]
         chosen = policy.select(layer, cache, q, step) if policy is not None else None
+        summary = chosen if isinstance(chosen, Selection) else None
+        if summary is not None:
+            chosen = summary.slots
         keys, values = cache.write(layer, k, v, chosen)
+        if summary is not None and summary.keys.shape[2]:
+            # Summaries come first: they are past entries every query of the chunk may see.
+            keys = torch.cat([summary.keys.to(keys.device, keys.dtype), keys], dim=2)
+            values = torch.cat([summary.values.to(values.device, values.dtype), values], dim=2)
         if step is not None:
             step.cached += past
             step.attended += past if chosen is None else len(chosen)
+            step.summaries += 0 if summary is None else summary.keys.shape[2]
             step.layers += 1
         hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2]))
         kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None

@@ -139,6 +139,10 @@ class KVCache:
         index = slots.to(self.keys.device)
         return self.keys[layer][:, :, index], self.values[layer][:, :, index]
 
+    def resident(self, layer: int, slots: torch.Tensor) -> bool:
+        """Whether ``slots`` of ``layer`` are on the device (always: this cache has one tier)."""
+        return True
+
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s filled slots."""
         return self.slot_rows[layer, : self.filled[layer]]

@@ -31,6 +31,10 @@ class Step:
         attended: Cached tokens they did attend to.
         retrieved: Of those, tokens a retrieval chose (beyond sinks and the local window).
         layers: Layers run.
+        visual: For a temporal patch, its visual embeddings ``(tokens, hidden)`` (the vision
+            tower's merged output), for policies that organise memory by what frames look like.
+        frame_index: For a temporal patch, the stream index of its first frame.
+        summaries: Summary entries attended beside the cached tokens (see `Selection`).
     """
 
     kind: str
@@ -38,10 +42,29 @@ class Step:
     attended: int = 0
     retrieved: int = 0
     layers: int = 0
+    visual: torch.Tensor | None = None
+    frame_index: int | None = None
+    summaries: int = 0
 
     def __post_init__(self):
         if self.kind not in STEP_KINDS:
             raise ConfigError(f"step kind must be one of {', '.join(STEP_KINDS)}, got {self.kind!r}")
+
+
+@dataclasses.dataclass
+class Selection:
+    """Cached slots to attend to, plus summary entries that stand for cached tokens left out.
+
+    Attributes:
+        slots: Slots (ascending) among the layer's filled ones.
+        keys: ``(1, kv_heads, m, head_dim)`` summary keys, already rotated (they are means of
+            rotated keys), attended before the slots, each as one more key.
+        values: ``(1, kv_heads, m, head_dim)`` their values.
+    """
+
+    slots: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 class KVPolicy(Protocol):
@@ -49,8 +72,13 @@ class KVPolicy(Protocol):
 
     name: str
 
-    def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> torch.Tensor | None:
-        """Slots (ascending) among ``cache.filled[layer]`` that the step's queries ``q`` attend to; None: all."""
+    def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> torch.Tensor | Selection | None:
+        """Slots (ascending) among ``cache.filled[layer]`` that the step's queries ``q`` attend to
+        (a `Selection` to add summary entries); None: all."""
+        ...
+
+    def report(self) -> dict:
+        """What the policy's own upkeep did so far (cluster counts, splits, ...); empty for most."""
         ...
 
 
@@ -58,6 +86,9 @@ class FullPolicy:
     """Every cached token: the exact reference the other policies are measured against."""
 
     name = "full"
+
+    def report(self) -> dict:
+        return {}
 
     def select(self, layer, cache, q, step):
         return None
@@ -77,7 +108,7 @@ def sink_mask(cache: KVCache, layer: int, first_frame: bool) -> torch.Tensor:
     return sinks
 
 
-def _window_mask(filled: int, tokens: int) -> torch.Tensor:
+def window_mask(filled: int, tokens: int) -> torch.Tensor:
     return torch.arange(filled) >= filled - tokens
 
 
@@ -104,9 +135,12 @@ class RecentPolicy:
     def __init__(self, config: RecentConfig = RecentConfig()):
         self.config = config
 
+    def report(self) -> dict:
+        return {}
+
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
-        keep = sink_mask(cache, layer, first_frame=True) | _window_mask(filled, self.config.window_tokens)
+        keep = sink_mask(cache, layer, first_frame=True) | window_mask(filled, self.config.window_tokens)
         return torch.nonzero(keep).flatten()
 
 
@@ -157,9 +191,12 @@ class ReKVPolicy:
         self._index: dict[int, _BlockIndex] = {}
         self._cache_id: int | None = None
 
+    def report(self) -> dict:
+        return {}
+
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
-        keep = sink_mask(cache, layer, first_frame=False) | _window_mask(filled, self.config.local_tokens)
+        keep = sink_mask(cache, layer, first_frame=False) | window_mask(filled, self.config.local_tokens)
         if step.kind == "question":
             self._retrieved[layer] = self._retrieve(layer, cache, q)
             self._question_start[layer] = filled
@@ -212,16 +249,51 @@ class ReKVPolicy:
         return video[torch.isin(cache.tokens.frame_index[rows[video]], top)]
 
 
-POLICIES = {"full": (FullPolicy, None), "recent": (RecentPolicy, RecentConfig), "rekv": (ReKVPolicy, ReKVConfig)}
+def _mosaic():
+    from vidsight.kv.mosaic import MosaicConfig, MosaicPolicy  # it builds on this module
+
+    return MosaicPolicy, MosaicConfig
 
 
-def make_policy(name: str, **settings) -> KVPolicy:
-    """A policy by name, its config built from ``settings`` (the config's fields)."""
+POLICIES = {"full": lambda: (FullPolicy, None), "recent": lambda: (RecentPolicy, RecentConfig),
+            "rekv": lambda: (ReKVPolicy, ReKVConfig), "mosaic": _mosaic}
+
+
+def make_policy(label: str, **settings) -> KVPolicy:
+    """A policy by name, its config built from ``settings`` (the config's fields).
+
+    ``label`` may fix settings itself, ``name:field=value,field=value`` (the benchmarks compare
+    variants of one policy this way); those win over ``settings``.
+    """
+    name, _, fixed = label.partition(":")
     if name not in POLICIES:
         raise ConfigError(f"unknown KV policy {name!r}; choose one of {', '.join(POLICIES)}")
-    policy, config = POLICIES[name]
+    policy, config = POLICIES[name]()
+    if fixed:
+        if config is None:
+            raise ConfigError(f"the {name} policy takes no settings, got {fixed!r}")
+        settings = {**settings, **_parse_settings(config, fixed, label)}
     if config is None:
         if settings:
             raise ConfigError(f"the {name} policy takes no settings, got {', '.join(settings)}")
         return policy()
-    return policy(config(**settings))
+    try:
+        return policy(config(**settings))
+    except TypeError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+
+
+def _parse_settings(config, text: str, label: str) -> dict:
+    """``field=value,...`` into the config's field types."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    out = {}
+    for item in text.split(","):
+        field, _, value = item.partition("=")
+        if field not in defaults or not value:
+            raise ConfigError(f"{label}: expected field=value with a field of {', '.join(defaults)}; got {item!r}")
+        kind = type(defaults[field])
+        try:
+            out[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            raise ConfigError(f"{label}: {field} takes a {kind.__name__}, got {value!r}") from None
+    return out

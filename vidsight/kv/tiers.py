@@ -178,6 +178,12 @@ class TieredKVCache:
         self.tokens = TokenTable.concat([self.tokens, rows])
         self._enforce()
 
+    def resident(self, layer: int, slots: torch.Tensor) -> bool:
+        """Whether every block holding one of ``slots`` of ``layer`` is on the device."""
+        wanted = set(slots.tolist())
+        return all(b.tier == DEVICE for b in self.blocks[layer]
+                   if wanted.intersection(range(b.start, b.start + b.length)))
+
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s slots."""
         return torch.tensor(self.slot_rows[layer], dtype=torch.long)

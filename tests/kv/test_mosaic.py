@@ -1,0 +1,126 @@
+"""Mosaic's cluster memory: exact at a full budget, statistics as from scratch, deferred = eager splits."""
+
+import pytest
+import torch
+
+from vidsight.engine import GenerationConfig
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.errors import ConfigError
+from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.stream import SampledFrame
+from vidsight.ingest.types import CodecInfo
+from vidsight.kv import KVCache, TokenTable
+from vidsight.kv.cache import VIDEO
+from vidsight.kv.clusters import ClusterTable, cosine_variance, unit
+from vidsight.kv.mosaic import MosaicConfig, MosaicPolicy, _flat, size_threshold
+from vidsight.kv.retrieval import Step, make_policy
+
+QUESTION = "What colour is the square?"
+EVERYTHING = dict(local_tokens=1, top_frames=100_000, visual_top=100_000)
+
+
+@pytest.fixture(scope="module")
+def frames(make_test_video):
+    path, _ = make_test_video(width=176, height=144, fps=24, duration_s=8.0, gop=12, bframes=True, seed=4)
+    info = probe(path)
+    batch = decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
+    return [SampledFrame(k, int(batch.indices[k]), float(batch.pts_s[k]), batch.data[k], CodecInfo("?", 0))
+            for k in range(len(batch))]
+
+
+def answers(adapter, frames, policy):
+    out = []
+    with ChatSession(adapter, policy, ChatConfig(fps=2.0)) as session:
+        for start in range(0, len(frames), 6):
+            session.push(frames[start : start + 6])
+            out.append(session.ask(QUESTION, GenerationConfig(max_new_tokens=4)))
+    return out, session
+
+
+@pytest.mark.parametrize("clustering", ["nested", "visual", "semantic", "none"])
+def test_a_budget_that_retrieves_every_cluster_equals_full(tiny_adapter, frames, clustering):
+    full, _ = answers(tiny_adapter, frames, make_policy("full"))
+    mosaic, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(clustering=clustering, **EVERYTHING)))
+    for a, b in zip(full, mosaic, strict=True):
+        assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+
+
+def test_prefetch_never_changes_what_is_attended(tiny_adapter, frames):
+    small = dict(local_tokens=40, top_frames=1)
+    on, session = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(**small)))
+    off, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(prefetch=False, **small)))
+    for a, b in zip(on, off, strict=True):
+        assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+        assert a.stats.attended_tokens < a.stats.cached_tokens  # the budget did leave tokens out
+    report = session.policy.report()
+    assert report["prefetch_wanted"] > 0 and 0 <= report["prefetch_hit_rate"] <= 1
+
+
+def test_running_statistics_equal_recomputation_from_the_members(tiny_adapter, frames):
+    _, session = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2)))
+    policy, cache = session.policy, session.cache
+    assert policy.report()["splits"] > 0
+    for layer, table in policy._layers.items():
+        video = torch.nonzero(cache.tokens.kind[cache.rows(layer)] == VIDEO).flatten()
+        assert (table.owner[video] >= 0).all()  # every video token belongs to a cluster
+        for cluster in torch.nonzero(table.count > 0).flatten().tolist():
+            members = table.members(cluster)
+            keys, values = (_flat(x) for x in cache.read(layer, members))
+            assert table.count[cluster] == len(members)
+            torch.testing.assert_close(table.key_sum[cluster], keys.sum(dim=0), atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(table.value_sum[cluster], values.sum(dim=0), atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(table.unit_sum[cluster], unit(keys).sum(dim=0), atol=1e-4, rtol=1e-4)
+            assert abs(table.variance(cluster) - float(cosine_variance(unit(keys).sum(0), torch.tensor(len(keys) * 1.))))\
+                < 1e-5
+
+
+class Offloaded(KVCache):
+    """A one-tier cache that says its tokens are elsewhere, so splits must wait."""
+
+    def resident(self, layer, slots):
+        return False
+
+
+def scripted(cache_type, split):
+    """Two patches of four tokens pointing two ways, then a question that fetches everything."""
+    policy = MosaicPolicy(MosaicConfig(split=split, prefetch=False, **EVERYTHING))
+    cache = cache_type(1, 1, 4, 64, torch.float32, torch.device("cpu"))
+    directions = [torch.tensor([1.0, 0.1, 0.0, 0.0]), torch.tensor([0.0, 0.1, 1.0, 0.0])]
+    q = torch.ones(1, 1, 1, 4)
+    for patch, direction in enumerate(directions):
+        policy.select(0, cache, q, Step("frame"))
+        keys = (direction + 0.01 * torch.arange(4.0)[:, None])[None, None]
+        cache.write(0, keys, keys)
+        cache.keep(0, 4)
+        rows = TokenTable.text(torch.zeros(3, 4, dtype=torch.long))
+        rows.kind[:] = VIDEO
+        rows.frame_index[:] = 2 * patch
+        cache.commit(rows)
+    policy.select(0, cache, q, Step("question"))
+    table = policy._layers[0]
+    return {frozenset(table.members(c).tolist()) for c in range(table.size) if table.count[c] > 0}, policy
+
+
+def test_a_deferred_split_gives_the_clusters_an_eager_one_does_once_applied():
+    eager, eager_policy = scripted(KVCache, "eager")
+    deferred, deferred_policy = scripted(Offloaded, "deferred")
+    assert eager == deferred == {frozenset(range(4)), frozenset(range(4, 8))}
+    assert eager_policy.stats.deferred_splits == 0 and deferred_policy.stats.deferred_splits == 1
+    assert deferred_policy.stats.splits == eager_policy.stats.splits == 1
+    assert deferred_policy.stats.maintenance_transfers == 0  # split when fetched, not for its own sake
+    assert eager_policy.stats.maintenance_transfers == 0     # (its tokens were on the device)
+
+
+def test_the_threshold_moves_from_strict_to_loose_with_size_and_bad_settings_are_refused():
+    config = MosaicConfig()
+    assert size_threshold(1, config) == pytest.approx(config.tau_small)
+    assert size_threshold(10_000, config) == pytest.approx(config.tau_large)
+    assert size_threshold(5, config) < size_threshold(50, config)
+    for bad in (dict(tau_small=0.5, tau_large=0.1), dict(clustering="kmeans"), dict(top_frames=0)):
+        with pytest.raises(ConfigError):
+            MosaicConfig(**bad)
+    with pytest.raises(ConfigError):
+        make_policy("mosaic:clustering")
+    assert make_policy("mosaic:clustering=visual,summaries=false").config == MosaicConfig(clustering="visual",
+                                                                                        summaries=False)
+    assert ClusterTable().size == 0
