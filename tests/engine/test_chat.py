@@ -225,3 +225,17 @@ def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tin
                                     pixel_values_videos=torch.cat([v.pixel_values for v in videos]),
                                     video_grid_thw=torch.tensor([list(v.grid_thw) for v in videos])).logits[0, -1]
     assert torch.allclose(second.logits, logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_patches_encoded_and_prefilled_together_answer_as_one_at_a_time(tiny_adapter, make_test_video, batch):
+    frames = sampled(make_test_video, VIDEOS[0])
+    one, many = (ChatSession(tiny_adapter, config=ChatConfig(fps=FPS, batch_patches=b)) for b in (1, batch))
+    for session in (one, many):
+        session.push(as_frames(frames, 0, 11))  # the last patches wait for the batch, then the question
+    assert len(many.patches) < len(one.patches) and sum(p.patches for p in many.patches) < 5
+    a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (one, many))
+    assert sum(p.patches for p in many.patches) == 5  # the question prefilled the complete patches waiting
+    assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-4, rtol=0)
+    assert torch.equal(one.cache.tokens.position, many.cache.tokens.position)
+    assert many.frames_seen == 11 and len(many._pending) == 1  # the odd frame still waits for its partner

@@ -29,6 +29,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_tier_options(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
+    chat.add_argument("--batch-patches", type=int, default=1, metavar="K",
+                      help="encode and prefill K temporal patches together (Mosaic's batching; default: 1)")
     chat.add_argument("--keep-dialogue", action="store_true",
                       help="keep each question and answer in the memory, as a chat would (default: only video)")
     chat.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
@@ -96,7 +98,7 @@ def run_chat(args) -> int:
 
     scheduled = read_questions(args.questions) if args.questions else None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    config = ChatConfig(fps=args.fps, keep_dialogue=args.keep_dialogue)
+    config = ChatConfig(fps=args.fps, keep_dialogue=args.keep_dialogue, batch_patches=args.batch_patches)
     policy = _policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
                           follow_idle_s=args.follow)
@@ -148,7 +150,7 @@ def _converse(args, session, source, scheduled, generation) -> int:
             answer(question)
         if len(session.patches) >= patches + PROGRESS_EVERY_PATCHES:
             patches = len(session.patches)
-            recent = [p.latency_s for p in session.patches[-PROGRESS_EVERY_PATCHES:]]
+            recent = [p.per_patch_s for p in session.patches[-PROGRESS_EVERY_PATCHES:]]
             report = {"type": "progress", "time_s": session.time_s, "frames_seen": session.frames_seen,
                       "cached_tokens": session.cache.length, "patch_prefill_s": sum(recent) / len(recent),
                       "queued_frames": len(frames), "frames_dropped": frames.dropped}

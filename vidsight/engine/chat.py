@@ -45,14 +45,21 @@ class ChatConfig:
             closed, a new user turn opens and the stream goes on in it as a new video span
             (positions as Qwen gives a second video: from the position after the turn, time
             counted from the span's first frame). Off by default, so the memory holds only video.
+        batch_patches: Temporal patches encoded and prefilled together (Mosaic's batched
+            execution): one vision call and one causal chunk for all of them, with one retrieval
+            for the chunk. A question first prefills the complete patches waiting. 1: each
+            patch as soon as it is complete.
     """
 
     fps: float = 1.0
     keep_dialogue: bool = False
+    batch_patches: int = 1
 
     def __post_init__(self):
         if not 0 < self.fps <= 120:
             raise ConfigError(f"fps must be in (0, 120], got {self.fps}")
+        if not 1 <= self.batch_patches <= 256:
+            raise ConfigError(f"batch_patches must be in [1, 256], got {self.batch_patches}")
 
 
 @dataclasses.dataclass
@@ -90,11 +97,17 @@ class ChatStats:
 
 @dataclasses.dataclass
 class PatchStats:
-    """One temporal patch's prefill: its time and what its layers attended (per layer)."""
+    """One prefill of temporal patches (``ChatConfig.batch_patches`` of them, or fewer when a
+    question flushes them): its time and what its layers attended (per layer)."""
 
     latency_s: float
     cached_tokens: int
     attended_tokens: float
+    patches: int = 1
+
+    @property
+    def per_patch_s(self) -> float:
+        return self.latency_s / self.patches
 
 
 @dataclasses.dataclass
@@ -157,9 +170,15 @@ class ChatSession:
             self._pending.append(frame)
             self.frames_seen += 1
             self.time_s = frame.pts_s
-            if len(self._pending) == self.adapter.vision.temporal_patch_size:
-                self._prefill_patch(self._pending)
-                self._pending = []
+            if len(self._pending) == self.adapter.vision.temporal_patch_size * self.config.batch_patches:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Prefill the complete temporal patches waiting; a lone frame goes on waiting for its partner."""
+        complete = len(self._pending) - len(self._pending) % self.adapter.vision.temporal_patch_size
+        if complete:
+            self._prefill_patches(self._pending[:complete])
+            self._pending = self._pending[complete:]
 
     def _check_frame(self, frame: SampledFrame) -> None:
         hw = tuple(frame.rgb.shape[:2])
@@ -174,7 +193,7 @@ class ChatSession:
         elif hw != self._input_hw:
             raise ConfigError(f"frame size changed mid-stream from {self._input_hw} to {hw}")
 
-    def _prefill_patch(self, frames: list[SampledFrame]) -> None:
+    def _prefill_patches(self, frames: list[SampledFrame]) -> None:
         adapter, spec = self.adapter, self.adapter.vision
         started = time.perf_counter()
         with torch.inference_mode():
@@ -183,21 +202,25 @@ class ChatSession:
             video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
                                      size=self._size)
             embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
-            gh, gw = video.grid_thw[1:]
+            patches, gh, gw = video.grid_thw
             count = embeds.shape[1]
-            # The positions of the whole span so far, as `ask` computes them; this patch's are the last.
+            # The positions of the whole span so far, as `ask` computes them; these patches' are the last.
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
-            positions = adapter.video_positions((self._patches - self._span_first_patch + 1, gh, gw),
+            positions = adapter.video_positions((self._patches - self._span_first_patch + patches, gh, gw),
                                                 seconds_per_patch, self._span_start)[:, -count:]
+            firsts = frames[:: spec.temporal_patch_size]
             rows = patch_rows(self._patches, (gh // spec.merge_size, gw // spec.merge_size),
-                              torch.tensor([frames[0].frame_index]), torch.tensor([frames[0].pts_s]), positions)
+                              torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts]),
+                              positions)
             self.cache.reserve(count)
             cached = self.cache.length
-            step = Step("frame", visual=embeds[0], frame_index=frames[0].frame_index)
+            per_patch = count // patches
+            step = Step("frame", patches=[(f.frame_index, embeds[0, k * per_patch : (k + 1) * per_patch])
+                                          for k, f in enumerate(firsts)])
             forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=step)
-        self._patches += 1
+        self._patches += patches
         self._next_position = int(positions.max()) + 1
-        self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers))
+        self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers, patches))
 
     def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
         self.cache.reserve(len(ids))
@@ -245,6 +268,7 @@ class ChatSession:
         """
         if not question or not question.strip():
             raise ConfigError("the question is empty")
+        self._flush()
         if len(question) > MAX_QUESTION_CHARS:
             raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
         if self._patches == 0:

@@ -128,8 +128,9 @@ class MosaicPolicy:
         if self._cache_id != id(cache):  # a fork or another session: this policy starts over
             self.__init__(self.config)
             self._cache_id = id(cache)
-        if layer == 0 and step.visual is not None:
-            self._place_frame(step.frame_index, step.visual)
+        if layer == 0:
+            for frame_index, embeds in step.patches:
+                self._place_frame(frame_index, embeds)
         self._shape = cache.read(layer, torch.empty(0, dtype=torch.long))[0].shape[1::2]  # (kv_heads, head_dim)
         table = self._index(layer, cache)
         filled = cache.filled[layer]

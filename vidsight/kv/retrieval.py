@@ -31,9 +31,9 @@ class Step:
         attended: Cached tokens they did attend to.
         retrieved: Of those, tokens a retrieval chose (beyond sinks and the local window).
         layers: Layers run.
-        visual: For a temporal patch, its visual embeddings ``(tokens, hidden)`` (the vision
-            tower's merged output), for policies that organise memory by what frames look like.
-        frame_index: For a temporal patch, the stream index of its first frame.
+        patches: For temporal patches, each one's first frame index and visual embeddings
+            ``(tokens, hidden)`` (the vision tower's merged output), for policies that organise
+            memory by what frames look like.
         summaries: Summary entries attended beside the cached tokens (see `Selection`).
     """
 
@@ -42,8 +42,7 @@ class Step:
     attended: int = 0
     retrieved: int = 0
     layers: int = 0
-    visual: torch.Tensor | None = None
-    frame_index: int | None = None
+    patches: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)
     summaries: int = 0
 
     def __post_init__(self):
