@@ -124,3 +124,39 @@ def test_the_threshold_moves_from_strict_to_loose_with_size_and_bad_settings_are
     assert make_policy("mosaic:clustering=visual,summaries=false").config == MosaicConfig(clustering="visual",
                                                                                         summaries=False)
     assert ClusterTable().size == 0
+
+
+def tiered_answers(adapter, frames, policy, tiers):
+    out, reads = [], []
+    with ChatSession(adapter, policy, ChatConfig(fps=2.0), tiers) as session:
+        original = session.cache.copies.from_disk
+        session.cache.copies.from_disk = lambda *a: reads.append(a[0]) or original(*a)
+        for start in range(0, len(frames), 6):
+            session.push(frames[start : start + 6])
+            out.append(session.ask(QUESTION, GenerationConfig(max_new_tokens=4)))
+        cache = session.cache
+        below = [(layer, b) for layer, blocks in enumerate(cache.blocks) for b in blocks if b.tier != "device"]
+        spans = [len(torch.unique(cache.tokens.frame_index[cache.rows(layer)[b.slots]])) for layer, b in below]
+        return out, reads, below, spans
+
+
+def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefetch(tiny_adapter, frames, tmp_path):
+    from vidsight.kv.tiers import TierConfig
+
+    settings = dict(local_tokens=40, top_frames=2)
+    tiers = TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path)
+    # Eager splits decide alike wherever the tokens are, so offloading must change nothing.
+    plain, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(split="eager", **settings)))
+    eager = MosaicPolicy(MosaicConfig(split="eager", **settings))
+    tiered, reads, below, spans = tiered_answers(tiny_adapter, frames, eager, tiers)
+    for a, b in zip(plain, tiered, strict=True):
+        assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+    assert below and all(b.grouped for _, b in below)  # below the device, blocks hold clusters
+    assert max(spans) > 1  # a cluster gathered from several temporal patches moves as one block
+    assert reads  # disk blocks were read ahead of the layer that needed them
+    # Splitting offloaded clusters at once costs transfers for maintenance alone; deferring them does not.
+    deferred = MosaicPolicy(MosaicConfig(**settings))
+    tiered_answers(tiny_adapter, frames, deferred, tiers)
+    assert eager.report()["maintenance_transfers"] > 0 == deferred.report()["maintenance_transfers"]
+    assert deferred.report()["deferred_splits"] > 0
+    assert not list(tmp_path.iterdir())

@@ -143,6 +143,12 @@ class KVCache:
         """Whether ``slots`` of ``layer`` are on the device (always: this cache has one tier)."""
         return True
 
+    def set_layout(self, group_of) -> None:
+        """Nothing to lay out: one tier (`TieredKVCache.set_layout` groups blocks below the device)."""
+
+    def prefetch(self, layer: int, slots: torch.Tensor) -> None:
+        """Nothing to fetch: one tier."""
+
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s filled slots."""
         return self.slot_rows[layer, : self.filled[layer]]

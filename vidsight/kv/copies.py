@@ -2,9 +2,10 @@
 
 Moving a block down a tier is never on a step's critical path, so it starts and the step goes
 on: device to host on a side CUDA stream into pinned memory (an event marks it done), host to
-disk on one writer thread (memory-mapped files). A copy up is needed by the step that asks for
-it, so it runs at once. Bytes and seconds are counted per direction; a disk write's seconds are
-the writer thread's.
+disk on one disk thread (memory-mapped files). A copy up is needed by the step that asks for
+it, so it runs at once, unless a prefetch started reading it from disk earlier. Bytes are counted
+once per block moved, per direction; seconds are the copies' own (the disk thread's for writes
+and prefetches).
 """
 
 from __future__ import annotations
@@ -20,22 +21,29 @@ UP, DOWN = "up", "down"
 
 
 class Transfer:
-    """One copy in flight: ``wait`` returns when it is done (raising the writer's error, if any)."""
+    """One copy in flight: ``wait`` returns when it is done (raising the copy's error, if any).
 
-    def __init__(self, future: Future | None = None, event=None, keep_alive: torch.Tensor | None = None):
+    ``reads`` marks a prefetch from disk, whose ``wait`` returns the data read.
+    """
+
+    def __init__(self, future: Future | None = None, event=None, keep_alive: torch.Tensor | None = None,
+                 reads: bool = False):
         self._future, self._event, self._keep_alive = future, event, keep_alive
+        self.reads = reads
 
     def done(self) -> bool:
         if self._future is not None:
             return self._future.done()
         return self._event is None or self._event.query()
 
-    def wait(self) -> None:
+    def wait(self) -> torch.Tensor | None:
+        result = None
         if self._future is not None:
-            self._future.result()
+            result = self._future.result()
         elif self._event is not None:
             self._event.synchronize()
         self._keep_alive = None  # the source may go once the copy has finished
+        return result
 
 
 class CopyEngine:
@@ -52,11 +60,11 @@ class CopyEngine:
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._writer: ThreadPoolExecutor | None = None
 
-    def to_host(self, data: torch.Tensor) -> tuple[torch.Tensor, Transfer]:
-        """A host copy of device ``data`` and its transfer (done at once when the device is the CPU)."""
+    def to_host(self, data: torch.Tensor) -> tuple[torch.Tensor, Transfer | None]:
+        """A host copy of device ``data`` and its transfer (None: done, as when the device is the CPU)."""
         self.bytes[DOWN] += data.nbytes
         if self._stream is None:
-            return data.to("cpu"), Transfer()
+            return data.to("cpu"), None
         host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the data is written
         with torch.cuda.stream(self._stream):
@@ -66,11 +74,24 @@ class CopyEngine:
         return host, Transfer(event=event, keep_alive=data)
 
     def to_disk(self, path: Path, data: torch.Tensor) -> Transfer:
-        """Write host ``data`` to ``path`` as a memory-mapped file on the writer thread."""
+        """Write host ``data`` to ``path`` as a memory-mapped file on the disk thread."""
+        self.bytes[DOWN] += data.nbytes
+        return Transfer(self._disk().submit(self._write, path, data))
+
+    def from_disk(self, path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> Transfer:
+        """Read a file written by `to_disk` into host memory on the disk thread (a prefetch)."""
+        return Transfer(self._disk().submit(self._read, path, dtype, shape), reads=True)
+
+    def _disk(self) -> ThreadPoolExecutor:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk")
-        self.bytes[DOWN] += data.nbytes
-        return Transfer(self._writer.submit(self._write, path, data))
+        return self._writer
+
+    def _read(self, path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        started = time.perf_counter()
+        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).view(dtype).reshape(shape)
+        self.seconds[UP] += time.perf_counter() - started
+        return data
 
     def _write(self, path: Path, data: torch.Tensor) -> None:
         started = time.perf_counter()
@@ -88,12 +109,7 @@ class CopyEngine:
 
     def load(self, path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A file written by `to_disk`, on the device."""
-        started = time.perf_counter()
-        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).view(dtype).reshape(shape)
-        data = data.to(self.device)
-        self.bytes[UP] += data.nbytes
-        self.seconds[UP] += time.perf_counter() - started
-        return data
+        return self.up(self._read(path, dtype, shape))
 
     def up(self, data: torch.Tensor) -> torch.Tensor:
         """Host ``data`` on the device."""

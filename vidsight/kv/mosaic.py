@@ -128,6 +128,7 @@ class MosaicPolicy:
         if self._cache_id != id(cache):  # a fork or another session: this policy starts over
             self.__init__(self.config)
             self._cache_id = id(cache)
+            cache.set_layout(self._group_of)  # offloaded KV stays cluster-contiguous
         if layer == 0:
             for frame_index, embeds in step.patches:
                 self._place_frame(frame_index, embeds)
@@ -146,7 +147,10 @@ class MosaicPolicy:
             self.stats.prefetch_wanted += len(chosen)
         if self.config.prefetch and layer + 1 < len(cache.filled):
             following = self._index(layer + 1, cache)
-            self._predicted[layer + 1] = set(self._retrieve(layer + 1, cache, following, query, keep))
+            predicted = self._retrieve(layer + 1, cache, following, query, keep)
+            self._predicted[layer + 1] = set(predicted)
+            if predicted and self.config.clustering != "none":
+                cache.prefetch(layer + 1, torch.nonzero(torch.isin(following.owner, torch.tensor(predicted))).flatten())
         retrieved = torch.zeros(filled, dtype=torch.bool)
         if self.config.clustering == "none":
             retrieved[torch.tensor(chosen, dtype=torch.long)] = True
@@ -160,6 +164,16 @@ class MosaicPolicy:
         if step.kind == "question":
             self._answer[layer], self._question_start[layer] = selection, filled
         return selection
+
+    def _group_of(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """The cluster of each of ``slots`` of ``layer`` (-1: none yet), for the tiers' layout."""
+        table = self._layers.get(layer)
+        if table is None:
+            return torch.full((len(slots),), -1, dtype=torch.long)
+        known = slots < len(table.owner)
+        out = torch.full((len(slots),), -1, dtype=torch.long)
+        out[known] = table.owner[slots[known]]
+        return out
 
     def _kept(self, cache: KVCache, layer: int) -> torch.Tensor:
         """Slots every step attends to: text (the system prompt, kept dialogue) and the local window."""

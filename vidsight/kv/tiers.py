@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,16 +56,24 @@ class TierConfig:
                 raise ConfigError(f"{name} must be positive, got {value}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # blocks are compared by identity
 class _Block:
     layer: int
-    start: int                 # first slot of the layer it holds
-    length: int
+    slots: torch.Tensor        # (length,) ascending slots of the layer it holds (a span, or a cluster's)
     tier: str
     data: torch.Tensor | None  # (2, kv_heads, length, head_dim) keys and values; None once on disk
     path: Path | None = None
     last_used: int = 0
-    transfer: Transfer | None = None  # its copy down, while in flight
+    transfer: Transfer | None = None  # its copy down, or a prefetch up, while in flight
+    grouped: bool = False             # already laid out by the layout's groups
+
+    @property
+    def length(self) -> int:
+        return len(self.slots)
+
+    @property
+    def start(self) -> int:
+        return int(self.slots[0])
 
 
 class TieredKVCache:
@@ -94,7 +103,9 @@ class TieredKVCache:
         self.evicted_tokens = 0
         self.device_peak_tokens = 0  # the most on the device at any moment, steps included
         self._clock = 0
+        self._files = 0
         self._disk_full_warned = False
+        self._layout = None
         self.directory = self._open_directory(config.disk_dir) if config.disk_dir is not None else None
 
     @staticmethod
@@ -139,8 +150,8 @@ class TieredKVCache:
         """Store a chunk as a device block; the chosen past slots (all when None) then the chunk, on the device."""
         self._clock += 1
         past_k, past_v = self.read(layer, slots)
-        block = _Block(layer, self.filled[layer], k.shape[2], DEVICE, torch.stack([k[0], v[0]]).clone(),
-                       last_used=self._clock)
+        slots = torch.arange(self.filled[layer], self.filled[layer] + k.shape[2])
+        block = _Block(layer, slots, DEVICE, torch.stack([k[0], v[0]]).clone(), last_used=self._clock)
         self.blocks[layer].append(block)
         self._note_device()
         return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
@@ -150,20 +161,24 @@ class TieredKVCache:
 
         Slots of evicted blocks are left out.
         """
-        wanted = None if slots is None else set(slots.tolist())
-        parts = []
+        wanted = None if slots is None else slots.cpu()
+        found, parts = [], []
         for block in self.blocks[layer]:
-            span = range(block.start, block.start + block.length)
-            if wanted is not None and not wanted.intersection(span):
+            mine = None if wanted is None else torch.isin(block.slots, wanted)
+            if mine is not None and not mine.any():
                 continue
             data = self._up(block)
-            if wanted is not None and not set(span) <= wanted:
-                data = data[:, :, [s - block.start for s in span if s in wanted]]
+            if mine is not None and not mine.all():
+                data = data[:, :, mine.to(data.device)]
+            found.append(block.slots if mine is None else block.slots[mine])
             parts.append(data)
         if not parts:
             empty = torch.empty((1, *self.shape[:1], 0, self.shape[1]), dtype=self.dtype, device=self.device)
             return empty, empty
         data = torch.cat(parts, dim=2)
+        order = torch.argsort(torch.cat(found))
+        if not torch.equal(order, torch.arange(len(order))):  # grouped blocks interleave slots
+            data = data[:, :, order.to(data.device)]
         return data[0][None], data[1][None]
 
     def keep(self, layer: int, written: int, kept: torch.Tensor | None = None,
@@ -180,9 +195,28 @@ class TieredKVCache:
 
     def resident(self, layer: int, slots: torch.Tensor) -> bool:
         """Whether every block holding one of ``slots`` of ``layer`` is on the device."""
-        wanted = set(slots.tolist())
-        return all(b.tier == DEVICE for b in self.blocks[layer]
-                   if wanted.intersection(range(b.start, b.start + b.length)))
+        return all(b.tier == DEVICE for b in self.blocks[layer] if torch.isin(b.slots, slots.cpu()).any())
+
+    def set_layout(self, group_of: Callable[[int, torch.Tensor], torch.Tensor] | None) -> None:
+        """Lay blocks below the device out by group, so one group (a cluster) moves as one copy.
+
+        ``group_of(layer, slots)`` names each slot's group (-1: none). Blocks arriving in host
+        memory are regrouped: each group's slots join that group's host block.
+        """
+        self._layout = group_of
+
+    def prefetch(self, layer: int, slots: torch.Tensor) -> None:
+        """Start reading the disk blocks holding ``slots`` of ``layer`` (a coming step attends to them)."""
+        wanted = slots.cpu()
+        for block in self.blocks[layer]:
+            if block.tier != DISK or not torch.isin(block.slots, wanted).any():
+                continue
+            if block.transfer is not None and block.transfer.done() and not block.transfer.reads:
+                if not self._settle(block):
+                    continue  # its write failed: the host copy stays until the block is evicted
+            if block.transfer is None and block.data is None:  # (a write in flight still has its host copy)
+                block.transfer = self.copies.from_disk(block.path, self.dtype,
+                                                       (2, self.shape[0], block.length, self.shape[1]))
 
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s slots."""
@@ -197,8 +231,13 @@ class TieredKVCache:
             raise ConfigError(f"cannot truncate a cache of {len(self.tokens)} tokens to {length}")
         for layer, blocks in enumerate(self.blocks):
             keep = sum(1 for row in self.slot_rows[layer] if row < length)
-            for block in [b for b in blocks if b.start >= keep]:
-                self._drop(block)
+            for block in [b for b in blocks if int(b.slots[-1]) >= keep]:
+                if block.start >= keep:
+                    self._drop(block)
+                else:   # a grouped block reaching past the cut keeps its earlier slots
+                    data = self._up(block)
+                    stay = block.slots < keep
+                    block.slots, block.data = block.slots[stay], data[:, :, stay.to(data.device)]
             self.slot_rows[layer] = self.slot_rows[layer][:keep]
             self.filled[layer] = keep
         self.tokens = self.tokens[:length]
@@ -249,12 +288,39 @@ class TieredKVCache:
         device, host = self.config.device_tokens, self.config.host_tokens
         while device is not None and self._count(DEVICE) > device:
             self._down(self._least_recent(DEVICE), HOST)
+        if self._layout is not None:
+            for layer in range(len(self.blocks)):
+                self._regroup(layer)
         while host is not None and self._count(HOST) > host:
             block = self._least_recent(HOST)
             if self.directory is None:
                 self._evict(block)
             else:
                 self._down(block, DISK)
+
+    def _regroup(self, layer: int) -> None:
+        """Fold the layer's newly arrived host blocks into one host block per group."""
+        loose = [b for b in self.blocks[layer] if b.tier == HOST and not b.grouped and b.transfer is None]
+        if not loose:
+            return
+        slots = torch.cat([b.slots for b in loose])
+        data = torch.cat([b.data for b in loose], dim=2)
+        used = torch.cat([torch.full((b.length,), b.last_used) for b in loose])
+        groups = self._layout(layer, slots)
+        grouped = {int(self._layout(layer, b.slots[:1])[0]): b for b in self.blocks[layer]
+                   if b.tier == HOST and b.grouped and b.transfer is None}
+        for block in loose:
+            self.blocks[layer].remove(block)
+        for group in torch.unique(groups).tolist():
+            mine = groups == group
+            block = grouped.get(group)
+            if block is None:
+                block = _Block(layer, slots[mine][:0], HOST, data[:, :, :0], grouped=True)
+                self.blocks[layer].append(block)
+            merged = torch.cat([block.slots, slots[mine]])
+            order = torch.argsort(merged)
+            block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, mine]], dim=2)[:, :, order]
+            block.last_used = max(block.last_used, int(used[mine].max()))
 
     def _count(self, tier: str) -> int:
         return sum(b.length for layer in self.blocks for b in layer if b.tier == tier)
@@ -268,7 +334,8 @@ class TieredKVCache:
             block.data, block.transfer = self.copies.to_host(block.data)
         else:
             self._settle(block)
-            block.path = self.directory / f"layer{block.layer}-slot{block.start}.kv"
+            self._files += 1
+            block.path = self.directory / f"layer{block.layer}-{self._files}.kv"
             block.transfer = self.copies.to_disk(block.path, block.data)
         block.tier = tier
         if sum(b.transfer is not None for layer in self.blocks for b in layer) > WRITES_IN_FLIGHT:
@@ -280,21 +347,26 @@ class TieredKVCache:
         if transfer is None:
             return True
         try:
-            transfer.wait()
+            data = transfer.wait()
         except OSError as exc:
+            if transfer.reads:   # a prefetch that failed: the file is read again when needed
+                return True
             if not self._disk_full_warned:
                 log.warning("%s: the KV disk tier is full (%s); evicting the oldest blocks", self.directory, exc)
                 self._disk_full_warned = True
             block.path = None
             return False
-        if block.tier == DISK:
-            block.data = None  # on disk now: the host copy goes
+        if transfer.reads:
+            block.data = data      # read ahead: the step that needs it finds it in memory
+        elif block.tier == DISK:
+            block.data = None      # on disk now: the host copy goes
         return True
 
     def _reap(self, wait: bool = False) -> None:
-        """Finish the copies that are done (all, with ``wait``); a block whose disk write failed is evicted."""
+        """Finish the disk writes that are done (every copy, with ``wait``); a block whose disk write
+        failed is evicted. Prefetches are left for the step that needs their blocks."""
         for block in [b for layer in self.blocks for b in layer if b.transfer is not None]:
-            if (wait or block.transfer.done()) and not self._settle(block):
+            if (wait or (block.transfer.done() and not block.transfer.reads)) and not self._settle(block):
                 self._evict(block)
 
     def _evict(self, block: _Block) -> None:
