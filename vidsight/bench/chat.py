@@ -103,6 +103,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 "device_peak_tokens": fork.cache.device_peak_tokens if tiers is not None else None,
                 "tokens_by_tier": fork.cache.tokens_by_tier(),
                 "bytes_moved": {way: fork.cache.bytes_moved[way] - moved[way] for way in moved},
+                "policy_report": fork.policy.report(),
             })
             fork.close()
             if progress:

@@ -98,15 +98,27 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
             "attended_share": {n: share(mine(n), "attended_share") for n in policies},
             "retrieved_share": {n: share(mine(n), "retrieved_share") for n in policies},
             "ttft_s": {n: share(mine(n), "ttft_s") for n in policies},
+            "policy_reports": {n: _mean_report([q["policy_report"] for q in mine(n)]) for n in policies},
             "questions": questions}
+
+
+def _mean_report(reports: list[dict]) -> dict:
+    """Each numeric field of the policies' reports, averaged over the questions."""
+    fields = reports[0].keys() if reports else ()
+    return {f: float(np.nanmean([r[f] for r in reports])) for f in fields}
 
 
 def format_chat_accuracy(report: dict) -> str:
     lines = [f"{report['streams']} streams of {report['frames']} sampled frames, "
              f"{report['questions_per_policy']} questions at several times",
-             f"{'policy':<7} {'accuracy':>8} " + " ".join(f"{f:>7}" for f in CHAT_FAMILIES) + "  attended  settings"]
+             f"{'policy':<28} {'accuracy':>8} " + " ".join(f"{f:>7}" for f in CHAT_FAMILIES)
+             + f" {'attended':>8} {'retrieved':>9} {'TTFT ms':>8}  settings"]
     for name, accuracy in report["accuracy"].items():
         families = " ".join(f"{report['by_family'][name][f]:7.1%}" for f in CHAT_FAMILIES)
-        lines.append(f"{name:<7} {accuracy:8.1%} {families}  {report['attended_share'][name]:7.1%}  "
+        lines.append(f"{name:<28} {accuracy:8.1%} {families} {report['attended_share'][name]:8.1%} "
+                     f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
+    for name, policy_report in report["policy_reports"].items():
+        if policy_report:
+            lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()))
     return "\n".join(lines)

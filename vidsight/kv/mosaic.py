@@ -120,8 +120,11 @@ class MosaicPolicy:
     def report(self) -> dict:
         """Live clusters (visual; semantic per layer on average), splits, transfers, prefetch hits."""
         layers = [t.live() for t in self._layers.values()]
+        tables = [self.visual, *self._layers.values()]
+        index = sum(x.nbytes for t in tables for x in (t.unit_sum, t.key_sum, t.value_sum) if x is not None)
         return {"visual_clusters": self.visual.live(), "semantic_clusters_per_layer": sum(layers) / max(len(layers), 1),
-                **dataclasses.asdict(self.stats), "prefetch_hit_rate": self.stats.prefetch_hit_rate}
+                **dataclasses.asdict(self.stats), "prefetch_hit_rate": self.stats.prefetch_hit_rate,
+                "index_bytes": index}
 
     # -- the seam --------------------------------------------------------------------------------
     def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:

@@ -191,7 +191,8 @@ class ReKVPolicy:
         self._cache_id: int | None = None
 
     def report(self) -> dict:
-        return {}
+        """The bytes of its block index (the device holds it)."""
+        return {"index_bytes": sum(index.sums.nbytes for index in self._index.values())}
 
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
