@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="clips start up to N temporal patches into a stream (default: 0, at the start)")
     train.add_argument("--chat-frames", type=int, nargs="*", default=list(TrainConfig.chat_frames), metavar="F",
                        help="train on chat-suite streams of these lengths too (every other step)")
+    train.add_argument("--chat-questions", nargs="*", default=[], metavar="FAMILY",
+                       help="chat steps ask these families (colour, shape, order; repeat to weight; "
+                            "default: the streams' own questions)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
@@ -189,7 +192,8 @@ def _run_train(args) -> int:
         return 0
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
                          warmup=args.warmup, init=args.init,
-                         offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames))
+                         offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
+                         chat_questions=tuple(args.chat_questions))
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
     return 0

@@ -71,6 +71,14 @@ class ChatStream:
         """``(frames, FRAME, FRAME, 3)`` uint8 frames at the sample times."""
         return np.stack([self.scene.render(t) for t in self.times_s])
 
+    def ask(self, family: str, rng) -> ChatQuestion:
+        """A fresh question of ``family`` at a random complete patch after enough events are over
+        (training draws these; the suite's own questions are ``questions``)."""
+        needed = 2 if family == "order" else 1
+        earliest = sorted(o.t_out for o in self.scene.objects)[needed - 1]
+        time_s = _patch_end(float(rng.uniform(earliest, (self.frames - 1) / SAMPLE_FPS)), self.frames)
+        return _ask(rng, family, time_s, [o for o in self.scene.objects if o.t_out <= time_s])
+
     def sample(self, question: ChatQuestion, offset_patches: int = 0) -> Sample:
         """The stream up to ``question`` as a one-question clip (training reads these)."""
         return Sample(f"chat-{question.family}", self.seed, self.scene, question.question, question.answer,

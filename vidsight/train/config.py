@@ -29,6 +29,8 @@ class TrainConfig:
             late stream positions without long sequences. 0 keeps every clip at the start.
         chat_frames: Lengths in sampled frames of the chat-suite streams (`tasks.chat`) trained
             on, one drawn per chat step; empty for none. With any, every other step is a chat step.
+        chat_questions: The question families chat steps draw from, uniformly (repeat one to weight
+            it); empty: the streams' own questions.
         eval_chat_frames: Length of the held-out chat streams evaluated (every question of each).
     """
 
@@ -46,10 +48,14 @@ class TrainConfig:
     init: str | None = None
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
+    chat_questions: tuple[str, ...] = ()
     eval_chat_frames: int = 512
 
     def __post_init__(self):
         object.__setattr__(self, "chat_frames", tuple(self.chat_frames))
+        object.__setattr__(self, "chat_questions", tuple(self.chat_questions))
+        if not set(self.chat_questions) <= {"colour", "shape", "order"}:
+            raise ConfigError(f"chat_questions must be colour, shape or order; got {self.chat_questions}")
         if self.offset_patches < 0 or any(f < 64 or f % 2 for f in (*self.chat_frames, self.eval_chat_frames)):
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:

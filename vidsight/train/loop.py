@@ -77,7 +77,10 @@ def step_samples(config: TrainConfig, step: int) -> list:
     if family == "chat":
         frames = int(rng.choice(config.chat_frames))
         streams = [make_chat_stream(base + i, frames) for i in range(max(1, CHAT_BATCH_FRAMES // frames))]
-        samples = [s.sample(s.questions[int(rng.integers(len(s.questions)))]) for s in streams]
+        if config.chat_questions:
+            samples = [s.sample(s.ask(str(rng.choice(config.chat_questions)), rng)) for s in streams]
+        else:
+            samples = [s.sample(s.questions[int(rng.integers(len(s.questions)))]) for s in streams]
     else:
         frames = int(rng.choice(NEEDLE_TRAIN_FRAMES)) if family == "needle" else DEFAULT_FRAMES[family]
         count = config.batch if frames <= 32 else config.batch // 2
