@@ -51,3 +51,14 @@ def test_a_stream_too_short_or_odd_is_refused():
         make_chat_stream(0, 32)
     with pytest.raises(ValueError):
         make_chat_stream(0, 129)
+
+
+def test_fresh_questions_for_training_are_about_events_already_over():
+    rng = np.random.default_rng(0)
+    stream = make_chat_stream(9, 256)
+    for family in ("order", "colour", "shape") * 10:
+        q = stream.ask(family, rng)
+        past = [e for e in stream.scene.objects if e.t_out <= q.time_s]
+        assert q.family == family and q.frames_seen % 2 == 0 and q.frames_seen <= stream.frames
+        assert len(past) >= (2 if family == "order" else 1)
+        assert any(e.shape == q.answer or e.colour == q.answer for e in past)
