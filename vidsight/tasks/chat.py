@@ -77,6 +77,8 @@ class ChatStream:
         needed = 2 if family == "order" else 1
         earliest = sorted(o.t_out for o in self.scene.objects)[needed - 1]
         time_s = _patch_end(float(rng.uniform(earliest, (self.frames - 1) / SAMPLE_FPS)), self.frames)
+        if time_s < earliest:  # the patch ended before the event did: ask at the next one
+            time_s = _patch_end(time_s + PATCH_FRAMES / SAMPLE_FPS, self.frames)
         return _ask(rng, family, time_s, [o for o in self.scene.objects if o.t_out <= time_s])
 
     def sample(self, question: ChatQuestion, offset_patches: int = 0) -> Sample:
