@@ -52,3 +52,17 @@ def test_with_tiers_the_bench_reports_the_devices_peak_within_budget_and_bytes_m
     late = [r for r in report["rows"] if r["history_tokens"] >= 200]
     assert all(r["tokens_by_tier"]["disk"] > 0 for r in late) and any(sum(r["bytes_moved"].values()) for r in late)
     assert "peak tok" in format_chat_report(report) and not list((tmp_path / "kv").iterdir())
+
+
+def test_the_chat_suite_with_tiers_reports_each_policys_device_peak(tiny_adapter, tmp_path):
+    from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
+    from vidsight.kv.tiers import TierConfig
+
+    tiers = TierConfig(device_tokens=300, host_tokens=300, disk_dir=tmp_path)
+    report = run_chat_accuracy(tiny_adapter, streams=1, frames=64, policies=("full", "mosaic:top_frames=2"),
+                               settings={"mosaic": {"local_tokens": 32}}, tiers=tiers)
+    assert report["settings"]["mosaic:top_frames=2"] == {"local_tokens": 32}
+    peaks = report["device_peak_tokens"]
+    assert peaks["full"] > peaks["mosaic:top_frames=2"] > 0 and report["bytes_moved"]["full"] > 0
+    assert report["policy_reports"]["mosaic:top_frames=2"]["index_bytes"] > 0
+    assert "device peak" in format_chat_accuracy(report) and not list(tmp_path.iterdir())

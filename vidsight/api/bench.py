@@ -177,7 +177,7 @@ def _run_bench_chat(args) -> int:
         from vidsight.models import load_model
 
         report = run_chat_accuracy(load_model(args.model, device="cpu"), args.streams, args.stream_frames,
-                                   tuple(args.policies), settings, progress=not args.json)
+                                   tuple(args.policies), settings, progress=not args.json, tiers=tier_config(args))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "chat-accuracy.json").write_text(json.dumps(report, indent=1))

@@ -17,6 +17,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.ingest.types import CodecInfo
 from vidsight.kv.retrieval import make_policy
+from vidsight.kv.tiers import TierConfig
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
 from vidsight.tasks.families import SAMPLE_FPS
 
@@ -34,13 +35,15 @@ def stream_frames(stream: ChatStream) -> list[SampledFrame]:
 
 
 def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], policy_name: str,
-                  settings: dict) -> list[dict]:
+                  settings: dict, tiers: TierConfig | None = None) -> list[dict]:
     """One session over ``stream`` under one policy: each question asked at its time."""
     rows = []
     policy = make_policy(policy_name, **settings)
-    with ChatSession(adapter, policy, ChatConfig(fps=SAMPLE_FPS)) as chat:
+    with ChatSession(adapter, policy, ChatConfig(fps=SAMPLE_FPS), tiers) as chat:
         for question in stream.questions:
             chat.push(frames[chat.frames_seen : question.frames_seen])
+            if tiers is not None:
+                chat.cache.device_peak_tokens = chat.cache.tokens_by_tier()["device"]
             answer = chat.ask(question.question, GenerationConfig(max_new_tokens=ANSWER_TOKENS))
             rows.append({"seed": stream.seed, "time_s": question.time_s, "family": question.family,
                          "question": question.question, "truth": question.answer, "answer": answer.answer,
@@ -48,13 +51,15 @@ def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], polic
                          "seconds_back": round(question.time_s - question.event_s, 1),
                          "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
                          "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
-                         "ttft_s": answer.stats.ttft_s, "policy_report": policy.report()})
+                         "ttft_s": answer.stats.ttft_s, "policy_report": policy.report(),
+                         "device_peak_tokens": chat.cache.device_peak_tokens if tiers is not None else None,
+                         "bytes_moved": sum(answer.stats.bytes_moved.values())})
     return rows
 
 
 def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
                       policies: tuple[str, ...] = ("full", "recent", "rekv"), settings: dict[str, dict] | None = None,
-                      progress: bool = False) -> dict:
+                      progress: bool = False, tiers: TierConfig | None = None) -> dict:
     """Answer every question of ``streams`` chat-suite streams under each policy.
 
     Args:
@@ -64,6 +69,7 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
         policies: Policy names.
         settings: Per policy name, its config's fields to change from the defaults.
         progress: Print each stream's answers.
+        tiers: KV tiers for every session (the device's peak during each question is reported).
 
     Returns:
         ``{"streams", "frames", "settings", "accuracy": {policy: share}, "by_family": {policy:
@@ -79,7 +85,7 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
         stream = make_chat_stream(CHAT_SUITE_SEED + k, frames)
         pictures = stream_frames(stream)
         for name in policies:
-            for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {})):
+            for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {}), tiers):
                 questions.append({"policy": name, **row})
                 if progress:
                     print(f"stream {k} t={row['time_s']:6.1f} s {name:<6} {row['question']} -> {row['answer']!r} "
@@ -99,6 +105,9 @@ def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_S
             "retrieved_share": {n: share(mine(n), "retrieved_share") for n in policies},
             "ttft_s": {n: share(mine(n), "ttft_s") for n in policies},
             "policy_reports": {n: _mean_report([q["policy_report"] for q in mine(n)]) for n in policies},
+            "device_peak_tokens": {n: max((q["device_peak_tokens"] or 0) for q in mine(n)) if tiers else None
+                                   for n in policies},
+            "bytes_moved": {n: share(mine(n), "bytes_moved") for n in policies},
             "questions": questions}
 
 
@@ -118,6 +127,10 @@ def format_chat_accuracy(report: dict) -> str:
         lines.append(f"{name:<28} {accuracy:8.1%} {families} {report['attended_share'][name]:8.1%} "
                      f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
+    if any(v is not None for v in report["device_peak_tokens"].values()):
+        lines.append("device peak (tokens summed over layers, during a question); bytes moved by question time (mean): "
+                     + "; ".join(f"{n} {report['device_peak_tokens'][n]}, {report['bytes_moved'][n] / 2**20:.1f} MiB"
+                                 for n in report["accuracy"]))
     for name, policy_report in report["policy_reports"].items():
         if policy_report:
             lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()))
