@@ -9,13 +9,22 @@ from vidsight.kv import KVCache, LayerHook, TokenTable
 from vidsight.kv.retrieval import KVPolicy, Selection, Step
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
-    """Causal attention of a chunk's queries ``(1, H, L, D)`` over all cached keys ``(1, KVH, past + L, D)``."""
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
+           query_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of queries ``(1, H, L, D)`` over keys ``(1, KVH, n, D)``.
+
+    By default the queries are a chunk following ``past`` earlier keys (``n = past + L``). With
+    ``query_slots`` they are tokens already among the keys, each at its slot, and each sees the
+    keys up to its own slot (a refresh of cached tokens); ``past`` is then unused.
+    """
     length = q.shape[2]
-    if length == 1 or past == 0:
+    if query_slots is not None:
+        rows = query_slots.to(q.device)[:, None]
+    elif length == 1 or past == 0:
         return F.scaled_dot_product_attention(q, keys, values, is_causal=past == 0 and length > 1, enable_gqa=True)
-    rows = torch.arange(length, device=q.device)[:, None] + past
-    mask = torch.arange(past + length, device=q.device)[None, :] <= rows
+    else:
+        rows = torch.arange(length, device=q.device)[:, None] + past
+    mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= rows
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 

@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
-from vidsight.engine.forward import forward
+from vidsight.engine.forward import attend, forward
 from vidsight.engine.prefill import plan_video, video_rows
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
@@ -256,9 +255,8 @@ class Watcher:
             source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
             old_positions = old.tokens.position[source].T
             for layer in range(self.adapter.num_layers):
-                keys = old.keys[layer][:, :, source]
-                cache.keys[layer, :, :, :done] = self.adapter.rerotate_keys(keys, old_positions, positions[:, :done])
-                cache.values[layer, :, :, :done] = old.values[layer][:, :, source]
+                keys, values = old.read(layer, source)
+                cache.write(layer, self.adapter.rerotate_keys(keys, old_positions, positions[:, :done]), values)
                 cache.keep(layer, done)
             cache.commit(rows[:done])
             picked = self._refresh_choice(previous, patches, tp)
@@ -291,22 +289,18 @@ def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor,
         return 0
     hidden = embeds[None].to(adapter.dtype)
     cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
-    filled = cache.filled[0]
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, (cos, sin))
         if config.refresh == "deviation" and layer == 1:
             # CacheBlend: after one layer under the new context, keep recomputing only the tokens
             # whose values moved most from the reused ones.
-            drift = (v - cache.values[layer][:, :, slots]).float().norm(dim=-1).mean(dim=(0, 1))
+            drift = (v - cache.read(layer, slots)[1]).float().norm(dim=-1).mean(dim=(0, 1))
             keep = torch.topk(drift, max(1, round(config.deviation_ratio * len(slots)))).indices.sort().values
             slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
                                                 q[:, :, keep], k[:, :, keep], v[:, :, keep])
-        cache.keys[layer][:, :, slots] = k
-        cache.values[layer][:, :, slots] = v
-        mask = torch.arange(filled, device=q.device)[None, :] <= slots.to(q.device)[:, None]
-        attn = F.scaled_dot_product_attention(q, cache.keys[layer][:, :, :filled], cache.values[layer][:, :, :filled],
-                                              attn_mask=mask, enable_gqa=True)
-        hidden = adapter.finish_layer(layer, hidden, attn)
+        cache.overwrite(layer, slots, k, v)
+        keys, values = cache.read(layer)
+        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, 0, query_slots=slots))
     return len(slots)
 
 

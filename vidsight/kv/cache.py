@@ -131,6 +131,14 @@ class KVCache:
         past_k, past_v = self.read(layer, slots)
         return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
 
+    def overwrite(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Replace the keys and values of filled ``slots`` (tokens recomputed under a new context)."""
+        if len(slots) and int(slots.max()) >= self.filled[layer]:
+            raise ConfigError(f"cannot overwrite slot {int(slots.max())} of {self.filled[layer]} filled")
+        index = slots.to(self.keys.device)
+        self.keys[layer][:, :, index] = k
+        self.values[layer][:, :, index] = v
+
     def read(self, layer: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` of ``layer`` (all filled ones when None)."""
         if slots is None:
