@@ -66,3 +66,12 @@ def test_the_chat_suite_with_tiers_reports_each_policys_device_peak(tiny_adapter
     assert peaks["full"] > peaks["mosaic:top_frames=2"] > 0 and report["bytes_moved"]["full"] > 0
     assert report["policy_reports"]["mosaic:top_frames=2"]["index_bytes"] > 0
     assert "device peak" in format_chat_accuracy(report) and not list(tmp_path.iterdir())
+
+
+def test_mosaic_is_timed_on_a_memory_it_built_as_the_stream_arrived(tmp_path, tiny_shape):
+    report = run_chat_bench(tiny_shape, histories=(60, 200), timed_patches=1, dtype="float32", out=tmp_path,
+                            policies=("recent", "mosaic"), settings={"mosaic": {"local_tokens": 16, "top_frames": 1}})
+    mosaic = [r for r in report["rows"] if r["policy"] == "mosaic"]
+    assert len(mosaic) == 2 and mosaic[-1]["patch_attended_tokens"] < mosaic[-1]["history_tokens"] / 2
+    # Its clusters span the whole stream, patch by patch, not one pass over a fork's history.
+    assert mosaic[-1]["policy_report"]["visual_clusters"] >= 1 and mosaic[-1]["policy_report"]["splits"] > 0
