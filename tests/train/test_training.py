@@ -101,3 +101,16 @@ def test_chat_steps_alternate_and_are_chat_suite_prefixes():
     assert len(chat) == 2 and all(s.frames <= 128 and s.frames % 2 == 0 for s in chat)
     offsets = [s.offset_patches for step in range(40) for s in step_samples(config, step)]
     assert 0 in offsets and max(offsets) <= 50 and len(set(offsets)) > 5
+
+
+def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
+    import json
+
+    base = train(tmp_path / "base", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2), progress=False)
+    tuned = train(tmp_path / "tuned", TrainConfig(steps=1, eval_every=1, eval_per_family=1, batch=2, init=str(base),
+                                                   chat_frames=(64,), offset_patches=8), progress=False)
+    record = json.loads((tuned / "vidsight_training.json").read_text())
+    assert record["base"]["steps_trained"] == 2 and record["config"]["init"] == str(base)
+    assert "chat" in record["held_out_accuracy"]
+    start = build_adapter(0, str(base)).model.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(start.values(), load_model(base, device="cpu").model.state_dict().values()))

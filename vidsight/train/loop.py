@@ -22,7 +22,7 @@ from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
-from vidsight.train.recipe import model_config, write_checkpoint
+from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
 from vidsight.train.tokenizer import build_task_tokenizer
 
 log = logging.getLogger(__name__)
@@ -238,10 +238,15 @@ def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
 
 
 def _record(config: TrainConfig, history: list[dict]) -> dict:
-    """What a checkpoint was trained with and how it scored on held-out clips."""
+    """What a checkpoint was trained with and how it scored on held-out clips (with the record of
+    the checkpoint it was fine-tuned from, if any, so the whole recipe stays on file)."""
     last = history[-1] if history else {}
-    return {"config": config.__dict__, "steps_trained": last.get("step", 0),
-            "held_out_accuracy": last.get("held_out_accuracy"), "elapsed_s": last.get("elapsed_s")}
+    record = {"config": config.__dict__, "steps_trained": last.get("step", 0),
+              "held_out_accuracy": last.get("held_out_accuracy"), "elapsed_s": last.get("elapsed_s")}
+    base = Path(config.init) / TRAINING_RECORD if config.init else None
+    if base is not None and base.is_file():
+        record["base"] = json.loads(base.read_text())
+    return record
 
 
 def plot_history(history: list[dict], path: Path) -> None:
