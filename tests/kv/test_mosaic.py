@@ -83,7 +83,7 @@ class Offloaded(KVCache):
 
 def scripted(cache_type, split):
     """Two patches of four tokens pointing two ways, then a question that fetches everything."""
-    policy = MosaicPolicy(MosaicConfig(split=split, prefetch=False, **EVERYTHING))
+    policy = MosaicPolicy(MosaicConfig(split=split, prefetch=False, min_split_size=1, **EVERYTHING))
     cache = cache_type(1, 1, 4, 64, torch.float32, torch.device("cpu"))
     directions = [torch.tensor([1.0, 0.1, 0.0, 0.0]), torch.tensor([0.0, 0.1, 1.0, 0.0])]
     q = torch.ones(1, 1, 1, 4)
@@ -160,3 +160,14 @@ def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefe
     assert eager.report()["maintenance_transfers"] > 0 == deferred.report()["maintenance_transfers"]
     assert deferred.report()["deferred_splits"] > 0
     assert not list(tmp_path.iterdir())
+
+
+def test_splits_stop_at_the_cluster_cap_and_spare_small_clusters(tiny_adapter, frames):
+    policy = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=2, max_clusters=3))
+    answers(tiny_adapter, frames, policy)
+    for table in policy._layers.values():
+        for partition in torch.unique(table.visual).tolist():
+            assert len(table.candidates(partition)) <= 3
+    never = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=10_000))
+    answers(tiny_adapter, frames, never)
+    assert never.report()["splits"] == 0 < policy.report()["splits"]

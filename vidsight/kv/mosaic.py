@@ -49,6 +49,11 @@ class MosaicConfig:
         tau_rate: Cluster size over which the threshold moves from ``tau_small`` to ``tau_large``.
         visual_tau: Variance threshold of a visual cluster (pooled frame embeddings vary far
             less than keys: consecutive frames of one shot are nearly identical).
+        min_split_size: Clusters smaller than this are never split (the paper: small clusters are
+            unstable and should not be split aggressively).
+        max_clusters: Semantic clusters per visual partition and layer past which none is split:
+            a split reads every member, so without a cap keys that are all far apart (random
+            weights) would split on every patch.
         clustering: ``nested`` (Mosaic), or an ablation: ``visual`` (frames only), ``semantic``
             (keys only, one partition), ``none`` (token-level top-k over every video key).
         split: ``deferred`` (Algorithm 1: wait until the cluster is fetched) or ``eager``.
@@ -63,14 +68,18 @@ class MosaicConfig:
     tau_large: float = 0.15
     tau_rate: float = 16.0
     visual_tau: float = 0.01
+    min_split_size: int = 32
+    max_clusters: int = 64
     clustering: str = "nested"
     split: str = "deferred"
     summaries: bool = True
     prefetch: bool = True
 
     def __post_init__(self):
-        if self.local_tokens < 1 or self.top_frames < 1 or self.visual_top < 1 or self.tau_rate <= 0:
-            raise ConfigError("local_tokens, top_frames, visual_top and tau_rate must be positive")
+        if min(self.local_tokens, self.top_frames, self.visual_top, self.min_split_size, self.max_clusters) < 1 \
+                or self.tau_rate <= 0:
+            raise ConfigError("local_tokens, top_frames, visual_top, min_split_size, max_clusters and tau_rate "
+                              "must be positive")
         if not 0 < self.tau_small <= self.tau_large <= 2 or not 0 < self.visual_tau <= 2:
             raise ConfigError("need 0 < tau_small <= tau_large <= 2 (cosine variances lie in [0, 2])")
         if self.clustering not in CLUSTERINGS or self.split not in SPLITS:
@@ -235,8 +244,9 @@ class MosaicPolicy:
             if table.lazy[cluster]:   # already waiting for its split: newcomers wait beside it
                 self._wait(table, cluster, slots[mine], units[mine], keys[mine], values[mine])
                 continue
-            cohesive = table.variance_with(cluster, units[mine]) <= size_threshold(
-                int(table.count[cluster]) + int(mine.sum()), self.config)
+            size = int(table.count[cluster]) + int(mine.sum())
+            cohesive = not self._splittable(table, cluster, size) or table.variance_with(
+                cluster, units[mine]) <= size_threshold(size, self.config)
             if cohesive or self.config.split == "eager" or cache.resident(layer, table.members(cluster)):
                 table.extend(cluster, slots[mine], units[mine], keys[mine], values[mine])
                 if not cohesive:
@@ -251,8 +261,14 @@ class MosaicPolicy:
         table.owner[slots] = table.add(units, keys, values, visual=int(table.visual[parent]), first=int(slots[0]),
                                        parent=parent)
 
+    def _splittable(self, table: ClusterTable, cluster: int, size: int) -> bool:
+        """Large enough to split, and its partition below its cluster cap (both bound the upkeep)."""
+        return size >= self.config.min_split_size and len(table.candidates(int(table.visual[cluster]))) \
+            < self.config.max_clusters
+
     def _check(self, layer: int, table: ClusterTable, cluster: int, cache: KVCache) -> None:
-        if table.variance(cluster) > size_threshold(int(table.count[cluster]), self.config):
+        size = int(table.count[cluster])
+        if self._splittable(table, cluster, size) and table.variance(cluster) > size_threshold(size, self.config):
             self._split(layer, table, cluster, cache, fetched=False)
 
     def _split(self, layer: int, table: ClusterTable, cluster: int, cache: KVCache, fetched: bool) -> None:
