@@ -64,13 +64,13 @@ def feed_config(args):
                       split_cores=not args.oversubscribe)
 
 
-POLICY_NAMES = ("full", "recent", "rekv", "mosaic")
+POLICY_NAMES = ("full", "recent", "rekv", "mosaic", "resv")
 # The retrieval policies' settings: flag -> (config field, parser, the policies it sets, help).
 # A parser of None is a switch that turns a default-on setting off.
 POLICY_FLAGS = {
     "--window-tokens": ("window_tokens", int, ("recent",), "recent: local window in tokens (default: 4096)"),
-    "--local-tokens": ("local_tokens", int, ("rekv", "mosaic"),
-                       "rekv, mosaic: local window in tokens (default: 15000, ReKV's)"),
+    "--local-tokens": ("local_tokens", int, ("rekv", "mosaic", "resv"),
+                       "rekv, mosaic, resv: local window in tokens (default: 15000, ReKV's; resv: 0, V-Rex's)"),
     "--top-frames": ("top_frames", int, ("rekv", "mosaic"),
                      "rekv: frame blocks retrieved; mosaic: its token budget in frame blocks (default: 64, ReKV's)"),
     "--visual-top": ("visual_top", int, ("mosaic",), "mosaic: visual partitions searched (default: 4)"),
@@ -81,6 +81,10 @@ POLICY_FLAGS = {
     "--min-split-size": ("min_split_size", int, ("mosaic",), "mosaic: clusters smaller than this never split (default: 32)"),
     "--max-clusters": ("max_clusters", int, ("mosaic",),
                        "mosaic: semantic clusters per visual partition and layer before splits stop (default: 64)"),
+    "--hyperplanes": ("hyperplanes", int, ("resv",), "resv: random hyperplanes, bits per key hash (default: 32)"),
+    "--hamming-threshold": ("hamming_threshold", int, ("resv",),
+                            "resv: a key joins a cluster whose hash differs in fewer bits (default: 7)"),
+    "--wics-ratio": ("ratio", _float, ("resv",), "resv: WiCSum's Th_r-wics (default: 0.3; 1 keeps everything)"),
     "--clustering": ("clustering", str, ("mosaic",),
                      "mosaic: nested (default), or an ablation: visual, semantic, none (token-level top-k)"),
     "--split": ("split", str, ("mosaic",), "mosaic: deferred (default, Algorithm 1) or eager"),

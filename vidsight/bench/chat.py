@@ -37,7 +37,7 @@ TIMED_PATCHES = 4
 QUESTION = "What colour was the square at the start?"
 STREAM_FPS = 1.0
 HISTORY_WINDOW = 1024
-STREAM_BUILT = ("mosaic",)
+STREAM_BUILT = ("mosaic", "resv")
 
 
 def chat_video(directory: str | Path, seconds: int) -> Path:

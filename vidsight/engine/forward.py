@@ -10,14 +10,21 @@ from vidsight.kv.retrieval import KVPolicy, Selection, Step
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
-           query_slots: torch.Tensor | None = None) -> torch.Tensor:
+           query_slots: torch.Tensor | None = None, past_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of queries ``(1, H, L, D)`` over keys ``(1, KVH, n, D)``.
 
     By default the queries are a chunk following ``past`` earlier keys (``n = past + L``). With
     ``query_slots`` they are tokens already among the keys, each at its slot, and each sees the
-    keys up to its own slot (a refresh of cached tokens); ``past`` is then unused.
+    keys up to its own slot (a refresh of cached tokens); ``past`` is then unused. ``past_mask``
+    ``(KVH, past)`` says which earlier keys each key head's queries see (a per-head selection).
     """
     length = q.shape[2]
+    if past_mask is not None:
+        heads = q.shape[1]
+        earlier = past_mask.to(q.device).repeat_interleave(heads // past_mask.shape[0], dim=0)
+        own = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        mask = torch.cat([earlier[:, None, :].expand(-1, length, -1), own.expand(heads, -1, -1)], dim=-1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[None], enable_gqa=True)
     if query_slots is not None:
         rows = query_slots.to(q.device)[:, None]
     elif length == 1 or past == 0:
@@ -63,16 +70,21 @@ def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tens
         if summary is not None:
             chosen = summary.slots
         keys, values = cache.write(layer, k, v, chosen)
-        if summary is not None and summary.keys.shape[2]:
+        summaries = 0 if summary is None or summary.keys is None else summary.keys.shape[2]
+        if summaries:
             # Summaries come first: they are past entries every query of the chunk may see.
             keys = torch.cat([summary.keys.to(keys.device, keys.dtype), keys], dim=2)
             values = torch.cat([summary.values.to(values.device, values.dtype), values], dim=2)
+        past_mask = None if summary is None or summary.heads is None else torch.cat(
+            [torch.ones((summary.heads.shape[0], summaries), dtype=torch.bool), summary.heads], dim=1)
         if step is not None:
             step.cached += past
-            step.attended += past if chosen is None else len(chosen)
-            step.summaries += 0 if summary is None else summary.keys.shape[2]
+            step.attended += (past if chosen is None else len(chosen) if past_mask is None
+                              else float(summary.heads.sum(dim=1).float().mean()))
+            step.summaries += summaries
             step.layers += 1
-        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2]))
+        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2],
+                                                            past_mask=past_mask))
         kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None
         cache.keep(layer, k.shape[2], kept, alive)
         if kept is not None and hook.skip_pruned:

@@ -28,7 +28,7 @@ class Step:
     Attributes:
         kind: ``frame`` (a temporal patch prefilled), ``question`` or ``answer`` (a generated token).
         cached: Cached tokens the layers could have attended to.
-        attended: Cached tokens they did attend to.
+        attended: Cached tokens they did attend to (averaged over key heads when a policy chooses per head).
         retrieved: Of those, tokens a retrieval chose (beyond sinks and the local window).
         layers: Layers run.
         patches: For temporal patches, each one's first frame index and visual embeddings
@@ -39,7 +39,7 @@ class Step:
 
     kind: str
     cached: int = 0
-    attended: int = 0
+    attended: float = 0
     retrieved: int = 0
     layers: int = 0
     patches: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)
@@ -52,18 +52,21 @@ class Step:
 
 @dataclasses.dataclass
 class Selection:
-    """Cached slots to attend to, plus summary entries that stand for cached tokens left out.
+    """Cached slots to attend to, maybe per key head, plus summary entries for cached tokens left out.
 
     Attributes:
         slots: Slots (ascending) among the layer's filled ones.
         keys: ``(1, kv_heads, m, head_dim)`` summary keys, already rotated (they are means of
-            rotated keys), attended before the slots, each as one more key.
+            rotated keys), attended before the slots, each as one more key; None for none.
         values: ``(1, kv_heads, m, head_dim)`` their values.
+        heads: ``(kv_heads, len(slots))`` bool: which of ``slots`` each key head's queries see
+            (None: all of them, every head).
     """
 
     slots: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    heads: torch.Tensor | None = None
 
 
 class KVPolicy(Protocol):
@@ -255,8 +258,14 @@ def _mosaic():
     return MosaicPolicy, MosaicConfig
 
 
+def _resv():
+    from vidsight.kv.resv import ReSVConfig, ReSVPolicy  # it builds on this module
+
+    return ReSVPolicy, ReSVConfig
+
+
 POLICIES = {"full": lambda: (FullPolicy, None), "recent": lambda: (RecentPolicy, RecentConfig),
-            "rekv": lambda: (ReKVPolicy, ReKVConfig), "mosaic": _mosaic}
+            "rekv": lambda: (ReKVPolicy, ReKVConfig), "mosaic": _mosaic, "resv": _resv}
 
 
 def make_policy(label: str, **settings) -> KVPolicy:

@@ -1,0 +1,236 @@
+"""V-Rex's ReSV retrieval (seed 003): hash-bit key clusters and WiCSum thresholds, per key head.
+
+Every new video token's rotated key, per layer and key head, is projected on ``hyperplanes``
+random hyperplanes (fixed by ``seed``) and binarised (> 0 is 1) into packed hash bits. A token
+joins the cluster whose hash bits are nearest in Hamming distance (XOR and popcount) when that
+distance is below ``hamming_threshold``; otherwise it starts a cluster. A cluster keeps its
+members, its representative key (the mean of its members' keys), that key's hash bits and its
+token count (V-Rex's hash-cluster table). New tokens are matched against the existing clusters
+all at once; those that match none are clustered among themselves in order.
+
+At every step (a temporal patch, a question, each generated token), per layer and key head, the
+step's queries (every query head sharing the key head, every token of the step: the rows) score
+the representative keys, and WiCSum (`wicsum`) keeps, per row, the clusters that carry
+``ratio`` of the row's count-weighted score; the union over rows, mapped back to tokens, is what
+that head attends to, with the text (system prompt, kept dialogue) and the step's own tokens.
+The number of tokens therefore varies per layer and head; `report` gives its distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+
+from vidsight.errors import ConfigError
+from vidsight.kv.cache import VIDEO, KVCache
+from vidsight.kv.retrieval import Selection, Step, window_mask
+
+SELECTIONS = ("wicsum", "topk")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReSVConfig:
+    """ReSV's settings (the paper's: 32 hyperplanes, Th_hp 7, Th_r-wics 0.3).
+
+    Attributes:
+        hyperplanes: Random hyperplanes, so hash bits per key (at most 62).
+        hamming_threshold: A token joins a cluster whose bits differ in fewer places.
+        ratio: WiCSum's Th_r-wics: the share of each row's weighted score the kept clusters
+            must pass; 1 or more keeps every cluster.
+        seed: Seeds the hyperplanes (fixed per session).
+        local_tokens: The most recent tokens every step attends to besides the selection (0:
+            none, as in V-Rex).
+        clustering: False attends the ablation without clusters: WiCSum over every token.
+        selection: ``wicsum``, or the ablation ``topk``: the ``top_clusters`` best clusters per row.
+        top_clusters: Clusters per row for ``topk``.
+    """
+
+    hyperplanes: int = 32
+    hamming_threshold: int = 7
+    ratio: float = 0.3
+    seed: int = 0
+    local_tokens: int = 0
+    clustering: bool = True
+    selection: str = "wicsum"
+    top_clusters: int = 8
+
+    def __post_init__(self):
+        if not 1 <= self.hyperplanes <= 62 or self.hamming_threshold < 1 or self.ratio <= 0:
+            raise ConfigError("hyperplanes must be in [1, 62], hamming_threshold at least 1 and ratio positive")
+        if self.local_tokens < 0 or self.top_clusters < 1 or self.selection not in SELECTIONS:
+            raise ConfigError(f"local_tokens must be >= 0, top_clusters >= 1, selection one of {SELECTIONS}")
+
+
+def hash_bits(keys: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    """``(n, d)`` keys on ``(d, b)`` hyperplanes to ``(n,)`` int64: bit i set when projection i is > 0."""
+    bits = (keys.float() @ planes > 0).long()
+    return (bits << torch.arange(planes.shape[1])).sum(dim=1)
+
+
+def popcount(x: torch.Tensor) -> torch.Tensor:
+    """Set bits of non-negative int64 values below 2**62 (SWAR: pairs, nibbles, bytes, then a sum)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return sum((x >> shift) & 0xFF for shift in range(0, 64, 8))
+
+
+def hamming(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(n, m)`` Hamming distances between packed hash bits ``a`` ``(n,)`` and ``b`` ``(m,)``."""
+    return popcount(a[:, None] ^ b[None, :])
+
+
+def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float) -> torch.Tensor:
+    """ReSV's WiCSum threshold (eqs. 1-3): ``(rows, clusters)`` scores to a ``(clusters,)`` bool.
+
+    Per row, clusters are taken in descending score until the count-weighted sum of their scores
+    reaches ``ratio`` of the row's total; the union over rows is returned. The paper is silent on
+    negative scores: here a cluster's weight is its score clamped at 0 times its count, so a
+    negative score adds nothing to either sum (it cannot help pass the threshold, and cannot pull
+    the total down so that fewer clusters are needed); a row whose scores are all <= 0 keeps its
+    best cluster. ``ratio`` >= 1 keeps every cluster.
+    """
+    if ratio >= 1 or scores.shape[1] == 0:
+        return torch.ones(scores.shape[1], dtype=torch.bool)
+    order = torch.argsort(scores, dim=1, descending=True)
+    weights = scores.clamp(min=0) * counts[None]
+    ranked = torch.gather(weights, 1, order)
+    total = ranked.sum(dim=1, keepdim=True)
+    # The minimal prefix: clusters before the one whose weight carries the sum past the threshold, and it.
+    before = ranked.cumsum(dim=1) - ranked
+    take = (before < ratio * total) | (torch.arange(scores.shape[1]) == 0)
+    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, take)
+    return chosen.any(dim=0)
+
+
+@dataclasses.dataclass
+class _Clusters:
+    """One layer's and key head's hash-cluster table."""
+
+    key_sum: torch.Tensor     # (C, head_dim) float32: Key_cluster * count
+    count: torch.Tensor       # (C,)
+    bits: torch.Tensor        # (C,) int64: hash bits of Key_cluster
+    owner: torch.Tensor       # (slots,) cluster of each slot, -1 for none
+
+
+class ReSVPolicy:
+    """Per-head retrieval over hash-bit clusters at every step (see the module docstring)."""
+
+    name = "resv"
+
+    def __init__(self, config: ReSVConfig = ReSVConfig()):
+        self.config = config
+        self._planes: torch.Tensor | None = None
+        self._tables: dict[int, list[_Clusters]] = {}
+        self._indexed: dict[int, int] = {}
+        self._ratios: dict[tuple[str, int, int], list[float]] = defaultdict(list)  # (kind, layer, head) -> shares
+        self._cache_id: int | None = None
+
+    def report(self) -> dict:
+        """Retrieval ratios (selected share of the cached video, per head) by step kind, their spread
+        over layers and heads, and the clusters' size."""
+        out = {}
+        for kind in ("frame", "question", "answer"):
+            means = torch.tensor([sum(v) / len(v) for (k, _, _), v in self._ratios.items() if k == kind and v])
+            if len(means):
+                out[f"{kind}_ratio"] = float(means.mean())
+                out[f"{kind}_ratio_min"], out[f"{kind}_ratio_max"] = float(means.min()), float(means.max())
+        tables = [t for heads in self._tables.values() for t in heads]
+        if tables:
+            out["clusters_per_head"] = sum(len(t.count) for t in tables) / len(tables)
+            out["tokens_per_cluster"] = float(sum(t.count.sum() for t in tables) / max(sum(len(t.count) for t in tables), 1))
+        return out
+
+    def ratios_by_layer_head(self, kind: str = "frame") -> dict[tuple[int, int], float]:
+        """Mean selected share of the cached video per (layer, key head) for one step kind (V-Rex's Fig. 20)."""
+        return {(layer, head): sum(v) / len(v) for (k, layer, head), v in self._ratios.items() if k == kind and v}
+
+    def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:
+        if self._cache_id != id(cache):  # a fork or another session: start over
+            self.__init__(self.config)
+            self._cache_id = id(cache)
+        tables = self._index(layer, cache)
+        filled, rows = cache.filled[layer], cache.rows(layer)
+        video = cache.tokens.kind[rows] == VIDEO
+        keep = ~video | window_mask(filled, self.config.local_tokens) if self.config.local_tokens else ~video
+        kv_heads = len(tables)
+        group = q.shape[1] // kv_heads
+        heads = torch.zeros((kv_heads, filled), dtype=torch.bool)
+        for head, table in enumerate(tables):
+            queries = q[0, head * group : (head + 1) * group].float().cpu().reshape(-1, q.shape[-1])  # the rows
+            if self.config.clustering:
+                chosen = self._choose(queries @ (table.key_sum / table.count[:, None].clamp(min=1)).T, table.count)
+                picked = torch.isin(table.owner, torch.nonzero(chosen).flatten())
+            else:   # the ablation: every video token is its own cluster
+                keys = cache.read(layer, torch.nonzero(video).flatten())[0][0, head].float().cpu()
+                picked = torch.zeros(filled, dtype=torch.bool)
+                picked[torch.nonzero(video).flatten()] = self._choose(queries @ keys.T, torch.ones(len(keys)))
+            heads[head] = keep | picked
+            if video.any():
+                share = float((picked & video).sum()) / int(video.sum())
+                self._ratios[(step.kind, layer, head)].append(share)
+                step.retrieved += float((picked & ~keep).sum()) / kv_heads
+        slots = torch.nonzero(heads.any(dim=0)).flatten()
+        return Selection(slots, heads=heads[:, slots])
+
+    def _choose(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        if self.config.selection == "wicsum":
+            return wicsum(scores, counts, self.config.ratio)
+        top = torch.topk(scores, min(self.config.top_clusters, scores.shape[1]), dim=1).indices
+        return torch.zeros(scores.shape[1], dtype=torch.bool).index_fill_(0, top.flatten(), True)
+
+    # -- the hash-cluster tables -------------------------------------------------------------------
+    def _index(self, layer: int, cache: KVCache) -> list[_Clusters]:
+        """The layer's tables per key head, with the video slots written since they were last read."""
+        filled, rows = cache.filled[layer], cache.rows(layer)
+        keys_all = cache.read(layer, torch.empty(0, dtype=torch.long))[0]
+        kv_heads, dim = keys_all.shape[1], keys_all.shape[3]
+        if self._planes is None:
+            generator = torch.Generator().manual_seed(self.config.seed)
+            self._planes = torch.randn((dim, self.config.hyperplanes), generator=generator)
+        tables = self._tables.setdefault(layer, [
+            _Clusters(torch.zeros((0, dim)), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                      torch.zeros(0, dtype=torch.long)) for _ in range(kv_heads)])
+        start = min(self._indexed.get(layer, 0), filled)  # a question's slots may have been dropped
+        for table in tables:
+            table.owner = torch.cat([table.owner[:filled], torch.full((max(0, filled - len(table.owner)),), -1)])
+        new = torch.nonzero(cache.tokens.kind[rows[start:filled]] == VIDEO).flatten() + start
+        self._indexed[layer] = filled
+        if len(new) and self.config.clustering:
+            keys = cache.read(layer, new)[0][0].float().cpu()   # (kv_heads, n, head_dim)
+            for head, table in enumerate(tables):
+                self._cluster(table, new, keys[head])
+        return tables
+
+    def _cluster(self, table: _Clusters, slots: torch.Tensor, keys: torch.Tensor) -> None:
+        """Assign new tokens: to the nearest existing cluster under the threshold, else among themselves."""
+        bits = hash_bits(keys, self._planes)
+        owner = torch.full((len(slots),), -1, dtype=torch.long)
+        if len(table.count):
+            distance = hamming(bits, table.bits)
+            nearest = distance.min(dim=1)
+            joins = nearest.values < self.config.hamming_threshold
+            owner[joins] = nearest.indices[joins]
+        fresh = len(table.count)
+        fresh_bits: list[int] = []
+        for k in torch.nonzero(owner < 0).flatten().tolist():   # new clusters, in token order
+            if fresh_bits:
+                distance = hamming(bits[k : k + 1], torch.tensor(fresh_bits))[0]
+                best = int(distance.argmin())
+                if int(distance[best]) < self.config.hamming_threshold:
+                    owner[k] = fresh + best
+                    continue
+            owner[k] = fresh + len(fresh_bits)
+            fresh_bits.append(int(bits[k]))
+        clusters = fresh + len(fresh_bits)
+        key_sum = torch.cat([table.key_sum, torch.zeros((len(fresh_bits), keys.shape[1]))])
+        count = torch.cat([table.count, torch.zeros(len(fresh_bits))])
+        key_sum.index_add_(0, owner, keys)
+        count.index_add_(0, owner, torch.ones(len(owner)))
+        touched = torch.unique(owner)
+        table.bits = torch.cat([table.bits, torch.zeros(clusters - len(table.bits), dtype=torch.long)])
+        table.bits[touched] = hash_bits(key_sum[touched] / count[touched, None], self._planes)
+        table.key_sum, table.count = key_sum, count
+        table.owner[slots] = owner
