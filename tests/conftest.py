@@ -9,12 +9,16 @@ from vidsight.ingest import SyntheticSpec, make_video
 from vidsight.models import load_model, write_tiny_model
 
 
+# Benchmarks, the command line end to end and training: `-m "not slow"` leaves them out.
+SLOW_FOLDERS = ("bench", "api", "train")
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "needs_cuda" in item.keywords:
+        if item.path.parent.name in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+        if "needs_cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
 
 
