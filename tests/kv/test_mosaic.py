@@ -6,9 +6,6 @@ import torch
 from vidsight.engine import GenerationConfig
 from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.errors import ConfigError
-from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
-from vidsight.ingest.stream import SampledFrame
-from vidsight.ingest.types import CodecInfo
 from vidsight.kv import KVCache, TokenTable
 from vidsight.kv.cache import VIDEO
 from vidsight.kv.clusters import ClusterTable, cosine_variance, unit
@@ -19,36 +16,18 @@ QUESTION = "What colour is the square?"
 EVERYTHING = dict(local_tokens=1, top_frames=100_000, visual_top=100_000)
 
 
-@pytest.fixture(scope="module")
-def frames(make_test_video):
-    path, _ = make_test_video(width=176, height=144, fps=24, duration_s=8.0, gop=12, bframes=True, seed=4)
-    info = probe(path)
-    batch = decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info)
-    return [SampledFrame(k, int(batch.indices[k]), float(batch.pts_s[k]), batch.data[k], CodecInfo("?", 0))
-            for k in range(len(batch))]
-
-
-def answers(adapter, frames, policy):
-    out = []
-    with ChatSession(adapter, policy, ChatConfig(fps=2.0)) as session:
-        for start in range(0, len(frames), 6):
-            session.push(frames[start : start + 6])
-            out.append(session.ask(QUESTION, GenerationConfig(max_new_tokens=4)))
-    return out, session
-
-
 @pytest.mark.parametrize("clustering", ["nested", "visual", "semantic", "none"])
-def test_a_budget_that_retrieves_every_cluster_equals_full(tiny_adapter, frames, clustering):
-    full, _ = answers(tiny_adapter, frames, make_policy("full"))
-    mosaic, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(clustering=clustering, **EVERYTHING)))
+def test_a_budget_that_retrieves_every_cluster_equals_full(ask_along, tiny_adapter, frames, clustering):
+    full, _ = ask_along(tiny_adapter, frames, make_policy("full"))
+    mosaic, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(clustering=clustering, **EVERYTHING)))
     for a, b in zip(full, mosaic, strict=True):
         assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
 
 
-def test_prefetch_never_changes_what_is_attended(tiny_adapter, frames):
+def test_prefetch_never_changes_what_is_attended(ask_along, tiny_adapter, frames):
     small = dict(local_tokens=40, top_frames=1)
-    on, session = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(**small)))
-    off, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(prefetch=False, **small)))
+    on, session = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(**small)))
+    off, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(prefetch=False, **small)))
     for a, b in zip(on, off, strict=True):
         assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
         assert a.stats.attended_tokens < a.stats.cached_tokens  # the budget did leave tokens out
@@ -56,8 +35,8 @@ def test_prefetch_never_changes_what_is_attended(tiny_adapter, frames):
     assert report["prefetch_wanted"] > 0 and 0 <= report["prefetch_hit_rate"] <= 1
 
 
-def test_running_statistics_equal_recomputation_from_the_members(tiny_adapter, frames):
-    _, session = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2)))
+def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny_adapter, frames):
+    _, session = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2)))
     policy, cache = session.policy, session.cache
     assert policy.report()["splits"] > 0
     for layer, table in policy._layers.items():
@@ -140,13 +119,13 @@ def tiered_answers(adapter, frames, policy, tiers):
         return out, reads, below, spans
 
 
-def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefetch(tiny_adapter, frames, tmp_path):
+def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefetch(ask_along, tiny_adapter, frames, tmp_path):
     from vidsight.kv.tiers import TierConfig
 
     settings = dict(local_tokens=40, top_frames=2)
     tiers = TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path)
     # Eager splits decide alike wherever the tokens are, so offloading must change nothing.
-    plain, _ = answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(split="eager", **settings)))
+    plain, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(split="eager", **settings)))
     eager = MosaicPolicy(MosaicConfig(split="eager", **settings))
     tiered, reads, below, spans = tiered_answers(tiny_adapter, frames, eager, tiers)
     for a, b in zip(plain, tiered, strict=True):
@@ -162,12 +141,12 @@ def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefe
     assert not list(tmp_path.iterdir())
 
 
-def test_splits_stop_at_the_cluster_cap_and_spare_small_clusters(tiny_adapter, frames):
+def test_splits_stop_at_the_cluster_cap_and_spare_small_clusters(ask_along, tiny_adapter, frames):
     policy = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=2, max_clusters=3))
-    answers(tiny_adapter, frames, policy)
+    ask_along(tiny_adapter, frames, policy)
     for table in policy._layers.values():
         for partition in torch.unique(table.visual).tolist():
             assert len(table.candidates(partition)) <= 3
     never = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=10_000))
-    answers(tiny_adapter, frames, never)
+    ask_along(tiny_adapter, frames, never)
     assert never.report()["splits"] == 0 < policy.report()["splits"]
