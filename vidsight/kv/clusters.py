@@ -161,9 +161,5 @@ class ClusterTable:
 
     def partition_mean_keys(self, partitions: torch.Tensor) -> torch.Tensor:
         """``(P, F)`` the mean key of each visual partition's members."""
-        sums = torch.zeros((len(partitions), self.key_sum.shape[1]))
-        counts = torch.zeros(len(partitions))
         where = (self.visual[:, None] == partitions[None]).float()   # (C, P)
-        sums += where.T @ self.key_sum
-        counts += where.T @ self.count
-        return sums / counts.clamp(min=1)[:, None]
+        return (where.T @ self.key_sum) / (where.T @ self.count).clamp(min=1)[:, None]

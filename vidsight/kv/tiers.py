@@ -65,11 +65,15 @@ class _Block:
     path: Path | None = None
     last_used: int = 0
     transfer: Transfer | None = None  # its copy down, or a prefetch up, while in flight
-    grouped: bool = False             # already laid out by the layout's groups
+    group: int | None = None          # the layout's group it holds, once laid out
 
     @property
     def length(self) -> int:
         return len(self.slots)
+
+    @property
+    def grouped(self) -> bool:
+        return self.group is not None
 
     @property
     def start(self) -> int:
@@ -307,15 +311,14 @@ class TieredKVCache:
         data = torch.cat([b.data for b in loose], dim=2)
         used = torch.cat([torch.full((b.length,), b.last_used) for b in loose])
         groups = self._layout(layer, slots)
-        grouped = {int(self._layout(layer, b.slots[:1])[0]): b for b in self.blocks[layer]
-                   if b.tier == HOST and b.grouped and b.transfer is None}
+        grouped = {b.group: b for b in self.blocks[layer] if b.tier == HOST and b.grouped and b.transfer is None}
         for block in loose:
             self.blocks[layer].remove(block)
         for group in torch.unique(groups).tolist():
             mine = groups == group
             block = grouped.get(group)
             if block is None:
-                block = _Block(layer, slots[mine][:0], HOST, data[:, :, :0], grouped=True)
+                block = _Block(layer, slots[mine][:0], HOST, data[:, :, :0], group=group)
                 self.blocks[layer].append(block)
             merged = torch.cat([block.slots, slots[mine]])
             order = torch.argsort(merged)
