@@ -50,6 +50,7 @@ def test_offloading_to_host_and_disk_changes_no_answer(tiny_adapter, frames, tmp
     def check(session):
         tiers = session.cache.tokens_by_tier()
         assert tiers["device"] <= budget.device_tokens and tiers["host"] <= budget.host_tokens
+        assert tiers == _recount(session.cache)
         seen.append(tiers)
 
     tiered, session = run(tiny_adapter, frames, budget, check)
@@ -158,3 +159,42 @@ def test_a_tiered_session_forks_with_its_own_directory(tiny_adapter, frames, tmp
         assert os.listdir(tmp_path) == [session.cache.directory.name]
         assert session.cache.device_peak_tokens >= 200 and session.cache.tokens_by_tier()["device"] <= 200
     assert not os.listdir(tmp_path)
+
+
+def _recount(cache: TieredKVCache) -> dict[str, int]:
+    counts = {"device": 0, "host": 0, "disk": 0}
+    for block in (b for layer in cache.blocks for b in layer):
+        counts[block.tier] += block.length
+    return counts
+
+
+def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path):
+    """The slot index and the running tier counts agree with the blocks, whatever moved where."""
+    torch.manual_seed(0)
+    layers, heads, dim = 2, 2, 4
+    cache = TieredKVCache(layers, heads, dim, torch.float32, torch.device("cpu"),
+                          TierConfig(device_tokens=24, host_tokens=40, disk_dir=tmp_path))
+    cache.set_layout(lambda layer, slots: slots % 3)   # host blocks regrouped by a stand-in clustering
+    written = [torch.empty(2, heads, 0, dim) for _ in range(layers)]
+    for step in range(30):
+        length = 1 + step % 4
+        for layer in range(layers):
+            k, v = torch.randn(2, 1, heads, length, dim)
+            chosen = torch.randperm(cache.filled[layer])[: cache.filled[layer] // 2].sort().values
+            past_k, past_v = cache.write(layer, k, v, chosen)
+            assert torch.equal(past_k[0, :, :-length], written[layer][0][:, chosen])
+            assert torch.equal(past_v[0, :, :-length], written[layer][1][:, chosen])
+            written[layer] = torch.cat([written[layer], torch.stack([k[0], v[0]])], dim=2)
+            cache.keep(layer, length)
+        cache.commit(TokenTable.text(torch.zeros(3, length, dtype=torch.long)))
+        assert cache.tokens_by_tier() == _recount(cache)
+        assert cache.tokens_by_tier()["device"] <= 24 and cache.tokens_by_tier()["host"] <= 40
+        if step == 20:
+            cache.truncate(len(cache.tokens) - length)
+            written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
+            assert cache.tokens_by_tier() == _recount(cache)
+    assert _recount(cache)["disk"] > 0 and cache.evicted_tokens == 0
+    for layer in range(layers):
+        keys, values = cache.read(layer)
+        assert torch.equal(keys[0], written[layer][0]) and torch.equal(values[0], written[layer][1])
+    cache.close()

@@ -104,6 +104,11 @@ class TieredKVCache:
         self.slot_rows: list[list[int]] = [[] for _ in range(num_layers)]
         self.tokens = TokenTable.empty()
         self.copies = CopyEngine(self.device)
+        # Kept as blocks move rather than summed over every block: a stream holds thousands.
+        self._tier_tokens = {DEVICE: 0, HOST: 0, DISK: 0}
+        self._in_flight = 0
+        # Per layer, the index in `blocks` of the block holding each slot (-1: evicted); None: stale.
+        self._owners: list[torch.Tensor | None] = [None] * num_layers
         self.evicted_tokens = 0
         self.device_peak_tokens = 0  # the most on the device at any moment, steps included
         self._clock = 0
@@ -140,11 +145,7 @@ class TieredKVCache:
         return sum(b.data.nbytes for layer in self.blocks for b in layer if b.tier == DEVICE)
 
     def tokens_by_tier(self) -> dict[str, int]:
-        counts = {DEVICE: 0, HOST: 0, DISK: 0}
-        for layer in self.blocks:
-            for block in layer:
-                counts[block.tier] += block.length
-        return counts
+        return dict(self._tier_tokens)
 
     def reserve(self, tokens: int) -> None:
         """Nothing to do: each write is a block of its own."""
@@ -155,8 +156,7 @@ class TieredKVCache:
         self._clock += 1
         past_k, past_v = self.read(layer, slots)
         slots = torch.arange(self.filled[layer], self.filled[layer] + k.shape[2])
-        block = _Block(layer, slots, DEVICE, torch.stack([k[0], v[0]]).clone(), last_used=self._clock)
-        self.blocks[layer].append(block)
+        self._add(_Block(layer, slots, DEVICE, torch.stack([k[0], v[0]]).clone(), last_used=self._clock))
         self._note_device()
         return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
 
@@ -165,12 +165,8 @@ class TieredKVCache:
 
         Slots of evicted blocks are left out.
         """
-        wanted = None if slots is None else slots.cpu()
         found, parts = [], []
-        for block in self.blocks[layer]:
-            mine = None if wanted is None else torch.isin(block.slots, wanted)
-            if mine is not None and not mine.any():
-                continue
+        for block, mine in self._holders(layer, slots):
             data = self._up(block)
             if mine is not None and not mine.all():
                 data = data[:, :, mine.to(data.device)]
@@ -199,7 +195,7 @@ class TieredKVCache:
 
     def resident(self, layer: int, slots: torch.Tensor) -> bool:
         """Whether every block holding one of ``slots`` of ``layer`` is on the device."""
-        return all(b.tier == DEVICE for b in self.blocks[layer] if torch.isin(b.slots, slots.cpu()).any())
+        return all(block.tier == DEVICE for block, _ in self._holders(layer, slots))
 
     def set_layout(self, group_of: Callable[[int, torch.Tensor], torch.Tensor] | None) -> None:
         """Lay blocks below the device out by group, so one group (a cluster) moves as one copy.
@@ -211,16 +207,33 @@ class TieredKVCache:
 
     def prefetch(self, layer: int, slots: torch.Tensor) -> None:
         """Start reading the disk blocks holding ``slots`` of ``layer`` (a coming step attends to them)."""
-        wanted = slots.cpu()
-        for block in self.blocks[layer]:
-            if block.tier != DISK or not torch.isin(block.slots, wanted).any():
+        for block, _ in self._holders(layer, slots):
+            if block.tier != DISK:
                 continue
             if block.transfer is not None and block.transfer.done() and not block.transfer.reads:
                 if not self._settle(block):
                     continue  # its write failed: the host copy stays until the block is evicted
             if block.transfer is None and block.data is None:  # (a write in flight still has its host copy)
-                block.transfer = self.copies.from_disk(block.path, self.dtype,
-                                                       (2, self.shape[0], block.length, self.shape[1]))
+                self._begin(block, self.copies.from_disk(block.path, self.dtype,
+                                                         (2, self.shape[0], block.length, self.shape[1])))
+
+    def _holders(self, layer: int, slots: torch.Tensor | None) -> list[tuple[_Block, torch.Tensor | None]]:
+        """The blocks holding any of ``slots`` (every block when None), in storage order, each with
+        a mask of its slots that are wanted (None: all of them)."""
+        blocks = self.blocks[layer]
+        if slots is None:
+            return [(block, None) for block in blocks]
+        if self._owners[layer] is None:
+            owner = torch.full((self.filled[layer],), -1, dtype=torch.long)
+            if blocks:
+                owner[torch.cat([b.slots for b in blocks])] = torch.repeat_interleave(
+                    torch.arange(len(blocks)), torch.tensor([b.length for b in blocks]))
+            self._owners[layer] = owner
+        wanted = slots.cpu()
+        ids = self._owners[layer][wanted]
+        counts = torch.bincount(ids[ids >= 0], minlength=len(blocks)).tolist()
+        return [(block, None if count == block.length else torch.isin(block.slots, wanted))
+                for block, count in zip(blocks, counts) if count]
 
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s slots."""
@@ -241,8 +254,10 @@ class TieredKVCache:
                 else:   # a grouped block reaching past the cut keeps its earlier slots
                     data = self._up(block)
                     stay = block.slots < keep
+                    self._tier_tokens[DEVICE] -= int((~stay).sum())
                     block.slots, block.data = block.slots[stay], data[:, :, stay.to(data.device)]
             self.slot_rows[layer] = self.slot_rows[layer][:keep]
+            self._owners[layer] = None
             self.filled[layer] = keep
         self.tokens = self.tokens[:length]
 
@@ -258,6 +273,7 @@ class TieredKVCache:
         twin = copy.copy(self)
         twin.copies = CopyEngine(self.device)
         twin.copies.bytes, twin.copies.seconds = dict(self.copies.bytes), dict(self.copies.seconds)
+        twin._tier_tokens, twin._owners = dict(self._tier_tokens), list(self._owners)
         twin.directory = self._open_directory(self.config.disk_dir) if self.directory is not None else None
         twin.blocks = [[dataclasses.replace(b, data=None if b.data is None else b.data.clone(),
                                             path=None if b.path is None else twin.directory / b.path.name)
@@ -280,7 +296,8 @@ class TieredKVCache:
             data = self.copies.up(block.data)
         if block.path is not None:
             block.path.unlink(missing_ok=True)
-        block.data, block.tier, block.path = data, DEVICE, None
+        block.data, block.path = data, None
+        self._place(block, DEVICE)
         self._note_device()
         return block.data
 
@@ -290,13 +307,16 @@ class TieredKVCache:
     def _enforce(self) -> None:
         self._reap()
         device, host = self.config.device_tokens, self.config.host_tokens
-        while device is not None and self._count(DEVICE) > device:
-            self._down(self._least_recent(DEVICE), HOST)
+        for block in self._by_age(DEVICE) if device is not None else ():
+            if self._count(DEVICE) <= device:
+                break
+            self._down(block, HOST)
         if self._layout is not None:
             for layer in range(len(self.blocks)):
                 self._regroup(layer)
-        while host is not None and self._count(HOST) > host:
-            block = self._least_recent(HOST)
+        for block in self._by_age(HOST) if host is not None else ():
+            if self._count(HOST) <= host:
+                break
             if self.directory is None:
                 self._evict(block)
             else:
@@ -314,6 +334,7 @@ class TieredKVCache:
         grouped = {b.group: b for b in self.blocks[layer] if b.tier == HOST and b.grouped and b.transfer is None}
         for block in loose:
             self.blocks[layer].remove(block)
+        self._owners[layer] = None
         for group in torch.unique(groups).tolist():
             mine = groups == group
             block = grouped.get(group)
@@ -326,22 +347,40 @@ class TieredKVCache:
             block.last_used = max(block.last_used, int(used[mine].max()))
 
     def _count(self, tier: str) -> int:
-        return sum(b.length for layer in self.blocks for b in layer if b.tier == tier)
+        return self._tier_tokens[tier]
 
-    def _least_recent(self, tier: str) -> _Block:
-        return min((b for layer in self.blocks for b in layer if b.tier == tier), key=lambda b: (b.last_used, b.start))
+    def _by_age(self, tier: str) -> list[_Block]:
+        """The tier's blocks, least recently used first."""
+        return sorted((b for layer in self.blocks for b in layer if b.tier == tier), key=lambda b: (b.last_used, b.start))
+
+    def _add(self, block: _Block) -> None:
+        owner = self._owners[block.layer]
+        if owner is not None:   # a block of new slots extends the index
+            self._owners[block.layer] = torch.cat([owner, torch.full((block.length,), len(self.blocks[block.layer]))])
+        self.blocks[block.layer].append(block)
+        self._tier_tokens[block.tier] += block.length
+
+    def _place(self, block: _Block, tier: str) -> None:
+        self._tier_tokens[block.tier] -= block.length
+        self._tier_tokens[tier] += block.length
+        block.tier = tier
+
+    def _begin(self, block: _Block, transfer: Transfer | None) -> None:
+        block.transfer = transfer
+        self._in_flight += transfer is not None
 
     def _down(self, block: _Block, tier: str) -> None:
         """Start moving ``block`` down to ``tier``; the step goes on while the copy runs."""
         if tier == HOST:
-            block.data, block.transfer = self.copies.to_host(block.data)
+            block.data, transfer = self.copies.to_host(block.data)
         else:
             self._settle(block)
             self._files += 1
             block.path = self.directory / f"layer{block.layer}-{self._files}.kv"
-            block.transfer = self.copies.to_disk(block.path, block.data)
-        block.tier = tier
-        if sum(b.transfer is not None for layer in self.blocks for b in layer) > WRITES_IN_FLIGHT:
+            transfer = self.copies.to_disk(block.path, block.data)
+        self._begin(block, transfer)
+        self._place(block, tier)
+        if self._in_flight > WRITES_IN_FLIGHT:
             self._reap(wait=True)
 
     def _settle(self, block: _Block) -> bool:
@@ -349,6 +388,7 @@ class TieredKVCache:
         transfer, block.transfer = block.transfer, None
         if transfer is None:
             return True
+        self._in_flight -= 1
         try:
             data = transfer.wait()
         except OSError as exc:
@@ -382,3 +422,5 @@ class TieredKVCache:
         if block.path is not None:
             block.path.unlink(missing_ok=True)
         self.blocks[block.layer].remove(block)
+        self._owners[block.layer] = None
+        self._tier_tokens[block.tier] -= block.length
