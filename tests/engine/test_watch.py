@@ -138,3 +138,23 @@ def test_a_source_that_disagrees_with_the_watch_is_refused(tiny_adapter, stream_
     source = config.open(stream_video)
     assert source.with_motion and source.fps == WINDOWS.fps
     assert not WatchConfig(WINDOWS).open(stream_video).with_motion
+
+
+# With KV reuse a window's cache descends from every earlier window's; a resumed watch rebuilds
+# it from the window before the first one judged, so its logits differ by that chain's drift.
+@pytest.mark.parametrize("refresh,tau,tolerance", [("full-comp", None, 1e-5), ("anchors", 0.25, 1e-3)])
+def test_a_resumed_watch_gives_the_verdicts_of_an_uninterrupted_one(tiny_adapter, stream_video, refresh, tau,
+                                                                     tolerance):
+    from vidsight.vision.motion import MotionPruneConfig
+
+    config = WatchConfig(WINDOWS, refresh=refresh, alert_after=1,
+                         prune=MotionPruneConfig(tau=tau) if tau is not None else None)
+    whole = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(stream_video)))
+    judged = []
+    tail = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(stream_video), first_window=3, streak=0,
+                                                           run=lambda work: judged.append(1) or work()))
+    assert [v.window for v in tail] == [3, 4, 5] and len(judged) == 3
+    for a, b in zip(whole[3:], tail, strict=True):
+        assert (a.answer, a.kept_tokens, a.reused_tokens, a.refreshed_tokens) == \
+               (b.answer, b.kept_tokens, b.reused_tokens, b.refreshed_tokens)
+        assert torch.allclose(a.logits, b.logits, atol=tolerance)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, PrefillConfig
-from vidsight.engine.generate import generate
+from vidsight.engine.generate import generate, text_stream
 from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
@@ -71,12 +72,17 @@ class Asker:
         prefill: PrefillConfig = PrefillConfig(),
         feed: FeedConfig = FeedConfig(),
         progress: bool = False,
+        on_text: Callable[[str], None] | None = None,
     ) -> AskResult:
-        """Answer ``question`` about the video file ``video``."""
+        """Answer ``question`` about the video file ``video``.
+
+        ``on_text`` is called with each new piece of the answer's text as it is generated (the
+        pieces join to ``answer``).
+        """
         _check_question(question)
         clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
         state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, clock, progress)
-        return self._generate(state, generation, clock, progress)
+        return self._generate(state, generation, clock, progress, on_text)
 
     def ask_frames(
         self,
@@ -113,13 +119,20 @@ class Asker:
         clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
         return self._prefill(video, question, sampling, prefill, feed, 1, clock, progress=False).logits
 
-    def _generate(self, state: Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool
-                  ) -> AskResult:
+    def _generate(self, state: Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool,
+                  on_text: Callable[[str], None] | None = None) -> AskResult:
         with clock.stage("generate"):
             with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
                       leave=False) as bar:
+                stream = text_stream(self.adapter, on_text) if on_text is not None else None
+
+                def on_token(ids: list[int]) -> None:
+                    bar.update(1)
+                    if stream is not None:
+                        stream(ids)
+
                 ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
-                               on_token=lambda ids: bar.update(1))
+                               on_token=on_token)
         clock.stats.generated_tokens = len(ids)
         return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 

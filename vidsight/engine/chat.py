@@ -20,7 +20,7 @@ import torch
 
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
-from vidsight.engine.generate import generate
+from vidsight.engine.generate import generate, text_stream
 from vidsight.engine.prefill import patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
@@ -289,7 +289,7 @@ class ChatSession:
             logits = self.adapter.logits(hidden[0, -1])
             first_token = time.perf_counter()
             ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
-                           on_token=None if on_text is None else self._text_stream(on_text),
+                           on_token=None if on_text is None else text_stream(self.adapter, on_text),
                            policy=self.policy, step=answer_step)
             if self.config.keep_dialogue:
                 self._keep_turn(ids, self._next_position + len(suffix) + len(ids) - 1)
@@ -322,16 +322,3 @@ class ChatSession:
         self._prefill_text(tokens, positions, Step("answer"))
         self._next_position = self._span_start = last_position + len(tokens)
         self._span_first_patch = self._patches
-
-    def _text_stream(self, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:
-        """A `generate` callback that hands ``on_text`` the text each token adds."""
-        shown = ""
-
-        def emit(ids: list[int]) -> None:
-            nonlocal shown
-            text = self.adapter.decode_text(ids)
-            if text.startswith(shown) and len(text) > len(shown) and not text.endswith("\ufffd"):
-                on_text(text[len(shown):])
-                shown = text
-
-        return emit

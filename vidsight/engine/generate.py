@@ -64,3 +64,21 @@ def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, 
         hidden = forward(adapter, cache, embeds, positions, TokenTable.text(positions), policy=policy, step=step)
         logits = adapter.logits(hidden[0, -1])
     return ids
+
+
+def text_stream(adapter, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:
+    """A `generate` callback that hands ``on_text`` the text each token adds to the answer.
+
+    The pieces join to the final answer exactly (its surrounding white space stripped): white
+    space is held back until text follows it, and a token that ends inside a character waits.
+    """
+    shown = ""
+
+    def emit(ids: list[int]) -> None:
+        nonlocal shown
+        text = adapter.decode_text(ids).strip()
+        if text.startswith(shown) and len(text) > len(shown) and not text.endswith("\ufffd"):
+            on_text(text[len(shown):])
+            shown = text
+
+    return emit

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -127,8 +127,18 @@ class Watcher:
         self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
 
-    def watch(self, source: StreamSource) -> Iterator[WindowVerdict]:
+    def watch(self, source: StreamSource, first_window: int = 0, streak: int = 0,
+              run: Callable[[Callable[[], WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
         """Judge every window of ``source``, in order; ``alert`` marks the alerting windows.
+
+        Args:
+            source: The stream, opened with `WatchConfig.open`.
+            first_window: Resume here: earlier windows are read but not judged (their motion
+                masks are still followed). At full-comp the verdicts equal an uninterrupted
+                watch's; with KV reuse the window before is judged unseen to rebuild the cache,
+                whose keys then lack the drift of the earlier chain (logits within about 1e-3).
+            streak: Yes windows in a row just before ``first_window`` (for the alert rule).
+            run: Runs each window's model work (e.g. on a server's scheduler; default: here).
 
         Raises:
             ConfigError: ``source`` samples at another rate than the windows, or lacks the motion
@@ -140,15 +150,18 @@ class Watcher:
         if self.config.prune is not None and not source.with_motion:
             raise ConfigError(f"{source.source}: motion pruning needs the source's motion vectors, but it was "
                               "opened without them; open it with WatchConfig.open")
-        return self._verdicts(source)
+        return self._verdicts(source, first_window, streak, run or (lambda work: work()))
 
-    def _verdicts(self, source: StreamSource) -> Iterator[WindowVerdict]:
-        streak = 0
+    def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:
         frames = iter(source)
         clock_start = time.perf_counter()
         for number, window in enumerate(sliding_windows(frames, self.config.windows)):
+            if number < first_window:
+                self._pass(window, number, rebuild=number == first_window - 1)
+                clock_start = time.perf_counter()
+                continue
             waited = time.perf_counter() - clock_start
-            verdict = self.judge(window, number)
+            verdict = run(lambda: self.judge(window, number))
             verdict.stages_s["decode"] = waited
             streak = streak + 1 if verdict.yes else 0
             verdict.alert = streak == self.config.alert_after
@@ -169,6 +182,14 @@ class Watcher:
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
                              visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused, refreshed_tokens=refreshed,
                              stages_s=dict(clock.stats.stages_s), logits=logits)
+
+    def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
+        """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the
+        cache the next window reuses."""
+        if rebuild and self.config.refresh != "full-comp":
+            self.judge(frames, number)
+        elif self._masker is not None:
+            self._keep(frames, plan_video(self.adapter, len(frames), *frames[0].rgb.shape[:2]).grid_thw)
 
     def _keep(self, frames: list[SampledFrame], grid_thw: tuple[int, int, int]) -> torch.Tensor | None:
         """Kept merge groups ``(T, H/m, W/m)`` of the window, from each frame's stream-level mask."""
