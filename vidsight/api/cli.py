@@ -11,6 +11,8 @@ import sys
 
 from vidsight.api.bench import add_bench_parser, run_bench
 from vidsight.api.chat import add_chat_parser, run_chat
+from vidsight.api.serve_cli import add_serve_parser, run_serve
+from vidsight.api.watch import add_watch_parser, run_watch
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
 from vidsight.errors import VidsightError
 
@@ -20,7 +22,7 @@ EXIT_BAD_INPUT = 2
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules: --help, flag errors and probe must start fast.
     from vidsight.tasks.families import FAMILIES
-    from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES, GenerationConfig
+    from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
     from vidsight.models.paths import TASK_MODEL
     from vidsight.train.config import TrainConfig
@@ -50,27 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_prefill_options(ask)
     add_feed_options(ask)
 
-    watch = add("watch", help="a standing Yes/No query over sliding windows of a file or stream")
-    watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
-    watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
-    watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
-    watch.add_argument("--window", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
-    watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
-    watch.add_argument("--fps", type=_float, default=2.0, help="frames sampled per second (default: 2)")
-    watch.add_argument("--refresh", default="full-comp", choices=REFRESH_MODES,
-                       help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
-    watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
-                       help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
-    watch.add_argument("--prune-tau", type=_float, default=None,
-                       help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
-                            "default: off, lossless)")
-    watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
-    watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
-                       help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
-    watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
-
+    add_watch_parser(commands, [common])
     add_chat_parser(commands, [common])
+    add_serve_parser(commands, [common])
 
     probe = add("probe", help="describe a video's stream without decoding it")
     probe.add_argument("video")
@@ -135,34 +119,6 @@ def _run_ask(args) -> int:
     return 0
 
 
-def _run_watch(args) -> int:
-    from vidsight.engine.watch import WatchConfig, Watcher
-    from vidsight.ingest.stream import WindowConfig
-    from vidsight.models import load_model
-    from vidsight.vision.motion import MotionPruneConfig
-
-    windows = WindowConfig(window_s=args.window, stride_fraction=args.stride, fps=args.fps)
-    prune = MotionPruneConfig(tau=args.prune_tau) if args.prune_tau is not None else None
-    config = WatchConfig(windows=windows, refresh=args.refresh, alert_after=args.alert_after, prune=prune)
-    source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
-    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
-    for verdict in watcher.watch(source):
-        record = {"type": "window", **verdict.to_dict()}
-        if args.json:
-            print(json.dumps(record), flush=True)
-        else:
-            print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) {verdict.p_yes:.2f}  "
-                  f"tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused {verdict.reused_tokens}, "
-                  f"refreshed {verdict.refreshed_tokens})", flush=True)
-        if verdict.alert:
-            alert = {"type": "alert", "window": verdict.window, "start_s": verdict.start_s, "end_s": verdict.end_s,
-                     "query": args.query}
-            print(json.dumps(alert) if args.json else f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
-    print(json.dumps({"type": "end", "frames_decoded": source.frames_decoded}) if args.json else
-          f"[{source.frames_decoded} frames decoded]", flush=True)
-    return 0
-
-
 def _run_probe(args) -> int:
     from vidsight.ingest import probe
 
@@ -224,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
         _quiet_libraries()
-    handlers = {"ask": _run_ask, "watch": _run_watch, "chat": run_chat, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
-                "bench": run_bench, "train": _run_train}
+    handlers = {"ask": _run_ask, "watch": run_watch, "chat": run_chat, "probe": _run_probe, "model": _run_model, "demo": _run_demo,
+                "bench": run_bench, "train": _run_train, "serve": run_serve}
     try:
         return handlers[args.command](args)
     except VidsightError as exc:

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, PrefillConfig
-from vidsight.engine.generate import generate, text_stream
+from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
@@ -124,7 +124,7 @@ class Asker:
         with clock.stage("generate"):
             with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
                       leave=False) as bar:
-                stream = text_stream(self.adapter, on_text) if on_text is not None else None
+                stream = TextStream(self.adapter, on_text) if on_text is not None else None
 
                 def on_token(ids: list[int]) -> None:
                     bar.update(1)
@@ -133,6 +133,8 @@ class Asker:
 
                 ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
                                on_token=on_token)
+                if stream is not None:
+                    stream.finish(ids)
         clock.stats.generated_tokens = len(ids)
         return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 

@@ -20,7 +20,7 @@ import torch
 
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
-from vidsight.engine.generate import generate, text_stream
+from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prefill import patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
@@ -288,9 +288,11 @@ class ChatSession:
             hidden = self._prefill_text(suffix, positions, question_step)
             logits = self.adapter.logits(hidden[0, -1])
             first_token = time.perf_counter()
+            stream = TextStream(self.adapter, on_text) if on_text is not None else None
             ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
-                           on_token=None if on_text is None else text_stream(self.adapter, on_text),
-                           policy=self.policy, step=answer_step)
+                           on_token=stream, policy=self.policy, step=answer_step)
+            if stream is not None:
+                stream.finish(ids)
             if self.config.keep_dialogue:
                 self._keep_turn(ids, self._next_position + len(suffix) + len(ids) - 1)
         if not self.config.keep_dialogue:

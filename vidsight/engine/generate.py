@@ -66,19 +66,22 @@ def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, 
     return ids
 
 
-def text_stream(adapter, on_text: Callable[[str], None]) -> Callable[[list[int]], None]:
+class TextStream:
     """A `generate` callback that hands ``on_text`` the text each token adds to the answer.
 
     The pieces join to the final answer exactly (its surrounding white space stripped): white
-    space is held back until text follows it, and a token that ends inside a character waits.
+    space is held back until text follows it, a token that ends inside a character waits, and
+    `finish` hands over whatever was still held back.
     """
-    shown = ""
 
-    def emit(ids: list[int]) -> None:
-        nonlocal shown
-        text = adapter.decode_text(ids).strip()
-        if text.startswith(shown) and len(text) > len(shown) and not text.endswith("\ufffd"):
-            on_text(text[len(shown):])
-            shown = text
+    def __init__(self, adapter, on_text: Callable[[str], None]):
+        self.adapter, self.on_text, self.shown = adapter, on_text, ""
 
-    return emit
+    def __call__(self, ids: list[int], final: bool = False) -> None:
+        text = self.adapter.decode_text(ids).strip()
+        if text.startswith(self.shown) and len(text) > len(self.shown) and (final or not text.endswith("\ufffd")):
+            self.on_text(text[len(self.shown):])
+            self.shown = text
+
+    def finish(self, ids: list[int]) -> None:
+        self(ids, final=True)

@@ -126,6 +126,7 @@ class Watcher:
         self._previous: _Window | None = None
         self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
+        self.latest: SampledFrame | None = None     # the last frame of the last window judged
 
     def watch(self, source: StreamSource, first_window: int = 0, streak: int = 0,
               run: Callable[[Callable[[], WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
@@ -170,6 +171,7 @@ class Watcher:
 
     def judge(self, frames: list[SampledFrame], number: int = 0) -> WindowVerdict:
         """The verdict on one window of sampled frames (reusing the previous window's KV when allowed)."""
+        self.latest = frames[-1]
         clock = StageClock(AskStats(), self.adapter.device)
         with torch.inference_mode():
             logits, reused, refreshed, tokens, kept = self._prefill(frames, clock)

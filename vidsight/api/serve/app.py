@@ -1,0 +1,231 @@
+"""The HTTP API: OpenAI-compatible chat completions over video, watches with Server-Sent Events,
+Prometheus metrics and a dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from importlib import resources
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from vidsight.api.serve.config import ServeConfig
+from vidsight.api.serve.media import RequestError, video_file
+from vidsight.api.serve.openai_api import (ChatCompletionRequest, ask_configs, chunk, completion, completion_id,
+                                           usage_of)
+from vidsight.api.serve.state import Server
+from vidsight.api.serve.watch_routes import add_watch_routes
+from vidsight.errors import ConfigError, VidsightError
+
+
+def create_app(config: ServeConfig, adapter=None) -> FastAPI:
+    """The server's ASGI app; the model loads (unless ``adapter`` is given) when the app starts."""
+    server = Server(config, adapter)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    app = FastAPI(title="vidsight", version="0.1.0", lifespan=lifespan)
+    app.state.server = server
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    _add_error_handlers(app)
+
+    def authorised(request: Request) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+            raise RequestError(401, "a missing or wrong API key (send Authorization: Bearer KEY)")
+
+    guarded = [Depends(authorised)]
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        server.metrics.running.set(server.scheduler.running)
+        server.metrics.waiting.set(server.scheduler.waiting)
+        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def dashboard():
+        return resources.files("vidsight.api.serve").joinpath("static/index.html").read_text()
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models():
+        return {"object": "list", "data": [{"id": config.served_name, "object": "model", "created": 0,
+                                            "owned_by": "vidsight"}]}
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(body: ChatCompletionRequest):
+        if body.model is not None and body.model != config.served_name:
+            raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
+                                    f"{config.served_name!r}")
+        video, question = body.video_and_question()
+        sampling, generation, prefill = ask_configs(body.ask_options())
+        return await _complete(server, body, video, question, sampling, generation, prefill)
+
+    add_watch_routes(app, server, guarded)
+    return app
+
+
+async def _complete(server: Server, body: ChatCompletionRequest, video: str, question: str, sampling, generation,
+                    prefill):
+    """Answer one chat completion, streamed as OpenAI's chunks or whole."""
+    metrics, name, request_id = server.metrics, server.config.served_name, completion_id()
+    started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue = asyncio.Queue()
+    first = []
+
+    def on_text(text: str) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        loop.call_soon_threadsafe(pieces.put_nowait, ("text", text))
+
+    exits = contextlib.AsyncExitStack()
+    await exits.__aenter__()
+    try:
+        exits.enter_context(server.admit())
+        path = await exits.enter_async_context(video_file(video, server.config))
+        work = asyncio.ensure_future(server.run_model(
+            lambda: server.asker.ask(path, question, sampling, generation, prefill, on_text=on_text)))
+        work.add_done_callback(lambda done: pieces.put_nowait(("done", None)))
+        if not body.stream:
+            result = await work
+            await exits.aclose()
+            return completion(request_id, name, result.answer, _finish_reason(server, result),
+                              _account(metrics, result, started, first))
+        # The answer's first piece (or its failure) comes before the response starts, so a bad
+        # video still gets its HTTP status.
+        head = await pieces.get()
+        if head[0] == "done":
+            work.result()   # raises the failure, if any
+    except BaseException:
+        await exits.aclose()
+        metrics.finished("error")
+        raise
+
+    async def events():
+        try:
+            yield _sse(chunk(request_id, name, {"role": "assistant", "content": ""}))
+            pending = [head]
+            while True:
+                kind, text = pending.pop() if pending else await pieces.get()
+                if kind == "done":
+                    break
+                yield _sse(chunk(request_id, name, {"content": text}))
+            result = await work
+            usage = _account(metrics, result, started, first)
+            yield _sse(chunk(request_id, name, {}, _finish_reason(server, result)))
+            if (body.stream_options or {}).get("include_usage"):
+                yield _sse(chunk(request_id, name, {}, usage=usage))
+        except VidsightError as exc:
+            yield _sse({"error": _error_body(_status(exc), str(exc))["error"]})
+        finally:
+            await exits.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _finish_reason(server: Server, result) -> str:
+    ends = result.token_ids and result.token_ids[-1] in server.adapter.eos_token_ids
+    return "stop" if ends else "length"
+
+
+def _account(metrics, result, started: float, first: list[float]) -> dict:
+    stats = result.stats
+    metrics.e2e_latency.observe(time.perf_counter() - started)
+    metrics.time_to_first_token.observe((first[0] if first else time.perf_counter()) - started)
+    metrics.prompt_tokens.inc(stats.prompt_tokens)
+    metrics.generation_tokens.inc(stats.generated_tokens)
+    metrics.visual_tokens.inc(stats.visual_tokens)
+    metrics.visual_tokens_pruned.inc(stats.visual_tokens - stats.kept_visual_tokens)
+    metrics.frames_decoded.inc(stats.frames)
+    metrics.finished("stop")
+    return usage_of(stats)
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def _status(exc: VidsightError) -> int:
+    if isinstance(exc, RequestError):
+        return exc.status
+    return 422 if isinstance(exc, ConfigError) else 400
+
+
+def _error_body(status: int, message: str) -> dict:
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+            429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(VidsightError)
+    async def refused(request: Request, exc: VidsightError):
+        status = _status(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(_error_body(status, str(exc)), status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                             for e in exc.errors())
+        return JSONResponse(_error_body(422, f"malformed request: {problems}"), status_code=422)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuses a request body over ``limit`` bytes with 413, whether or not it declares its length."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(scope, receive, send)
+        received, started = 0, False
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send):
+        body = _error_body(413, f"the request body is over the {self.limit}-byte cap")
+        await JSONResponse(body, status_code=413)(scope, receive, send)

@@ -1,0 +1,54 @@
+"""Prometheus metrics, named as vLLM names its own under ``vidsight:``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vLLM's latency buckets, seconds.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+
+
+class Metrics:
+    """The server's counters, gauges and histograms in a registry of their own."""
+
+    def __init__(self, model_name: str):
+        self.registry = registry = CollectorRegistry()
+        label = {"model_name": model_name}
+
+        def counter(name, text, labels=()):
+            return Counter(f"vidsight:{name}", text, ["model_name", *labels], registry=registry)
+
+        def histogram(name, text):
+            return Histogram(f"vidsight:{name}", text, ["model_name"], buckets=LATENCY_BUCKETS,
+                             registry=registry).labels(**label)
+
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to the first answer token.")
+        self.e2e_latency = histogram("e2e_request_latency_seconds", "Whole request latency.")
+        self.queue_time = histogram("request_queue_time_seconds", "Time model work waited for the model.")
+        self.running = Gauge("vidsight:num_requests_running", "Model work running.", ["model_name"],
+                             registry=registry).labels(**label)
+        self.waiting = Gauge("vidsight:num_requests_waiting", "Model work waiting.", ["model_name"],
+                             registry=registry).labels(**label)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled.").labels(**label)
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(**label)
+        self.visual_tokens = counter("visual_tokens", "Visual tokens from the vision encoder.").labels(**label)
+        self.visual_tokens_pruned = counter("visual_tokens_pruned", "Visual tokens pruned before the "
+                                            "language model or from its cache.").labels(**label)
+        self.visual_tokens_reused = counter("visual_tokens_reused", "Visual tokens whose KV a window "
+                                            "reused.").labels(**label)
+        self.frames_decoded = counter("frames_decoded", "Video frames sampled and decoded.").labels(**label)
+        self.windows_judged = counter("windows_judged", "Watch windows judged.").labels(**label)
+        self.alerts = counter("alerts", "Watch alerts raised.").labels(**label)
+        self.requests = counter("requests", "Finished requests by outcome.", ["finished_reason"])
+        self.kv_bytes = Gauge("vidsight:kv_cache_bytes", "KV cache bytes per tier, chat sessions summed.",
+                              ["model_name", "tier"], registry=registry)
+        self._label = label
+
+    def finished(self, reason: str) -> None:
+        self.requests.labels(finished_reason=reason, **self._label).inc()
+
+    def kv_tier(self, tier: str):
+        return self.kv_bytes.labels(tier=tier, **self._label)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,144 @@
+"""``POST /v1/chat/completions`` as vLLM serves it for video: messages whose content mixes ``text``
+and ``video_url`` parts; vidsight's own settings in ``media_io_kwargs`` / ``mm_processor_kwargs``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from vidsight.api.serve.media import RequestError
+
+# Settings a request may give, with the `ask` option each sets. vLLM's own names first.
+PROCESSOR_KWARGS = {"fps": "fps", "max_frames": "max_frames", "num_frames": "max_frames", "rho": "rho",
+                    "kv_score": "kv_score", "group_frames": "group_frames",
+                    "prune_start_layer": "prune_start_layer", "skip_pruned": "skip_pruned"}
+
+
+class VideoURL(BaseModel):
+    url: str = Field(min_length=1)
+
+
+class Part(BaseModel):
+    type: Literal["text", "video_url", "image_url", "input_audio"]
+    text: str | None = None
+    video_url: VideoURL | None = None
+
+    @model_validator(mode="after")
+    def _filled(self):
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs 'text'")
+        if self.type == "video_url" and self.video_url is None:
+            raise ValueError("a video_url part needs 'video_url': {'url': ...}")
+        return self
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[Part]
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields of OpenAI's chat completion request that vidsight reads; others are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    def video_and_question(self) -> tuple[str, str]:
+        """The one video and the question (the text of the one user message)."""
+        if len(self.messages) != 1 or self.messages[0].role != "user":
+            raise RequestError(400, "vidsight answers one user message holding a video and a question; "
+                                    f"got {len(self.messages)} message(s) with roles "
+                                    f"{', '.join(m.role for m in self.messages)}")
+        content = self.messages[0].content
+        parts = [Part(type="text", text=content)] if isinstance(content, str) else content
+        unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
+        if unsupported:
+            raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and one video_url")
+        videos = [p.video_url.url for p in parts if p.type == "video_url"]
+        if len(videos) != 1:
+            raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
+        question = " ".join(p.text.strip() for p in parts if p.type == "text" and p.text.strip())
+        if not question:
+            raise RequestError(400, "the message has no question text")
+        return videos[0], question
+
+    def ask_options(self) -> dict[str, Any]:
+        """The `ask` settings the request gives, by the CLI's names."""
+        given = dict((self.media_io_kwargs or {}).get("video", {}))
+        unknown_io = sorted(set((self.media_io_kwargs or {})) - {"video"})
+        given.update(self.mm_processor_kwargs or {})
+        unknown = sorted(set(given) - set(PROCESSOR_KWARGS)) + [f"media_io_kwargs.{k}" for k in unknown_io]
+        if unknown:
+            raise RequestError(422, f"unknown video settings: {', '.join(unknown)}; known: "
+                                    f"{', '.join(PROCESSOR_KWARGS)}")
+        options = {PROCESSOR_KWARGS[key]: value for key, value in given.items()}
+        limit = self.max_completion_tokens or self.max_tokens
+        if limit is not None:
+            options["max_new_tokens"] = limit
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
+        return options
+
+
+def ask_configs(options: dict[str, Any]):
+    """``(sampling, generation, prefill)`` configs from `ChatCompletionRequest.ask_options`."""
+    from vidsight.engine.config import GenerationConfig, PrefillConfig
+    from vidsight.ingest import SamplingConfig
+    from vidsight.kv.config import PruneConfig
+
+    def pick(*names: str, renamed: dict[str, str] | None = None) -> dict[str, Any]:
+        fields = renamed or {name: name for name in names}
+        return {field: options[key] for key, field in fields.items() if options.get(key) is not None}
+
+    try:
+        sampling = SamplingConfig(**pick("fps", "max_frames"))
+        generation = GenerationConfig(**pick("max_new_tokens", "temperature", "top_p", "seed"))
+        prune = PruneConfig(**pick(renamed={"rho": "rho", "kv_score": "scorer", "prune_start_layer": "start_layer",
+                                            "skip_pruned": "skip_pruned"}))
+        prefill = PrefillConfig(prune=prune, **pick("group_frames"))
+    except TypeError as exc:
+        raise RequestError(422, f"a video setting has the wrong type: {exc}") from None
+    return sampling, generation, prefill
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def completion(request_id: str, model: str, answer: str, finish_reason: str, usage: dict) -> dict:
+    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
+                         "finish_reason": finish_reason, "logprobs": None}],
+            "usage": usage}
+
+
+def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
+          usage: dict | None = None) -> dict:
+    choices = [] if usage is not None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                                             "logprobs": None}]
+    out = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+           "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def usage_of(stats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens}

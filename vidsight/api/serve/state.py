@@ -1,0 +1,80 @@
+"""What one server process holds: the model, its scheduler, the store, the watches, the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from vidsight.api.serve.config import ServeConfig
+from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.metrics import Metrics
+from vidsight.api.serve.scheduler import Scheduler
+from vidsight.api.serve.store import Store
+from vidsight.api.serve.watches import WatchManager
+
+
+class Server:
+    """The server's parts, started and stopped with the app.
+
+    Args:
+        config: The server's settings.
+        adapter: An already loaded model (default: load ``config.model`` at start).
+    """
+
+    def __init__(self, config: ServeConfig, adapter=None):
+        self.config, self.adapter = config, adapter
+        self.metrics = Metrics(config.served_name)
+        self.scheduler: Scheduler | None = None
+        self.store: Store | None = None
+        self.watches: WatchManager | None = None
+        self.asker = None
+        self._admitted = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        from vidsight.engine import Asker
+        from vidsight.models import load_model
+
+        if self.adapter is None:
+            self.adapter = load_model(self.config.model, device=self.config.device)
+        self.asker = Asker(self.adapter)
+        self.store = Store(self.config.db)
+        self.scheduler = Scheduler(on_queue_time=self.metrics.queue_time.observe)
+        self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config)
+        self.watches.resume()
+
+    def stop(self) -> None:
+        """Streams stop at a window boundary (and resume at the next start); waiting work is refused."""
+        self.watches.close()
+        self.scheduler.close(timeout_s=60)
+        self.store.close()
+
+    async def run_model(self, work: Callable[[], Any], client: str | None = None) -> Any:
+        """Run ``work`` on the model's thread in ``client``'s turn (a request is a client of its own)."""
+        future = self.scheduler.submit(client or uuid.uuid4().hex, work)
+        return await asyncio.wrap_future(future)
+
+    def admit(self) -> "_Admission":
+        return _Admission(self)
+
+
+class _Admission:
+    """Holds one of the server's ``max_concurrent`` places for a request's life."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def __enter__(self):
+        with self.server._lock:
+            if self.server._admitted >= self.server.config.max_concurrent:
+                raise RequestError(429, f"{self.server.config.max_concurrent} requests are already in progress; "
+                                        "try again later")
+            self.server._admitted += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self.server._lock:
+            self.server._admitted -= 1

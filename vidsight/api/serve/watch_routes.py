@@ -1,0 +1,111 @@
+"""``/v1/watches``: standing queries over streams, their verdicts as Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.store import RUNNING
+
+# How often an events stream looks for new events in the store (shared by every replica).
+POLL_S = 0.2
+FINAL_EVENTS = ("end", "error")
+
+
+class WatchRequest(BaseModel):
+    """``POST /v1/watches``; defaults are CodecSight's, as in `vidsight watch`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+    window_s: float = Field(default=40.0, gt=0)
+    stride: float = Field(default=0.2, gt=0, le=1)
+    fps: float = Field(default=2.0, gt=0)
+    refresh: str = "full-comp"
+    prune_tau: float | None = Field(default=None, ge=0)
+    alert_after: int = Field(default=2, ge=1)
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://")
+    realtime: bool = False
+
+
+def add_watch_routes(app: FastAPI, server, guarded) -> None:
+    @app.post("/v1/watches", dependencies=guarded, status_code=201)
+    async def start_watch(body: WatchRequest):
+        watch_id = await asyncio.to_thread(server.watches.start, body.model_dump())
+        return server.store.watch(watch_id)
+
+    @app.get("/v1/watches", dependencies=guarded)
+    async def list_watches():
+        return {"object": "list", "data": server.store.watches()}
+
+    @app.get("/v1/watches/{watch_id}", dependencies=guarded)
+    async def get_watch(watch_id: str):
+        return _found(server, watch_id)
+
+    @app.delete("/v1/watches/{watch_id}", dependencies=guarded)
+    async def stop_watch(watch_id: str):
+        _found(server, watch_id)
+        await asyncio.to_thread(server.watches.stop, watch_id, 30.0)
+        return server.store.watch(watch_id)
+
+    @app.get("/v1/watches/{watch_id}/verdicts", dependencies=guarded)
+    async def verdicts(watch_id: str):
+        _found(server, watch_id)
+        return {"object": "list", "data": server.store.verdicts(watch_id)}
+
+    @app.get("/v1/watches/{watch_id}/frame.jpg", dependencies=guarded)
+    async def latest_frame(watch_id: str):
+        _found(server, watch_id)
+        frame = server.watches.latest_frame(watch_id)
+        if frame is None:
+            raise RequestError(404, f"watch {watch_id} has judged no window in this server's life yet")
+        return Response(_jpeg(frame), media_type="image/jpeg")
+
+    @app.get("/v1/watches/{watch_id}/events", dependencies=guarded)
+    async def events(watch_id: str, request: Request, last_event_id: int | None = None):
+        _found(server, watch_id)
+        header = request.headers.get("last-event-id", "")
+        after = int(header) if header.isdigit() else (last_event_id or 0)
+        return StreamingResponse(_events(server, watch_id, after, request), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+
+def _found(server, watch_id: str) -> dict:
+    record = server.store.watch(watch_id)
+    if record is None:
+        raise RequestError(404, f"no watch {watch_id!r}")
+    return record
+
+
+async def _events(server, watch_id: str, after: int, request: Request):
+    """Every stored event after ``after``, then new ones as they are stored, until the watch ends."""
+    while True:
+        batch = await asyncio.to_thread(server.store.events, watch_id, after)
+        for event in batch:
+            after = event["id"]
+            yield f"id: {event['id']}\nevent: {event['event']}\ndata: {json.dumps(event['data'])}\n\n"
+            if event["event"] in FINAL_EVENTS:
+                return
+        if not batch:
+            record = server.store.watch(watch_id)
+            if record is None or record["state"] != RUNNING:
+                if not await asyncio.to_thread(server.store.events, watch_id, after):
+                    return
+            if await request.is_disconnected():
+                return
+            await asyncio.sleep(POLL_S)
+
+
+def _jpeg(rgb) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(rgb.numpy()).save(out, format="JPEG", quality=80)
+    return out.getvalue()

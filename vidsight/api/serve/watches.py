@@ -1,0 +1,172 @@
+"""Standing queries the server runs: one thread per watch reads its stream; its windows' model
+work goes through the scheduler; every verdict and alert is stored before it is announced."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import httpx
+
+from vidsight.api.serve.media import STREAM_SCHEMES, RequestError, local_path
+from vidsight.api.serve.store import DONE, FAILED, RUNNING, STOPPED, Store
+from vidsight.api.watch import end_record, verdict_records, watch_config
+from vidsight.errors import VidsightError
+
+log = logging.getLogger(__name__)
+# Webhook deliveries: tries and the first back-off (doubling), as common webhook senders do.
+WEBHOOK_TRIES = 5
+WEBHOOK_BACKOFF_S = 0.5
+WEBHOOK_TIMEOUT_S = 10.0
+
+
+class WatchManager:
+    """Starts, resumes and stops the server's watches.
+
+    Args:
+        adapter: The loaded model.
+        store: Where watches and their events are kept.
+        scheduler: Runs each window's model work.
+        metrics: Counts windows, tokens and alerts.
+        serve_config: The allow-list for local sources.
+    """
+
+    def __init__(self, adapter, store: Store, scheduler, metrics, serve_config):
+        self.adapter, self.store, self.scheduler, self.metrics = adapter, store, scheduler, metrics
+        self.serve_config = serve_config
+        self._threads: dict[str, threading.Thread] = {}
+        self._stop: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._watchers: dict = {}
+
+    def latest_frame(self, watch_id: str):
+        """``(H, W, 3)`` uint8 of the last frame the watch judged in this process, or None."""
+        watcher = self._watchers.get(watch_id)
+        return None if watcher is None or watcher.latest is None else watcher.latest.rgb
+
+    def start(self, spec: dict) -> str:
+        """Validate ``spec`` (the settings of ``POST /v1/watches``), record it, start it; its id."""
+        self._check(spec)
+        watch_id = uuid.uuid4().hex[:16]
+        self.store.add_watch(watch_id, spec)
+        self._launch(watch_id, spec)
+        return watch_id
+
+    def resume(self) -> list[str]:
+        """Start again the watches a previous server left running."""
+        resumed = []
+        for record in self.store.watches(RUNNING):
+            spec = {k: record[k] for k in record if k not in ("id", "state", "error", "created")}
+            self._launch(record["id"], spec)
+            resumed.append(record["id"])
+        return resumed
+
+    def stop(self, watch_id: str, wait_s: float | None = None) -> None:
+        """Stop a watch at its next window boundary and record it as stopped."""
+        with self._lock:
+            stop, thread = self._stop.get(watch_id), self._threads.get(watch_id)
+        if stop is not None:
+            stop.set()
+        if thread is not None and wait_s:
+            thread.join(wait_s)
+        if self.store.watch(watch_id) and self.store.watch(watch_id)["state"] == RUNNING:
+            self.store.set_state(watch_id, STOPPED)
+
+    def close(self, wait_s: float = 30.0) -> None:
+        """Stop every watch at a window boundary; they stay recorded as running, so they resume."""
+        with self._lock:
+            self._closing = True
+            threads = list(self._threads.values())
+            for stop in self._stop.values():
+                stop.set()
+        deadline = time.monotonic() + wait_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _check(self, spec: dict) -> None:
+        source = spec["source"]
+        if not source.startswith(STREAM_SCHEMES + ("http://", "https://")):
+            local_path(source, self.serve_config)
+        config = watch_config(spec["window_s"], spec["stride"], spec["fps"], spec["refresh"], spec["alert_after"],
+                              spec["prune_tau"])
+        from vidsight.engine.watch import Watcher
+
+        Watcher(self.adapter, spec["query"], config)   # refuses a bad query or stride now, not in the thread
+
+    def _launch(self, watch_id: str, spec: dict) -> None:
+        stop = threading.Event()
+        thread = threading.Thread(target=self._run, args=(watch_id, spec, stop), name=f"watch-{watch_id}", daemon=True)
+        with self._lock:
+            if self._closing:
+                raise RequestError(503, "the server is shutting down")
+            self._stop[watch_id], self._threads[watch_id] = stop, thread
+        thread.start()
+
+    def _run(self, watch_id: str, spec: dict, stop: threading.Event) -> None:
+        from vidsight.engine.watch import Watcher
+
+        try:
+            config = watch_config(spec["window_s"], spec["stride"], spec["fps"], spec["refresh"],
+                                  spec["alert_after"], spec["prune_tau"])
+            source_name = spec["source"]
+            if not source_name.startswith(STREAM_SCHEMES + ("http://", "https://")):
+                source_name = str(local_path(source_name, self.serve_config))
+            source = config.open(source_name, realtime=spec.get("realtime", False))
+            first, streak = self.store.resume_point(watch_id)
+            self._watchers[watch_id] = watcher = Watcher(self.adapter, spec["query"], config)
+            decoded = 0
+            verdicts = watcher.watch(
+                source, first_window=first, streak=streak,
+                run=lambda work: self.scheduler.submit(watch_id, work).result())
+            for verdict in verdicts:
+                self._record(watch_id, spec, verdict)
+                self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
+                decoded = source.frames_decoded
+                if stop.is_set():
+                    break
+            else:
+                self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
+                self.store.append(watch_id, "end", None, end_record(source.frames_decoded))
+                self.store.set_state(watch_id, DONE)
+        except VidsightError as exc:
+            if stop.is_set():   # the server shut down while the window waited for the model
+                return
+            log.warning("watch %s: %s", watch_id, exc)
+            self.store.append(watch_id, "error", None, {"type": "error", "message": str(exc)})
+            self.store.set_state(watch_id, FAILED, str(exc))
+        finally:
+            with self._lock:
+                self._threads.pop(watch_id, None)
+                self._stop.pop(watch_id, None)
+
+    def _record(self, watch_id: str, spec: dict, verdict) -> None:
+        metrics = self.metrics
+        metrics.windows_judged.inc()
+        metrics.visual_tokens.inc(verdict.visual_tokens)
+        metrics.visual_tokens_pruned.inc(verdict.visual_tokens - verdict.kept_tokens)
+        metrics.visual_tokens_reused.inc(verdict.reused_tokens)
+        for record in verdict_records(verdict, spec["query"]):
+            stored = self.store.append(watch_id, record["type"], verdict.window, record)
+            if record["type"] == "alert" and stored is not None:
+                metrics.alerts.inc()
+                if spec.get("webhook_url"):
+                    threading.Thread(target=deliver_webhook, args=(spec["webhook_url"], {"watch_id": watch_id, **record}),
+                                     daemon=True, name=f"webhook-{watch_id}").start()
+
+
+def deliver_webhook(url: str, payload: dict, tries: int = WEBHOOK_TRIES, backoff_s: float = WEBHOOK_BACKOFF_S) -> bool:
+    """POST ``payload`` to ``url``, retrying failures with doubling back-off; whether it was delivered."""
+    for attempt in range(tries):
+        try:
+            response = httpx.post(url, json=payload, timeout=WEBHOOK_TIMEOUT_S)
+            if response.status_code < 500 and response.status_code != 429:
+                return response.is_success
+        except httpx.HTTPError as exc:
+            log.info("webhook %s: %s (try %d of %d)", url, exc, attempt + 1, tries)
+        if attempt + 1 < tries:
+            time.sleep(backoff_s * 2 ** attempt)
+    log.warning("webhook %s: not delivered after %d tries", url, tries)
+    return False

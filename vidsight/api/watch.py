@@ -1,0 +1,80 @@
+"""`vidsight watch`, and the records a watch reports (the CLI's JSON lines, the server's events)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vidsight.api.options import _float
+
+
+def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
+    from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES
+
+    watch = commands.add_parser("watch", parents=parents,
+                                help="a standing Yes/No query over sliding windows of a file or stream")
+    watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
+    watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
+    watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
+    watch.add_argument("--window", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
+    watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
+    watch.add_argument("--fps", type=_float, default=2.0, help="frames sampled per second (default: 2)")
+    watch.add_argument("--refresh", default="full-comp", choices=REFRESH_MODES,
+                       help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
+    watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
+                       help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
+    watch.add_argument("--prune-tau", type=_float, default=None,
+                       help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
+                            "default: off, lossless)")
+    watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
+    watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
+                       help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
+    watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
+
+
+def watch_config(window_s: float, stride: float, fps: float, refresh: str, alert_after: int,
+                 prune_tau: float | None):
+    """A `WatchConfig` from the settings the CLI and the server take."""
+    from vidsight.engine.watch import WatchConfig
+    from vidsight.ingest.stream import WindowConfig
+    from vidsight.vision.motion import MotionPruneConfig
+
+    windows = WindowConfig(window_s=window_s, stride_fraction=stride, fps=fps)
+    prune = MotionPruneConfig(tau=prune_tau) if prune_tau is not None else None
+    return WatchConfig(windows=windows, refresh=refresh, alert_after=alert_after, prune=prune)
+
+
+def verdict_records(verdict, query: str) -> list[dict]:
+    """The window's record, and an alert's when the window raised one."""
+    records = [{"type": "window", **verdict.to_dict()}]
+    if verdict.alert:
+        records.append({"type": "alert", "window": verdict.window, "start_s": verdict.start_s,
+                        "end_s": verdict.end_s, "query": query})
+    return records
+
+
+def end_record(frames_decoded: int) -> dict:
+    return {"type": "end", "frames_decoded": frames_decoded}
+
+
+def run_watch(args) -> int:
+    from vidsight.engine.watch import Watcher
+    from vidsight.models import load_model
+
+    config = watch_config(args.window, args.stride, args.fps, args.refresh, args.alert_after, args.prune_tau)
+    source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
+    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
+    for verdict in watcher.watch(source):
+        for record in verdict_records(verdict, args.query):
+            if args.json:
+                print(json.dumps(record), flush=True)
+            elif record["type"] == "window":
+                print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) "
+                      f"{verdict.p_yes:.2f}  tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused "
+                      f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens})", flush=True)
+            else:
+                print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
+    print(json.dumps(end_record(source.frames_decoded)) if args.json else
+          f"[{source.frames_decoded} frames decoded]", flush=True)
+    return 0
