@@ -1,0 +1,152 @@
+"""Refusals: API key, the media allow-list, size caps, slow fetches, malformed requests; none
+leaves a temporary file behind."""
+
+import http.server
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def body(url: str, question: str = "What colour is the square?") -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                                      {"type": "text", "text": question}]}],
+            "max_tokens": 4}
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """Temporary files go here, so a test can see none is left."""
+    import tempfile
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+@pytest.fixture
+def slow_http(media):
+    """A local HTTP server: /slow answers a byte a second, /big declares more than any cap, /clip.mp4 serves."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/slow":
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                for _ in range(100):
+                    try:
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(1)
+            elif self.path == "/big":
+                self.send_response(200)
+                self.end_headers()   # no length: the cap is found while reading
+                try:
+                    for _ in range(64):
+                        self.wfile.write(b"x" * 65536)
+                except OSError:
+                    return
+            else:
+                data = (media / "clip.mp4").read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_api_key_is_required_on_v1_only(make_server, media):
+    with make_server(api_key="sesame") as (url, _):
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        answer = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sesame"})
+        assert answer.status_code == 200
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body(str(media / "clip.mp4")))
+        assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_local_paths_outside_the_allow_list_are_forbidden(make_server, media, tmp_path, scratch):
+    outside = tmp_path / "secret.mp4"
+    outside.write_bytes((media / "clip.mp4").read_bytes())
+    link = media / "escape.mp4"
+    link.symlink_to(outside)
+    try:
+        with make_server() as (url, _):
+            for path in (str(outside), f"{media}/../{outside.name}", "file://" + str(outside), str(link), "/etc/passwd"):
+                answer = httpx.post(f"{url}/v1/chat/completions", json=body(path), timeout=60)
+                assert answer.status_code == 403, path
+                assert "outside the allowed media directory" in answer.json()["error"]["message"]
+    finally:
+        link.unlink()
+    assert not os.listdir(scratch)
+
+
+def test_without_an_allow_list_no_local_path_is_served(make_server, media):
+    with make_server(allowed_local_media_path=None) as (url, _):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body(str(media / "clip.mp4")))
+        assert answer.status_code == 403 and "--allowed-local-media-path" in answer.json()["error"]["message"]
+
+
+def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, scratch):
+    size = (media / "clip.mp4").stat().st_size
+    with make_server(max_video_bytes=size - 1) as (url, _):
+        for source in (str(media / "clip.mp4"), f"{slow_http}/clip.mp4", f"{slow_http}/big"):
+            answer = httpx.post(f"{url}/v1/chat/completions", json=body(source), timeout=60)
+            assert answer.status_code == 413, source
+        huge = httpx.post(f"{url}/v1/chat/completions", content=b"{" + b" " * (size * 2 + 2**20) + b"}",
+                          headers={"Content-Type": "application/json"}, timeout=60)
+        assert huge.status_code == 413
+    assert not os.listdir(scratch)
+
+
+def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http, scratch):
+    with make_server(fetch_timeout_s=1.0) as (url, _):
+        started = time.monotonic()
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/slow"), timeout=60)
+        assert answer.status_code == 504 and "not fetched within 1 s" in answer.json()["error"]["message"]
+        assert time.monotonic() - started < 10
+    assert not os.listdir(scratch)
+
+
+def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
+    with make_server() as (url, _):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/clip.mp4"), timeout=120)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
+    assert not os.listdir(scratch)
+
+
+@pytest.mark.parametrize("payload,status,message", [
+    ({"messages": "hello"}, 422, "messages"),
+    ({"messages": []}, 422, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "video_url"}]}]}, 422, "video_url"),
+    ({"messages": [{"role": "user", "content": "no video here"}]}, 400, "exactly one video_url"),
+    ({**body("clip.mp4"), "max_tokens": 0}, 422, "max_tokens"),
+    ({**body("clip.mp4"), "mm_processor_kwargs": {"fsp": 2}}, 422, "unknown video settings: fsp"),
+    ({**body("clip.mp4"), "mm_processor_kwargs": {"fps": -1}}, 422, "fps must be a positive number"),
+    ({**body("clip.mp4"), "model": "gpt-4o"}, 404, "does not exist"),
+    (body("ftp://host/clip.mp4"), 400, "unsupported URL scheme"),
+    (body("data:video/mp4;base64,@@@"), 400, "not valid base64"),
+    (body("missing.mp4"), 400, "missing.mp4"),
+])
+def test_malformed_requests_get_a_message(make_server, payload, status, message, scratch):
+    with make_server() as (url, _):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=payload, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]["message"]
+    assert not os.listdir(scratch)
