@@ -23,7 +23,8 @@ def run(*args):
 
 
 @pytest.mark.parametrize("args", [("--help",), ("ask", "--help"), ("ask", "v.mp4", "q", "--rho", "abc"),
-                                  ("watch", "--bogus"), ("probe", "/no/such/file.mp4")])
+                                  ("watch", "--bogus"), ("probe", "/no/such/file.mp4"), ("serve", "--help"),
+                                  ("serve", "--port", "x")])
 def test_help_flag_errors_and_probe_errors_stay_light(args):
     assert run(*args).startswith("HEAVY none EXIT ")
 

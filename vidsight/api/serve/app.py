@@ -18,6 +18,7 @@ from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.media import RequestError, video_file
 from vidsight.api.serve.openai_api import (ChatCompletionRequest, ask_configs, chunk, completion, completion_id,
                                            usage_of)
+from vidsight.api.serve.session_routes import add_session_routes
 from vidsight.api.serve.state import Server
 from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.errors import ConfigError, VidsightError
@@ -78,6 +79,7 @@ def create_app(config: ServeConfig, adapter=None) -> FastAPI:
         return await _complete(server, body, video, question, sampling, generation, prefill)
 
     add_watch_routes(app, server, guarded)
+    add_session_routes(app, server, guarded)
     return app
 
 

@@ -12,6 +12,7 @@ from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.metrics import Metrics
 from vidsight.api.serve.scheduler import Scheduler
+from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
 from vidsight.api.serve.watches import WatchManager
 
@@ -30,6 +31,7 @@ class Server:
         self.scheduler: Scheduler | None = None
         self.store: Store | None = None
         self.watches: WatchManager | None = None
+        self.sessions: SessionManager | None = None
         self.asker = None
         self._admitted = 0
         self._lock = threading.Lock()
@@ -45,10 +47,12 @@ class Server:
         self.scheduler = Scheduler(on_queue_time=self.metrics.queue_time.observe)
         self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config)
         self.watches.resume()
+        self.sessions = SessionManager(self.adapter, self.scheduler, self.config)
 
     def stop(self) -> None:
         """Streams stop at a window boundary (and resume at the next start); waiting work is refused."""
         self.watches.close()
+        self.sessions.close_all()
         self.scheduler.close(timeout_s=60)
         self.store.close()
 

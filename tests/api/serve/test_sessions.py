@@ -1,0 +1,62 @@
+"""Chat sessions over HTTP: the answer after the stream equals a `ChatSession` fed the same frames."""
+
+import json
+import time
+
+import httpx
+import pytest
+
+from vidsight.engine import GenerationConfig
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.ingest.stream import StreamSource
+
+pytestmark = pytest.mark.slow
+QUESTION = "What colour was the square?"
+
+
+def test_a_session_answers_as_a_chat_session_fed_the_same_stream(make_server, media, tiny_adapter):
+    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
+        chat.push(StreamSource(media / "clip.mp4", fps=2.0, with_motion=False))
+        expected = chat.ask(QUESTION, GenerationConfig(max_new_tokens=8))
+    with make_server() as (url, _):
+        opened = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0})
+        assert opened.status_code == 201, opened.text
+        session_id = opened.json()["id"]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/sessions/{session_id}").json()["state"] == "reading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        pieces, final = [], None
+        with httpx.stream("POST", f"{url}/v1/sessions/{session_id}/messages",
+                          json={"question": QUESTION, "max_tokens": 8}, timeout=60) as response:
+            assert response.status_code == 200
+            event = None
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "text":
+                        pieces.append(data["content"])
+                    else:
+                        final = data
+        assert "".join(pieces) == final["answer"] == expected.answer
+        assert final["stats"]["frames_seen"] == expected.stats.frames_seen
+        whole = httpx.post(f"{url}/v1/sessions/{session_id}/messages",
+                           json={"question": QUESTION, "max_tokens": 8, "stream": False}, timeout=60)
+        assert whole.json()["answer"] == expected.answer   # the memory holds only video between questions
+        assert httpx.delete(f"{url}/v1/sessions/{session_id}").json()["state"] == "closed"
+        assert httpx.get(f"{url}/v1/sessions/{session_id}").status_code == 404
+
+
+@pytest.mark.parametrize("payload,status,message", [
+    ({"source": "clip.mp4", "policy": "oracle"}, 422, "unknown KV policy"),
+    ({"source": "/etc/passwd"}, 403, "outside the allowed media directory"),
+    ({"source": "clip.mp4", "policy": "rekv", "settings": {"top_frames": 0}}, 422, "top_frames"),
+    ({"source": "clip.mp4", "fps": 0}, 422, "fps"),
+])
+def test_bad_sessions_are_refused(make_server, payload, status, message):
+    with make_server() as (url, _):
+        answer = httpx.post(f"{url}/v1/sessions", json=payload)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]["message"]

@@ -1,0 +1,104 @@
+"""Chat sessions the server keeps: each reads its stream in a thread of its own and prefills
+every frame through the scheduler; questions are answered from what was seen so far, in the
+session's turn, while the stream goes on queuing (a live source drops its oldest frames)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from vidsight.api.serve.media import STREAM_SCHEMES, RequestError, local_path
+from vidsight.errors import VidsightError
+
+log = logging.getLogger(__name__)
+READING, ENDED, FAILED, CLOSED = "reading", "ended", "failed", "closed"
+
+
+class _Session:
+    def __init__(self, session_id: str, spec: dict, chat, frames):
+        self.id, self.spec, self.chat, self.frames = session_id, spec, chat, frames
+        self.state, self.error = READING, None
+        self.stop = threading.Event()
+
+    def record(self) -> dict:
+        chat = self.chat
+        return {"id": self.id, **self.spec, "state": self.state, "error": self.error,
+                "frames_seen": chat.frames_seen, "time_s": chat.time_s, "cached_tokens": chat.cache.length,
+                "frames_dropped": self.frames.dropped, "tokens_by_tier": chat.cache.tokens_by_tier()}
+
+
+class SessionManager:
+    """Opens, feeds and closes chat sessions; they live as long as this process (their KV is here).
+
+    Args:
+        adapter: The loaded model.
+        scheduler: Runs each frame's prefill and each answer, in the session's turn.
+        serve_config: The allow-list for local sources.
+    """
+
+    def __init__(self, adapter, scheduler, serve_config):
+        self.adapter, self.scheduler, self.serve_config = adapter, scheduler, serve_config
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def open(self, spec: dict) -> dict:
+        """Start a session over ``spec['source']`` with the settings of ``POST /v1/sessions``."""
+        from vidsight.engine.chat import ChatConfig, ChatSession
+        from vidsight.ingest.queue import FrameQueue
+        from vidsight.ingest.stream import StreamSource
+        from vidsight.kv.retrieval import make_policy
+
+        source = spec["source"]
+        if not source.startswith(STREAM_SCHEMES + ("http://", "https://")):
+            source = str(local_path(source, self.serve_config))
+        policy = make_policy(spec["policy"], **spec.get("settings", {}))
+        config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
+        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], with_motion=False)
+        chat = ChatSession(self.adapter, policy, config)
+        frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
+        session = _Session(uuid.uuid4().hex[:16], spec, chat, frames)
+        with self._lock:
+            self._sessions[session.id] = session
+        threading.Thread(target=self._feed, args=(session,), name=f"session-{session.id}", daemon=True).start()
+        return session.record()
+
+    def get(self, session_id: str) -> _Session:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise RequestError(404, f"no chat session {session_id!r} (sessions end with the server process)")
+        return session
+
+    def all(self) -> list[dict]:
+        with self._lock:
+            return [s.record() for s in self._sessions.values()]
+
+    def close(self, session_id: str) -> dict:
+        session = self.get(session_id)
+        session.stop.set()
+        session.frames.close()
+        self.scheduler.submit(session.id, session.chat.close).result()
+        session.state = CLOSED
+        with self._lock:
+            self._sessions.pop(session_id, None)
+        return session.record()
+
+    def close_all(self) -> None:
+        for session_id in [s["id"] for s in self.all()]:
+            try:
+                self.close(session_id)
+            except VidsightError:
+                pass
+
+    def _feed(self, session: _Session) -> None:
+        try:
+            for frame in session.frames:
+                if session.stop.is_set():
+                    return
+                self.scheduler.submit(session.id, lambda f=frame: session.chat.push([f])).result()
+            session.state = ENDED
+        except VidsightError as exc:
+            if not session.stop.is_set():
+                log.warning("session %s: %s", session.id, exc)
+                session.state, session.error = FAILED, str(exc)
