@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from vidsight.api.bench_serve import add_bench_serve_parser, run_bench_serve
 from vidsight.api.options import (_float, add_policy_options, add_prefill_options, add_tier_options, policy_settings,
                                   prefill_config, tier_config)
 from vidsight.errors import ConfigError
@@ -98,6 +99,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     containers.add_argument("--out", default="out/bench/containers", help="the copies go here")
     containers.add_argument("--json", action="store_true", help="print JSON")
 
+    add_bench_serve_parser(bench_commands, common)
+
     fuzz = bench_commands.add_parser("fuzz", parents=[common],
                                      help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
     fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
@@ -112,7 +115,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 def run_bench(args) -> int:
     benches = {"decode": _run_bench_decode, "ask": _run_bench_ask, "watch": _run_bench_watch, "fuzz": _run_bench_fuzz,
-               "containers": _run_bench_containers, "chat": _run_bench_chat}
+               "containers": _run_bench_containers, "chat": _run_bench_chat, "serve": run_bench_serve}
     if args.bench_command in benches:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy

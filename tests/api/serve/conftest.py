@@ -1,34 +1,13 @@
 """A real server on 127.0.0.1 (uvicorn in a thread) over the tiny model, and a media directory."""
 
 import contextlib
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from vidsight.api.serve import ServeConfig, create_app
+from vidsight.api.serve.background import serve_in_background
 
 QUERY = "Is there a red object in the zone? Answer Yes or No."
-
-
-@contextlib.contextmanager
-def running(app):
-    """Serve ``app`` on a free loopback port; yields its base URL; stops it gracefully."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           timeout_graceful_shutdown=30))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(60)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +28,7 @@ def make_server(tiny_adapter, media, tmp_path):
     def make(**settings):
         fields = {"model": "tiny", "allowed_local_media_path": media, "db": tmp_path / "serve.db", **settings}
         app = create_app(ServeConfig(**fields), adapter=tiny_adapter)
-        with running(app) as url:
+        with serve_in_background(app) as url:
             yield url, app.state.server
 
     return make

@@ -1,0 +1,25 @@
+"""`bench serve` against a server on loopback: completions and real-time watches, no errors."""
+
+import json
+
+import pytest
+
+from vidsight.api.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_serve_runs_completions_and_watches(tmp_path, tiny_model_dir, make_test_video, capsys):
+    video, _ = make_test_video(width=160, height=120, fps=8, duration_s=8.0, gop=16, bframes=False, seed=4)
+    code = main(["bench", "serve", "--model", str(tiny_model_dir), "--device", "cpu", "--video", str(video),
+                 "--concurrency", "1", "2",
+                 "--requests", "2", "--watches", "2", "--window", "4", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [level["concurrency"] for level in report["completions"]] == [1, 2]
+    assert all(level["errors"] == 0 and level["requests"] == 2 for level in report["completions"])
+    assert report["mixed"]["completions"]["errors"] == 0
+    watches = report["mixed"]["watches"]
+    assert len(watches) == 2 and all(w["windows"] >= 5 and w["error"] is None for w in watches)
+    assert all(0.5 < w["realtime_factor"] < 2 for w in watches)
+    assert (tmp_path / "serve.png").stat().st_size > 0

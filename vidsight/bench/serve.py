@@ -1,0 +1,207 @@
+"""`vidsight bench serve`: load against a running server, over HTTP only.
+
+Chat completions at several concurrency levels (each request streamed, so time to first token is
+measured by the client), then the same completions beside concurrent watches replayed in real
+time. A watch keeps real time when its verdicts come as fast as its windows end: its real-time
+factor is the stream time its windows advanced between its first and last verdicts over the wall
+time between them (1: kept up; below 1: fell behind), and its lag is how long after its window's
+last frame was replayed a verdict arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from vidsight.bench.report import save_figure, write_report
+
+
+class ServeClient:
+    """The calls the load generator makes."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0):
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout_s = timeout_s
+
+    def completion(self, video: str, question: str, max_tokens: int) -> dict:
+        """One streamed chat completion: ``{"ttft_s", "e2e_s", "error"}``."""
+        body = {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video}},
+                                                          {"type": "text", "text": question}]}],
+                "max_tokens": max_tokens, "stream": True}
+        started, ttft = time.perf_counter(), None
+        try:
+            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=body, headers=self.headers,
+                              timeout=self.timeout_s) as response:
+                if response.status_code != 200:
+                    response.read()
+                    return {"ttft_s": None, "e2e_s": time.perf_counter() - started,
+                            "error": f"{response.status_code}: {response.text[:200]}"}
+                for line in response.iter_lines():
+                    if ttft is None and line.startswith("data: {") and '"content"' in line:
+                        ttft = time.perf_counter() - started
+                    if line.startswith('data: {"error"'):
+                        return {"ttft_s": ttft, "e2e_s": time.perf_counter() - started, "error": line[6:200]}
+        except httpx.HTTPError as exc:
+            return {"ttft_s": ttft, "e2e_s": time.perf_counter() - started, "error": repr(exc)}
+        return {"ttft_s": ttft, "e2e_s": time.perf_counter() - started, "error": None}
+
+    def watch(self, spec: dict) -> dict:
+        """Start a watch and read its events to the end: verdict arrival times and errors."""
+        response = httpx.post(f"{self.url}/v1/watches", json=spec, headers=self.headers, timeout=60)
+        if response.status_code != 201:
+            return {"error": f"{response.status_code}: {response.text[:200]}", "verdicts": []}
+        started, verdicts, error = time.perf_counter(), [], None
+        with httpx.stream("GET", f"{self.url}/v1/watches/{response.json()['id']}/events", headers=self.headers,
+                          timeout=self.timeout_s) as events:
+            kind = None
+            for line in events.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if kind == "window":
+                        verdicts.append({"end_s": data["end_s"], "start_s": data["start_s"],
+                                         "arrived_s": time.perf_counter() - started})
+                    elif kind == "error":
+                        error = data["message"]
+        return {"error": error, "verdicts": verdicts}
+
+
+def completion_load(client: ServeClient, video: str, question: str, concurrency: int, requests: int,
+                    max_tokens: int) -> dict:
+    """``requests`` streamed completions from ``concurrency`` clients at once."""
+    results: list[dict] = []
+    lock, remaining = threading.Lock(), [requests]
+
+    def worker():
+        while True:
+            with lock:
+                if remaining[0] == 0:
+                    return
+                remaining[0] -= 1
+            result = client.completion(video, question, max_tokens)
+            with lock:
+                results.append(result)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    ok = [r for r in results if r["error"] is None]
+    return {"concurrency": concurrency, "requests": len(results), "errors": len(results) - len(ok),
+            "error_messages": sorted({r["error"] for r in results if r["error"]})[:5],
+            "wall_s": wall, "requests_per_s": len(ok) / wall,
+            "ttft_s": _percentiles([r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
+            "e2e_s": _percentiles([r["e2e_s"] for r in ok])}
+
+
+def watch_figures(result: dict, stride_s: float, fps: float) -> dict:
+    verdicts = result["verdicts"]
+    lags = [v["arrived_s"] - (v["end_s"] - 1 / fps) for v in verdicts]   # end_s is one interval past the last frame
+    factor = None
+    if len(verdicts) >= 2:
+        advanced = verdicts[-1]["end_s"] - verdicts[0]["end_s"]
+        factor = advanced / max(verdicts[-1]["arrived_s"] - verdicts[0]["arrived_s"], 1e-9)
+    judged = verdicts[-1]["end_s"] - verdicts[0]["start_s"] if verdicts else 0.0
+    return {"windows": len(verdicts), "error": result["error"], "video_s_judged": judged,
+            "realtime_factor": factor, "lag_s": _percentiles(lags), "stride_s": stride_s}
+
+
+def run_serve_bench(client: ServeClient, video: str, question: str, concurrency: list[int], requests: int,
+                    watches: int, watch_video: str, watch_spec: dict, max_tokens: int = 16,
+                    progress=print) -> dict:
+    """Completions alone at each level, then the highest level beside ``watches`` real-time watches."""
+    levels = []
+    for level in concurrency:
+        levels.append(completion_load(client, video, question, level, max(requests, level), max_tokens))
+        progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}")
+    watch_results: list[dict] = [{} for _ in range(watches)]
+    spec = {"source": watch_video, "realtime": True, **watch_spec}
+
+    def run_watch(k):
+        watch_results[k] = client.watch(spec)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=run_watch, args=(k,)) for k in range(watches)]
+    for thread in threads:
+        thread.start()
+    mixed = completion_load(client, video, question, max(concurrency), max(requests, max(concurrency)), max_tokens)
+    for thread in threads:
+        thread.join()
+    stride_s = watch_spec["window_s"] * watch_spec["stride"]
+    per_watch = [watch_figures(r, stride_s, watch_spec["fps"]) for r in watch_results]
+    judged = sum(w["video_s_judged"] for w in per_watch)
+    wall = time.perf_counter() - started
+    progress(f"mixed: {mixed['requests_per_s']:.2f} req/s beside {watches} watches; real-time factors "
+             f"{[round(w['realtime_factor'] or 0, 3) for w in per_watch]}")
+    return {"completions": levels, "mixed": {"completions": mixed, "watches": per_watch, "wall_s": wall,
+                                             "video_s_judged_per_s": judged / wall},
+            "settings": {"video": video, "question": question, "requests": requests, "max_tokens": max_tokens,
+                         "watch_video": watch_video, "watch": spec}}
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "mean": None}
+    ordered = sorted(values)
+    return {"p50": statistics.median(ordered), "p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+            "mean": statistics.fmean(ordered)}
+
+
+def format_serve_report(report: dict) -> str:
+    lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s"]
+    for level in [*report["completions"], {**report["mixed"]["completions"], "concurrency": "mixed"}]:
+        t, e = level["ttft_s"], level["e2e_s"]
+        lines.append(f"{level['concurrency']!s:>11}  {level['requests']:8d}  {level['errors']:6d}  "
+                     f"{level['requests_per_s']:5.2f}   {_pair(t)}   {_pair(e)}")
+    lines.append("")
+    lines.append("watch  windows  errors  real-time factor  lag p50/p99 s")
+    for k, watch in enumerate(report["mixed"]["watches"]):
+        factor = f"{watch['realtime_factor']:.3f}" if watch["realtime_factor"] is not None else "-"
+        lines.append(f"{k:5d}  {watch['windows']:7d}  {'yes' if watch['error'] else 'no':>6}  {factor:>16}  "
+                     f"{_pair(watch['lag_s'])}")
+    lines.append(f"video seconds judged per second: {report['mixed']['video_s_judged_per_s']:.2f}")
+    return "\n".join(lines)
+
+
+def _pair(p: dict) -> str:
+    return "-" if p["p50"] is None else f"{p['p50']:6.2f} / {p['p99']:6.2f}"
+
+
+def write_serve_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    return write_report(report, out, "serve", _plot)
+
+
+def _plot(report: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    levels = report["completions"]
+    xs = [level["concurrency"] for level in levels]
+    for key, style in (("ttft_s", "o-"), ("e2e_s", "s-")):
+        left.plot(xs, [level[key]["p50"] for level in levels], style, label=f"{key[:-2]} p50")
+        left.plot(xs, [level[key]["p99"] for level in levels], style, alpha=0.4, label=f"{key[:-2]} p99")
+    left.set_xlabel("concurrent chat completions")
+    left.set_ylabel("seconds")
+    left.set_title("chat completions")
+    left.legend()
+    for k, watch in enumerate(report["mixed"]["watches"]):
+        right.bar(k, watch["realtime_factor"] or 0, color="tab:green")
+    right.axhline(1.0, color="grey", linestyle="--")
+    right.set_xlabel("watch")
+    right.set_ylabel("real-time factor")
+    right.set_title(f"{len(report['mixed']['watches'])} real-time watches beside "
+                    f"{report['mixed']['completions']['concurrency']} completions")
+    return save_figure(fig, path)
