@@ -41,6 +41,9 @@ def test_a_session_answers_as_a_chat_session_fed_the_same_stream(make_server, me
                     else:
                         final = data
         assert "".join(pieces) == final["answer"] == expected.answer
+        per_token = 2 * tiny_adapter.num_kv_heads * tiny_adapter.head_dim * 4 * tiny_adapter.num_layers  # float32 K and V
+        device_bytes = float(final["stats"]["cached_tokens"] * per_token)
+        assert f'vidsight:kv_cache_bytes{{model_name="tiny",tier="device"}} {device_bytes}' in httpx.get(f"{url}/metrics").text
         assert final["stats"]["frames_seen"] == expected.stats.frames_seen
         whole = httpx.post(f"{url}/v1/sessions/{session_id}/messages",
                            json={"question": QUESTION, "max_tokens": 8, "stream": False}, timeout=60)

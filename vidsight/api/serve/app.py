@@ -58,6 +58,8 @@ def create_app(config: ServeConfig, adapter=None) -> FastAPI:
     async def metrics():
         server.metrics.running.set(server.scheduler.running)
         server.metrics.waiting.set(server.scheduler.waiting)
+        for tier, nbytes in server.sessions.kv_bytes_by_tier().items():
+            server.metrics.kv_tier(tier).set(nbytes)
         return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse)

@@ -74,6 +74,18 @@ class SessionManager:
         with self._lock:
             return [s.record() for s in self._sessions.values()]
 
+    def kv_bytes_by_tier(self) -> dict[str, int]:
+        """KV bytes every open session holds, per tier."""
+        adapter = self.adapter
+        per_token = 2 * adapter.num_kv_heads * adapter.head_dim * adapter.dtype.itemsize   # a key and a value
+        totals = {"device": 0, "host": 0, "disk": 0}
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            for tier, tokens in session.chat.cache.tokens_by_tier().items():
+                totals[tier] += tokens * per_token
+        return totals
+
     def close(self, session_id: str) -> dict:
         session = self.get(session_id)
         session.stop.set()
