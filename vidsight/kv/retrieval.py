@@ -181,7 +181,9 @@ class ReKVPolicy:
     and the question by the mean of its queries; the ``top_frames`` blocks with the largest inner
     product (over all heads, each query head against its key head) are attended to together with
     the sinks (the system prompt) and the local window, and stay chosen for the answer's tokens.
-    The block means are kept as an index: a question reads only the keys written since the last.
+    The block means are kept as an index, updated at every frame step with the patch written in
+    the step before (still on the device, as in ReKV, where a block's mean is taken while the
+    block is in GPU memory), so a question reads no offloaded keys to score the blocks.
     """
 
     name = "rekv"
@@ -200,7 +202,9 @@ class ReKVPolicy:
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
         keep = sink_mask(cache, layer, first_frame=False) | window_mask(filled, self.config.local_tokens)
-        if step.kind == "question":
+        if step.kind == "frame":
+            self._update(layer, cache)
+        elif step.kind == "question":
             self._retrieved[layer] = self._retrieve(layer, cache, q)
             self._question_start[layer] = filled
         if step.kind != "frame" and layer in self._retrieved:

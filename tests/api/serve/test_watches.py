@@ -78,8 +78,7 @@ def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(ma
     spec = {"source": "long.mp4", "query": QUERY, **SETTINGS, "realtime": True}
     with make_server() as (url, server):
         watch_id = httpx.post(f"{url}/v1/watches", json=spec).json()["id"]
-        while len(server.store.verdicts(watch_id)) < 3:
-            time.sleep(0.1)
+        wait_for(lambda: len(server.store.verdicts(watch_id)) >= 3)
     from vidsight.api.serve.store import Store
 
     stopped_at = len(Store(server.config.db).verdicts(watch_id))
@@ -147,3 +146,38 @@ def test_alerts_reach_the_webhook_and_metrics_move(make_server, media, monkeypat
     assert after["vidsight:alerts_total"] - before["vidsight:alerts_total"] == len(alerts)
     assert sorted(a["window"] for a in received) == [a["window"] for a in alerts]
     assert all(a["watch_id"] == watch_id for a in received)
+
+
+def wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_server, media, make_test_video):
+    import functools
+
+    path, _ = make_test_video(".ts", width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
+    (media / "live.ts").write_bytes(path.read_bytes())   # MPEG-TS: FFmpeg reads it over HTTP as a stream
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(media))
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *args: None
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    spec = {"source": f"http://127.0.0.1:{files.server_address[1]}/live.ts", "query": QUERY, **SETTINGS,
+            "realtime": True}
+    try:
+        with make_server() as (url, server):
+            watch_id = httpx.post(f"{url}/v1/watches", json=spec).json()["id"]
+            wait_for(lambda: len(server.store.verdicts(watch_id)) >= 3)
+        from vidsight.api.serve.store import Store
+
+        before = len(Store(server.config.db).verdicts(watch_id))
+        with make_server() as (url, server):
+            wait_for(lambda: len(server.store.verdicts(watch_id)) >= before + 3)
+            httpx.delete(f"{url}/v1/watches/{watch_id}", timeout=60)
+            windows = [v["window"] for v in server.store.verdicts(watch_id)]
+    finally:
+        files.shutdown()
+    assert windows == list(range(len(windows))) and len(windows) >= before + 3

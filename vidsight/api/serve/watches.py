@@ -116,12 +116,16 @@ class WatchManager:
                 source_name = str(local_path(source_name, self.serve_config))
             source = config.open(source_name, realtime=spec.get("realtime", False))
             first, streak = self.store.resume_point(watch_id)
+            # A file is read again from its start and its judged windows passed over; a live
+            # source goes on from now, its windows numbered after the stored ones.
+            offset, first = (first, 0) if source.network else (0, first)
             self._watchers[watch_id] = watcher = Watcher(self.adapter, spec["query"], config)
             decoded = 0
             verdicts = watcher.watch(
                 source, first_window=first, streak=streak,
                 run=lambda work: self.scheduler.submit(watch_id, work).result())
             for verdict in verdicts:
+                verdict.window += offset
                 self._record(watch_id, spec, verdict)
                 self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
                 decoded = source.frames_decoded
