@@ -1,8 +1,8 @@
 """`vidsight bench serve`: load against a running server, over HTTP only.
 
 Chat completions at several concurrency levels (each request streamed, so time to first token is
-measured by the client), then the same completions beside concurrent watches replayed in real
-time. A watch keeps real time when its verdicts come as fast as its windows end: its real-time
+measured by the client), then completions at the highest level for as long as concurrent watches
+replayed in real time run. A watch keeps real time when its verdicts come as fast as its windows end: its real-time
 factor is the stream time its windows advanced between its first and last verdicts over the wall
 time between them (1: kept up; below 1: fell behind), and its lag is how long after its window's
 last frame was replayed a verdict arrived.
@@ -74,15 +74,16 @@ class ServeClient:
 
 
 def completion_load(client: ServeClient, video: str, question: str, concurrency: int, requests: int,
-                    max_tokens: int) -> dict:
-    """``requests`` streamed completions from ``concurrency`` clients at once."""
+                    max_tokens: int, until: threading.Event | None = None) -> dict:
+    """``requests`` streamed completions from ``concurrency`` clients at once (with ``until``: at
+    least that many, and on until it is set)."""
     results: list[dict] = []
     lock, remaining = threading.Lock(), [requests]
 
     def worker():
         while True:
             with lock:
-                if remaining[0] == 0:
+                if remaining[0] <= 0 and (until is None or until.is_set()):
                     return
                 remaining[0] -= 1
             result = client.completion(video, question, max_tokens)
@@ -134,9 +135,19 @@ def run_serve_bench(client: ServeClient, video: str, question: str, concurrency:
     threads = [threading.Thread(target=run_watch, args=(k,)) for k in range(watches)]
     for thread in threads:
         thread.start()
-    mixed = completion_load(client, video, question, max(concurrency), max(requests, max(concurrency)), max_tokens)
-    for thread in threads:
-        thread.join()
+    watching = threading.Event()
+
+    def end_when_watched():
+        for thread in threads:
+            thread.join()
+        watching.set()
+
+    ender = threading.Thread(target=end_when_watched)
+    ender.start()
+    # Completions at the highest level for as long as the watches run.
+    mixed = completion_load(client, video, question, max(concurrency), max(requests, max(concurrency)), max_tokens,
+                            until=watching)
+    ender.join()
     stride_s = watch_spec["window_s"] * watch_spec["stride"]
     per_watch = [watch_figures(r, stride_s, watch_spec["fps"]) for r in watch_results]
     judged = sum(w["video_s_judged"] for w in per_watch)
