@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from vidsight.engine.steps import drive, encode_together
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 
@@ -58,18 +59,16 @@ def test_partial_refresh_reuses_most_tokens(tiny_adapter, stream_video, mode):
     assert all(0 <= v.p_yes <= 1 for v in verdicts)
 
 
-def test_two_consecutive_yes_windows_raise_one_alert(tiny_adapter, stream_video, monkeypatch):
+def test_two_consecutive_yes_windows_raise_one_alert(tiny_adapter, stream_video):
     watcher = Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS))
     answers = iter([False, True, True, True, False, True])
-    original = watcher.judge
 
-    def judged(frames, number=0):
-        verdict = original(frames, number)
+    def judged(steps):
+        verdict = drive(steps, tiny_adapter)
         verdict.yes = next(answers)
         return verdict
 
-    monkeypatch.setattr(watcher, "judge", judged)
-    alerts = [v.alert for v in watcher.watch(StreamSource(stream_video, 2.0))]
+    alerts = [v.alert for v in watcher.watch(StreamSource(stream_video, 2.0), run=judged)]
     assert alerts == [False, False, True, False, False, False]
 
 
@@ -152,9 +151,30 @@ def test_a_resumed_watch_gives_the_verdicts_of_an_uninterrupted_one(tiny_adapter
     whole = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(stream_video)))
     judged = []
     tail = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(stream_video), first_window=3, streak=0,
-                                                           run=lambda work: judged.append(1) or work()))
+                                                           run=lambda steps: judged.append(1) or drive(steps, tiny_adapter)))
     assert [v.window for v in tail] == [3, 4, 5] and len(judged) == 3
     for a, b in zip(whole[3:], tail, strict=True):
         assert (a.answer, a.kept_tokens, a.reused_tokens, a.refreshed_tokens) == \
                (b.answer, b.kept_tokens, b.reused_tokens, b.refreshed_tokens)
         assert torch.allclose(a.logits, b.logits, atol=tolerance)
+
+
+@pytest.mark.parametrize("refresh", ["full-comp", "anchors"])
+def test_windows_of_several_watches_encoded_together_equal_each_judged_alone(tiny_adapter, stream_video,
+                                                                             make_test_video, refresh):
+    other = make_test_video(width=160, height=120, duration_s=9.0, fps=8, gop=24, bframes=True, seed=6)[0]
+    config = WatchConfig(WINDOWS, refresh=refresh)
+    alone = [list(Watcher(tiny_adapter, QUERY, config).watch(config.open(v))) for v in (stream_video, other)]
+    watchers = [Watcher(tiny_adapter, QUERY, config) for _ in range(2)]
+    windows = [list(sliding_windows(iter(config.open(v)), WINDOWS)) for v in (stream_video, other)]
+    together = [[], []]
+    for number in range(min(len(w) for w in windows)):
+        steps = [w.judging(windows[k][number], number) for k, w in enumerate(watchers)]
+        embeds = encode_together(tiny_adapter, [next(s) for s in steps])   # one vision call for both
+        for k, (s, e) in enumerate(zip(steps, embeds)):
+            with pytest.raises(StopIteration) as done:
+                s.send(e)
+            together[k].append(done.value.value)
+    for mine, theirs in zip(together, alone):
+        for a, b in zip(mine, theirs):
+            assert a.answer == b.answer and torch.allclose(a.logits, b.logits, atol=1e-5)

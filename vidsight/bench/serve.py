@@ -51,6 +51,14 @@ class ServeClient:
             return {"ttft_s": ttft, "e2e_s": time.perf_counter() - started, "error": repr(exc)}
         return {"ttft_s": ttft, "e2e_s": time.perf_counter() - started, "error": None}
 
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus samples by name (histogram buckets left out)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=60).text
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if "le" not in s.labels}
+
     def watch(self, spec: dict) -> dict:
         """Start a watch and read its events to the end: verdict arrival times and errors."""
         response = httpx.post(f"{self.url}/v1/watches", json=spec, headers=self.headers, timeout=60)
@@ -131,6 +139,7 @@ def run_serve_bench(client: ServeClient, video: str, question: str, concurrency:
     def run_watch(k):
         watch_results[k] = client.watch(spec)
 
+    before = client.metrics()
     started = time.perf_counter()
     threads = [threading.Thread(target=run_watch, args=(k,)) for k in range(watches)]
     for thread in threads:
@@ -148,6 +157,9 @@ def run_serve_bench(client: ServeClient, video: str, question: str, concurrency:
     mixed = completion_load(client, video, question, max(concurrency), max(requests, max(concurrency)), max_tokens,
                             until=watching)
     ender.join()
+    after = client.metrics()
+    batches = after["vidsight:vision_batch_size_count"] - before["vidsight:vision_batch_size_count"]
+    batched = after["vidsight:vision_batch_size_sum"] - before["vidsight:vision_batch_size_sum"]
     stride_s = watch_spec["window_s"] * watch_spec["stride"]
     per_watch = [watch_figures(r, stride_s, watch_spec["fps"]) for r in watch_results]
     judged = sum(w["video_s_judged"] for w in per_watch)
@@ -155,7 +167,8 @@ def run_serve_bench(client: ServeClient, video: str, question: str, concurrency:
     progress(f"mixed: {mixed['requests_per_s']:.2f} req/s beside {watches} watches; real-time factors "
              f"{[round(w['realtime_factor'] or 0, 3) for w in per_watch]}")
     return {"completions": levels, "mixed": {"completions": mixed, "watches": per_watch, "wall_s": wall,
-                                             "video_s_judged_per_s": judged / wall},
+                                             "video_s_judged_per_s": judged / wall, "vision_batches": batches,
+                                             "windows_per_vision_batch": batched / batches if batches else None},
             "settings": {"video": video, "question": question, "requests": requests, "max_tokens": max_tokens,
                          "watch_video": watch_video, "watch": spec}}
 
@@ -181,6 +194,9 @@ def format_serve_report(report: dict) -> str:
         lines.append(f"{k:5d}  {watch['windows']:7d}  {'yes' if watch['error'] else 'no':>6}  {factor:>16}  "
                      f"{_pair(watch['lag_s'])}")
     lines.append(f"video seconds judged per second: {report['mixed']['video_s_judged_per_s']:.2f}")
+    if report["mixed"]["vision_batches"]:
+        lines.append(f"watch windows per vision call: {report['mixed']['windows_per_vision_batch']:.2f} "
+                     f"({report['mixed']['vision_batches']:.0f} calls)")
     return "\n".join(lines)
 
 

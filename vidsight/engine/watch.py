@@ -21,6 +21,7 @@ from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import attend, forward
 from vidsight.engine.prefill import plan_video, video_rows
 from vidsight.engine.stats import AskStats, StageClock
+from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed import FrameFeed
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
@@ -102,6 +103,26 @@ class _Window:
     patch_tokens: list[int]     # tokens of each temporal patch (after pruning)
 
 
+@dataclasses.dataclass
+class _Pending:
+    """A window half judged: what `Watcher._finish` needs once its new frames are encoded."""
+
+    encode: EncodeRequest
+    cache: KVCache
+    ids: torch.Tensor
+    positions: torch.Tensor
+    rows: TokenTable
+    video_start: int
+    n_video: int
+    done: int              # tokens already in the cache (the prefix and the reused patches)
+    refreshed: int
+    patches: int           # reused temporal patches
+    samples: list[int]
+    gops: list[int]
+    patch_tokens: list[int]
+    visual_tokens: int     # before pruning
+
+
 class Watcher:
     """A standing query over one stream's sliding windows.
 
@@ -129,7 +150,7 @@ class Watcher:
         self.latest: SampledFrame | None = None     # the last frame of the last window judged
 
     def watch(self, source: StreamSource, first_window: int = 0, streak: int = 0,
-              run: Callable[[Callable[[], WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
+              run: Callable[[Stepped[WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
         """Judge every window of ``source``, in order; ``alert`` marks the alerting windows.
 
         Args:
@@ -139,7 +160,8 @@ class Watcher:
                 watch's; with KV reuse the window before is judged unseen to rebuild the cache,
                 whose keys then lack the drift of the earlier chain (logits within about 1e-3).
             streak: Yes windows in a row just before ``first_window`` (for the alert rule).
-            run: Runs each window's model work (e.g. on a server's scheduler; default: here).
+            run: Runs each window's stepped model work (`judging`) to its verdict, e.g. on a
+                server's scheduler beside other windows (default: here, with `steps.drive`).
 
         Raises:
             ConfigError: ``source`` samples at another rate than the windows, or lacks the motion
@@ -151,7 +173,7 @@ class Watcher:
         if self.config.prune is not None and not source.with_motion:
             raise ConfigError(f"{source.source}: motion pruning needs the source's motion vectors, but it was "
                               "opened without them; open it with WatchConfig.open")
-        return self._verdicts(source, first_window, streak, run or (lambda work: work()))
+        return self._verdicts(source, first_window, streak, run or (lambda steps: drive(steps, self.adapter)))
 
     def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:
         frames = iter(source)
@@ -162,7 +184,7 @@ class Watcher:
                 clock_start = time.perf_counter()
                 continue
             waited = time.perf_counter() - clock_start
-            verdict = run(lambda: self.judge(window, number))
+            verdict = run(self.judging(window, number))
             verdict.stages_s["decode"] = waited
             streak = streak + 1 if verdict.yes else 0
             verdict.alert = streak == self.config.alert_after
@@ -171,10 +193,16 @@ class Watcher:
 
     def judge(self, frames: list[SampledFrame], number: int = 0) -> WindowVerdict:
         """The verdict on one window of sampled frames (reusing the previous window's KV when allowed)."""
+        return drive(self.judging(frames, number), self.adapter)
+
+    def judging(self, frames: list[SampledFrame], number: int = 0) -> Stepped[WindowVerdict]:
+        """`judge` as stepped work: it yields the encoding of the window's new frames (`steps`)."""
         self.latest = frames[-1]
         clock = StageClock(AskStats(), self.adapter.device)
-        with torch.inference_mode():
-            logits, reused, refreshed, tokens, kept = self._prefill(frames, clock)
+        window = self._begin(frames, clock)
+        with clock.stage("vision"):   # with other windows' frames too when a scheduler encodes them together
+            new_embeds = yield window.encode
+        logits, reused, refreshed, tokens, kept = self._finish(window, new_embeds, clock)
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
         # A window spans one sample interval per frame, from its first frame on (its last frame
@@ -207,7 +235,9 @@ class Watcher:
         return group_mask([self._masks[f.index] for f in frames], self.adapter.vision)
 
     # -- prefill ---------------------------------------------------------------------------------
-    def _prefill(self, frames: list[SampledFrame], clock: StageClock):
+    @torch.inference_mode()
+    def _begin(self, frames: list[SampledFrame], clock: StageClock) -> "_Pending":
+        """Everything before the vision encoder: the plan, pruning masks, the reused KV, pixels."""
         adapter, spec = self.adapter, self.adapter.vision
         feed = FrameFeed.decoded(as_batch(frames))
         plan = plan_video(adapter, len(feed), feed.height, feed.width)
@@ -235,9 +265,15 @@ class Watcher:
         first_new = patches * spec.temporal_patch_size
         with clock.stage("preprocess"):
             pixels = preprocess_video(feed.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
-        with clock.stage("vision"):
-            new_keep = keep[patches:] if keep is not None else None
-            new_embeds = adapter.encode_video(pixels.pixel_values, pixels.grid_thw, new_keep)
+        encode = EncodeRequest(pixels.pixel_values, pixels.grid_thw, keep[patches:] if keep is not None else None)
+        return _Pending(encode, cache, ids, positions, rows, video_start, n_video, done, refreshed, patches, samples,
+                        [f.codec.gop_index for f in frames], patch_tokens, plan.grid_thw[0] * plan.tokens_per_patch)
+
+    @torch.inference_mode()
+    def _finish(self, window: "_Pending", new_embeds: torch.Tensor, clock: StageClock):
+        """Prefill the new tokens and the query on the window's cache; the first answer token's logits."""
+        adapter, cache, done, video_start = self.adapter, window.cache, window.done, window.video_start
+        ids, positions, rows, patches = window.ids, window.positions, window.rows, window.patches
         with clock.stage("prefill"):
             embeds = adapter.embed_tokens(ids[done:][None])
             at = max(video_start - done, 0)
@@ -248,9 +284,9 @@ class Watcher:
         if self.config.refresh != "full-comp":
             old = self._previous.video_embeds[self._previous.video_embeds.shape[0] - reused:] if reused else \
                 new_embeds[:0]
-            self._previous = _Window(cache, samples, [f.codec.gop_index for f in frames],
-                                     torch.cat([old, new_embeds]), video_start, patch_tokens)
-        return logits, reused, refreshed, plan.grid_thw[0] * plan.tokens_per_patch, n_video
+            self._previous = _Window(cache, window.samples, window.gops, torch.cat([old, new_embeds]), video_start,
+                                     window.patch_tokens)
+        return logits, reused, window.refreshed, window.visual_tokens, window.n_video
 
     def _reusable_patches(self, samples: list[int], patch_tokens: list[int], video_start: int) -> int:
         """Temporal patches at the start of this window that the previous window also held."""

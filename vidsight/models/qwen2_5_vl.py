@@ -102,6 +102,20 @@ class Qwen25VLAdapter:
         pixels = pixels.view(-1, unit, pixels.shape[-1])[subset.pop("units")].reshape(-1, pixels.shape[-1])
         return self._visual(pixels, grid_thw=grid, **subset).pooler_output.to(self.dtype)
 
+    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """Several videos through the encoder in one call (each attends within itself, as alone).
+
+        Args:
+            videos: ``(pixel_values, grid_thw)`` of each, as `encode_video` takes them.
+
+        Returns:
+            Each video's ``(tokens, hidden)``, in order.
+        """
+        grid = torch.tensor([g for _, g in videos], dtype=torch.long, device=self.device)
+        pixels = torch.cat([p for p, _ in videos]).to(device=self.device, dtype=self._visual.dtype)
+        tokens = [t * h * w // self.vision.merge_size ** 2 for _, (t, h, w) in videos]
+        return list(self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype).split(tokens))
+
     def _kept_patches(self, grid: torch.Tensor, keep: torch.Tensor) -> dict:
         """Positions and attention boundaries of the encoder restricted to the kept merge groups."""
         from transformers.vision_utils import get_vision_position_ids, get_vision_window_index

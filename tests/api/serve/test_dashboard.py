@@ -36,15 +36,15 @@ def test_a_watch_added_on_the_page_shows_verdicts_and_alerts(make_server, media,
 
     from vidsight.engine.watch import Watcher
 
-    judge = Watcher.judge
+    judging = Watcher.judging
 
     def some_windows_yes(self, frames, number=0):   # the random model never says Yes
-        verdict = judge(self, frames, number)
+        verdict = yield from judging(self, frames, number)
         verdict.yes = number % 6 in (2, 3)
         verdict.p_yes = 0.9 if verdict.yes else verdict.p_yes
         return verdict
 
-    monkeypatch.setattr(Watcher, "judge", some_windows_yes)
+    monkeypatch.setattr(Watcher, "judging", some_windows_yes)
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=16.0, gop=16, bframes=False, seed=9)
     (media / "yard.mp4").write_bytes(path.read_bytes())
     with make_server() as (url, server):

@@ -40,3 +40,29 @@ def test_closing_finishes_the_running_work_and_refuses_the_rest():
         waiting.result(timeout=10)
     with pytest.raises(RequestError, match="shutting down"):
         scheduler.submit("c", lambda: None)
+
+
+def test_stepped_work_waiting_in_several_lines_is_encoded_in_one_batch():
+    batches = []
+
+    def encode(requests):
+        batches.append([r for r in requests])
+        return [f"embeds of {r}" for r in requests]
+
+    def window(name):
+        embeds = yield name            # pauses for its encoding
+        return f"{name} judged with {embeds}"
+
+    scheduler = Scheduler(encode=encode)
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    futures = [scheduler.submit_steps(client, window(client)) for client in ("a", "b", "c")]
+    plain = scheduler.submit("d", lambda: "plain")
+    later = scheduler.submit_steps("a", window("a2"))    # a's second window waits for a's turn
+    gate.set()
+    assert [f.result(timeout=10) for f in futures] == [f"{c} judged with embeds of {c}" for c in "abc"]
+    assert plain.result(timeout=10) == "plain" and later.result(timeout=10).startswith("a2")
+    blocker.result(timeout=10)
+    assert batches == [["a", "b", "c"], ["a2"]]
+    scheduler.close()

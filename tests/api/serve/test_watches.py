@@ -95,14 +95,14 @@ def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(ma
 def test_alerts_reach_the_webhook_and_metrics_move(make_server, media, monkeypatch):
     from vidsight.engine.watch import Watcher
 
-    judge = Watcher.judge
+    judging = Watcher.judging
 
     def every_window_yes(self, frames, number=0):   # the random model never says Yes; the rule is tested elsewhere
-        verdict = judge(self, frames, number)
+        verdict = yield from judging(self, frames, number)
         verdict.yes = True
         return verdict
 
-    monkeypatch.setattr(Watcher, "judge", every_window_yes)
+    monkeypatch.setattr(Watcher, "judging", every_window_yes)
     received = []
 
     class Hook(http.server.BaseHTTPRequestHandler):

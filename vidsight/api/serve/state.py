@@ -15,6 +15,7 @@ from vidsight.api.serve.scheduler import Scheduler
 from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
 from vidsight.api.serve.watches import WatchManager
+from vidsight.engine.steps import encode_together
 
 
 class Server:
@@ -44,7 +45,10 @@ class Server:
             self.adapter = load_model(self.config.model, device=self.config.device)
         self.asker = Asker(self.adapter)
         self.store = Store(self.config.db)
-        self.scheduler = Scheduler(on_queue_time=self.metrics.queue_time.observe)
+        adapter = self.adapter
+        self.scheduler = Scheduler(encode=lambda requests: encode_together(adapter, requests),
+                                   on_queue_time=self.metrics.queue_time.observe,
+                                   on_batch=self.metrics.vision_batch_size.observe)
         self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config)
         self.watches.resume()
         self.sessions = SessionManager(self.adapter, self.scheduler, self.config)

@@ -123,7 +123,7 @@ class WatchManager:
             decoded = 0
             verdicts = watcher.watch(
                 source, first_window=first, streak=streak,
-                run=lambda work: self.scheduler.submit(watch_id, work).result())
+                run=lambda steps: self.scheduler.submit_steps(watch_id, steps).result())
             for verdict in verdicts:
                 verdict.window += offset
                 self._record(watch_id, spec, verdict)

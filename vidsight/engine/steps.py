@@ -1,0 +1,56 @@
+"""Work that pauses for the vision encoder, so a scheduler can encode several at once.
+
+A stepped piece of work is a generator: it yields an `EncodeRequest` where it needs visual
+embeddings, is sent them back, and returns its result. `drive` runs one alone; a scheduler
+that holds several can gather their requests and answer them with `encode_together`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+Stepped = Generator["EncodeRequest", torch.Tensor, T]
+
+
+@dataclasses.dataclass
+class EncodeRequest:
+    """Frames a piece of work needs encoded: `encode_video`'s arguments."""
+
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    keep: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def run(self, adapter) -> torch.Tensor:
+        return adapter.encode_video(self.pixel_values, self.grid_thw, self.keep)
+
+
+def drive(steps: Stepped[T], adapter) -> T:
+    """Run stepped work to its result, encoding each request as it comes."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.run(adapter))
+    except StopIteration as stop:
+        return stop.value
+
+
+@torch.inference_mode()
+def encode_together(adapter, requests: list[EncodeRequest]) -> list[Any]:
+    """Every request's embeddings: the unpruned ones in one vision call (each attends within
+    itself, so the result is each one's own), pruned ones alone (their kept patches differ)."""
+    results: list[Any] = [None] * len(requests)
+    whole = [k for k, r in enumerate(requests) if r.keep is None or bool(r.keep.all())]
+    if len(whole) > 1:
+        encoded = adapter.encode_videos([(requests[k].pixel_values, requests[k].grid_thw) for k in whole])
+        for k, embeds in zip(whole, encoded):
+            results[k] = embeds
+    for k, request in enumerate(requests):
+        if results[k] is None:
+            results[k] = request.run(adapter)
+    return results
