@@ -24,7 +24,8 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help=f"required as 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                        help="local videos (paths, file://) must lie under DIR (default: none are served)")
-    serve.add_argument("--db", default=None, help=f"SQLite file of watches, verdicts and alerts (default: {default_db_path()})")
+    serve.add_argument("--db", default=None, help="watches, verdicts and alerts: a SQLite file or a postgresql:// URL "
+                                                  f"(default: {default_db_path()})")
     serve.add_argument("--max-video-bytes", type=int, default=DEFAULT_MAX_VIDEO_BYTES,
                        help=f"largest video uploaded or fetched (default: {DEFAULT_MAX_VIDEO_BYTES})")
     serve.add_argument("--fetch-timeout", type=_float, default=DEFAULT_FETCH_TIMEOUT_S, metavar="S",
@@ -39,7 +40,7 @@ def serve_config(args):
 
     return ServeConfig(model=args.model, device=args.device, api_key=args.api_key or os.environ.get(API_KEY_ENV),
                        allowed_local_media_path=Path(args.allowed_local_media_path) if args.allowed_local_media_path
-                       else None, db=Path(args.db) if args.db else default_db_path(),
+                       else None, db=args.db or default_db_path(),
                        max_video_bytes=args.max_video_bytes, fetch_timeout_s=args.fetch_timeout,
                        max_concurrent=args.max_concurrent, model_name=args.served_model_name)
 

@@ -33,7 +33,8 @@ class ServeConfig:
         api_key: Required as ``Authorization: Bearer KEY`` on every ``/v1`` call (None: open).
         allowed_local_media_path: Local videos (paths, ``file://``) must lie under it, links
             resolved; None refuses every local path, as vLLM does.
-        db: The SQLite file of watches, verdicts and alerts.
+        db: Where watches, verdicts and alerts live: a SQLite file, or a database URL
+            (``postgresql://user@host/name``) that several servers share.
         max_video_bytes: Largest video accepted, uploaded (base64) or fetched.
         fetch_timeout_s: Longest an ``http(s)`` video may take to arrive.
         max_concurrent: Requests admitted at once (queued or running); more get 429.
@@ -44,7 +45,7 @@ class ServeConfig:
     device: str | None = None
     api_key: str | None = None
     allowed_local_media_path: Path | None = None
-    db: Path = dataclasses.field(default_factory=default_db_path)
+    db: str | Path = dataclasses.field(default_factory=default_db_path)
     max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES
     fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
