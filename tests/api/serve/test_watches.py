@@ -181,3 +181,19 @@ def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_s
     finally:
         files.shutdown()
     assert windows == list(range(len(windows))) and len(windows) >= before + 3
+
+
+def test_a_watch_that_breaks_ends_with_an_error_event(make_server, monkeypatch):
+    from vidsight.engine.watch import Watcher
+
+    def broken(self, frames, number=0):
+        raise RuntimeError("a bug")
+        yield  # stepped work, as the real one
+
+    monkeypatch.setattr(Watcher, "judging", broken)
+    with make_server() as (url, _):
+        watch_id = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS}).json()["id"]
+        events = read_events(url, watch_id)
+        record = httpx.get(f"{url}/v1/watches/{watch_id}").json()
+    assert [e["event"] for e in events] == ["error"] and "RuntimeError: a bug" in events[0]["data"]["message"]
+    assert record["state"] == "failed"

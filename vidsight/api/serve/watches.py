@@ -139,12 +139,18 @@ class WatchManager:
             if stop.is_set():   # the server shut down while the window waited for the model
                 return
             log.warning("watch %s: %s", watch_id, exc)
-            self.store.append(watch_id, "error", None, {"type": "error", "message": str(exc)})
-            self.store.set_state(watch_id, FAILED, str(exc))
+            self._fail(watch_id, str(exc))
+        except Exception as exc:  # a bug, not bad input: the watch ends visibly instead of hanging
+            log.exception("watch %s failed", watch_id)
+            self._fail(watch_id, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self._threads.pop(watch_id, None)
                 self._stop.pop(watch_id, None)
+
+    def _fail(self, watch_id: str, message: str) -> None:
+        self.store.append(watch_id, "error", None, {"type": "error", "message": message})
+        self.store.set_state(watch_id, FAILED, message)
 
     def _record(self, watch_id: str, spec: dict, verdict) -> None:
         metrics = self.metrics
