@@ -34,6 +34,17 @@ class VisionSpec:
     total_pixels: int
     tokens_per_second: float
 
+    @classmethod
+    def of(cls, vision_config, image_mean: tuple[float, float, float], image_std: tuple[float, float, float],
+           min_pixels: int, max_pixels: int, total_pixels: int) -> "VisionSpec":
+        """The spec of a Qwen-style vision config (a Hugging Face config object or its dict) with
+        the given normalisation and pixel bounds."""
+        field = vision_config.get if isinstance(vision_config, dict) else lambda name: getattr(vision_config, name)
+        return cls(patch_size=field("patch_size"), temporal_patch_size=field("temporal_patch_size"),
+                   merge_size=field("spatial_merge_size"), image_mean=tuple(image_mean), image_std=tuple(image_std),
+                   min_pixels=int(min_pixels), max_pixels=int(max_pixels), total_pixels=int(total_pixels),
+                   tokens_per_second=float(field("tokens_per_second")))
+
     @property
     def factor(self) -> int:
         """Resized sides are multiples of this."""

@@ -50,17 +50,13 @@ def _vision_spec(source: str, config) -> VisionSpec:
     image = _read_json(source, "preprocessor_config.json")
     video = _read_json(source, "video_preprocessor_config.json")
     size = video.get("size") or {}
-    vc = config.vision_config
-    return VisionSpec(
-        patch_size=vc.patch_size,
-        temporal_patch_size=vc.temporal_patch_size,
-        merge_size=vc.spatial_merge_size,
-        image_mean=tuple(image.get("image_mean", CLIP_MEAN)),
-        image_std=tuple(image.get("image_std", CLIP_STD)),
-        min_pixels=int(video.get("min_pixels") or size.get("shortest_edge") or VIDEO_MIN_PIXELS),
-        max_pixels=int(video.get("max_pixels") or size.get("longest_edge") or VIDEO_MAX_PIXELS),
-        total_pixels=int(video.get("total_pixels") or VIDEO_TOTAL_PIXELS),
-        tokens_per_second=float(vc.tokens_per_second),
+    return VisionSpec.of(
+        config.vision_config,
+        image_mean=image.get("image_mean", CLIP_MEAN),
+        image_std=image.get("image_std", CLIP_STD),
+        min_pixels=video.get("min_pixels") or size.get("shortest_edge") or VIDEO_MIN_PIXELS,
+        max_pixels=video.get("max_pixels") or size.get("longest_edge") or VIDEO_MAX_PIXELS,
+        total_pixels=video.get("total_pixels") or VIDEO_TOTAL_PIXELS,
     )
 
 

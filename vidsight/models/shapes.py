@@ -83,10 +83,7 @@ def build_shape(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")
-    vc = config.vision_config
-    vision = VisionSpec(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
-                        merge_size=vc.spatial_merge_size, image_mean=CLIP_MEAN, image_std=CLIP_STD,
-                        min_pixels=shape.min_pixels, max_pixels=shape.max_pixels, total_pixels=shape.total_pixels,
-                        tokens_per_second=float(vc.tokens_per_second))
+    vision = VisionSpec.of(config.vision_config, CLIP_MEAN, CLIP_STD, shape.min_pixels, shape.max_pixels,
+                           shape.total_pixels)
     return Qwen25VLAdapter(f"shape:{name}", model.eval(), tokenizer, CHAT_TEMPLATE, vision,
                            {tokenizer.convert_tokens_to_ids("<|im_end|>")})

@@ -22,6 +22,7 @@ from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
+from vidsight.train import recipe
 from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
 from vidsight.train.tokenizer import build_task_tokenizer
 
@@ -38,9 +39,7 @@ CELL_CLASSES = 1 + len(COLOURS) * len(OBJECT_SHAPES)
 # Key-word answers are read after this many of the language model's layers, leaving the rest to
 # carry them to the answer position.
 KEY_LAYER = 2
-VISION = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
-                    min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024,
-                    tokens_per_second=2)
+VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 
 
 def build_adapter(seed: int, init: str | None = None) -> Qwen25VLAdapter:

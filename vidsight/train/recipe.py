@@ -14,6 +14,8 @@ TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_att
 VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_hidden_size=128, patch_size=14,
               spatial_merge_size=2, temporal_patch_size=2, window_size=FRAME, fullatt_block_indexes=[3],
               tokens_per_second=2)
+# Per-frame and per-video pixel bounds of the task model's preprocessing.
+PIXELS = dict(min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024)
 
 
 def model_config(tokenizer):
@@ -41,8 +43,7 @@ def write_checkpoint(directory: str | Path, model, tokenizer, record: dict | Non
 
     ``record`` (steps trained, held-out accuracy) is written beside it as ``vidsight_training.json``.
     """
-    directory = save_checkpoint(directory, model, tokenizer, min_pixels=56 * 56, max_pixels=FRAME * FRAME,
-                                total_pixels=FRAME * FRAME * 1024)
+    directory = save_checkpoint(directory, model, tokenizer, **PIXELS)
     if record is not None:
         (directory / TRAINING_RECORD).write_text(json.dumps(record, indent=1))
     return directory
