@@ -17,7 +17,7 @@ from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
-from vidsight.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer
+from vidsight.models.tiny import CHAT_TEMPLATE, build_tiny_tokenizer, qwen_config
 
 _VISION_3B_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                      spatial_merge_size=2, temporal_patch_size=2, window_size=112,
@@ -58,18 +58,10 @@ _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,
 
 def shape_config(name: str, tokenizer):
     """The ``Qwen2_5_VLConfig`` of shape ``name``, with ``tokenizer``'s special token ids."""
-    from transformers import Qwen2_5_VLConfig
-
     if name not in MODEL_SHAPES:
         raise ConfigError(f"unknown model shape {name!r}; choose one of {', '.join(MODEL_SHAPES)}")
     shape = MODEL_SHAPES[name]
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    return Qwen2_5_VLConfig(
-        text_config=dict(_TEXT_COMMON, **shape.text, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
-        vision_config=shape.vision,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-    )
+    return qwen_config(tokenizer, {**_TEXT_COMMON, **shape.text}, shape.vision)
 
 
 def build_shape(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

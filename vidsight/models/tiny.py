@@ -81,23 +81,36 @@ def write_tiny_model(directory: str | Path, seed: int = 0, text: dict | None = N
     Returns:
         The directory.
     """
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_tiny_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = {**TINY_TEXT, **(text or {})}
-    config = Qwen2_5_VLConfig(
-        text_config=dict(text, vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
-                         eos_token_id=ids["<|im_end|>"]),
-        vision_config=dict(TINY_VISION, out_hidden_size=text["hidden_size"]),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
+    config = qwen_config(tokenizer, text, dict(TINY_VISION, out_hidden_size=text["hidden_size"]))
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
+
+
+def qwen_config(tokenizer, text: dict, vision: dict, pad_token: str | None = None):
+    """A ``Qwen2_5_VLConfig`` wired to ``tokenizer``'s special tokens: the one builder of the tiny,
+    benchmark-shape and task models.
+
+    Args:
+        tokenizer: Carries Qwen's special tokens (``SPECIAL_TOKENS``).
+        text: The language model's fields; ``vocab_size`` defaults to the tokenizer's.
+        vision: The vision tower's fields.
+        pad_token: The special token that pads batches, if the model is trained.
+    """
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text_config = {"vocab_size": len(tokenizer), **text, "bos_token_id": ids["<|endoftext|>"],
+                   "eos_token_id": ids["<|im_end|>"]}
+    if pad_token is not None:
+        text_config["pad_token_id"] = ids[pad_token]
+    return Qwen2_5_VLConfig(text_config=text_config, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                            video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                            vision_end_token_id=ids["<|vision_end|>"])
 
 
 def save_checkpoint(directory: str | Path, model, tokenizer, min_pixels: int, max_pixels: int,

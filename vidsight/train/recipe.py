@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from vidsight.tasks.families import FRAME
-from vidsight.models.tiny import save_checkpoint
+from vidsight.models.tiny import qwen_config, save_checkpoint
 
 TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
@@ -19,20 +19,7 @@ PIXELS = dict(min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME *
 
 
 def model_config(tokenizer):
-    from transformers import Qwen2_5_VLConfig
-
-    def token(name):
-        return tokenizer.convert_tokens_to_ids(name)
-
-    return Qwen2_5_VLConfig(
-        text_config=dict(TEXT, vocab_size=len(tokenizer), bos_token_id=token("<|endoftext|>"),
-                         eos_token_id=token("<|im_end|>"), pad_token_id=token("<|endoftext|>")),
-        vision_config=VISION,
-        image_token_id=token("<|image_pad|>"),
-        video_token_id=token("<|video_pad|>"),
-        vision_start_token_id=token("<|vision_start|>"),
-        vision_end_token_id=token("<|vision_end|>"),
-    )
+    return qwen_config(tokenizer, TEXT, VISION, pad_token="<|endoftext|>")
 
 
 TRAINING_RECORD = "vidsight_training.json"
