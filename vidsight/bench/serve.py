@@ -14,11 +14,25 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
 
 from vidsight.bench.report import save_figure, write_report
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[dict]:
+    """Server-Sent Events from a response's lines: ``{"id", "event", "data"}``, data decoded from JSON."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+            continue
+        if "data" in fields:
+            yield {"id": fields.get("id"), "event": fields.get("event", "message"), "data": json.loads(fields["data"])}
+        fields = {}
 
 
 class ServeClient:
@@ -67,17 +81,13 @@ class ServeClient:
         started, verdicts, error = time.perf_counter(), [], None
         with httpx.stream("GET", f"{self.url}/v1/watches/{response.json()['id']}/events", headers=self.headers,
                           timeout=self.timeout_s) as events:
-            kind = None
-            for line in events.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    if kind == "window":
-                        verdicts.append({"end_s": data["end_s"], "start_s": data["start_s"],
-                                         "arrived_s": time.perf_counter() - started})
-                    elif kind == "error":
-                        error = data["message"]
+            for event in sse_events(events.iter_lines()):
+                data = event["data"]
+                if event["event"] == "window":
+                    verdicts.append({"end_s": data["end_s"], "start_s": data["start_s"],
+                                     "arrived_s": time.perf_counter() - started})
+                elif event["event"] == "error":
+                    error = data["message"]
         return {"error": error, "verdicts": verdicts}
 
 

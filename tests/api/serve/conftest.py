@@ -21,6 +21,17 @@ def media(tmp_path_factory, make_test_video):
 
 
 @pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """Temporary files go here, so a test can see none is left."""
+    import tempfile
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+@pytest.fixture
 def make_server(tiny_adapter, media, tmp_path):
     """Starts servers over the tiny model with the given settings (one database per test)."""
 

@@ -43,15 +43,11 @@ def test_a_completion_answers_what_ask_answers_streamed_or_not(make_server, medi
         assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
 
 
-def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expected, tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expected, scratch):
     data = "data:video/mp4;base64," + base64.b64encode((media / "clip.mp4").read_bytes()).decode()
     with make_server() as (url, _):
         client = OpenAI(base_url=f"{url}/v1", api_key="unused")
         answer = client.chat.completions.create(model="tiny", messages=video_message(data), max_tokens=12,
                                                 extra_body={"media_io_kwargs": {"video": {"fps": 4.0}}})
     assert answer.choices[0].message.content == expected.answer
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("vidsight-media-")]
+    assert not list(scratch.iterdir())

@@ -19,17 +19,6 @@ def body(url: str, question: str = "What colour is the square?") -> dict:
 
 
 @pytest.fixture
-def scratch(tmp_path, monkeypatch):
-    """Temporary files go here, so a test can see none is left."""
-    import tempfile
-
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
-
-
-@pytest.fixture
 def slow_http(media):
     """A local HTTP server: /slow answers a byte a second, /big declares more than any cap, /clip.mp4 serves."""
 

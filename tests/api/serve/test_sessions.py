@@ -1,11 +1,11 @@
 """Chat sessions over HTTP: the answer after the stream equals a `ChatSession` fed the same frames."""
 
-import json
 import time
 
 import httpx
 import pytest
 
+from vidsight.bench.serve import sse_events
 from vidsight.engine import GenerationConfig
 from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.ingest.stream import StreamSource
@@ -26,20 +26,13 @@ def test_a_session_answers_as_a_chat_session_fed_the_same_stream(make_server, me
         while httpx.get(f"{url}/v1/sessions/{session_id}").json()["state"] == "reading":
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        pieces, final = [], None
         with httpx.stream("POST", f"{url}/v1/sessions/{session_id}/messages",
                           json={"question": QUESTION, "max_tokens": 8}, timeout=60) as response:
             assert response.status_code == 200
-            event = None
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    if event == "text":
-                        pieces.append(data["content"])
-                    else:
-                        final = data
+            events = list(sse_events(response.iter_lines()))
+        pieces = [e["data"]["content"] for e in events if e["event"] == "text"]
+        assert [e["event"] for e in events[len(pieces):]] == ["answer"]
+        final = events[-1]["data"]
         assert "".join(pieces) == final["answer"] == expected.answer
         per_token = 2 * tiny_adapter.num_kv_heads * tiny_adapter.head_dim * 4 * tiny_adapter.num_layers  # float32 K and V
         device_bytes = float(final["stats"]["cached_tokens"] * per_token)

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.serve.conftest import QUERY
 from vidsight.api.cli import main
+from vidsight.bench.serve import sse_events
 
 pytestmark = pytest.mark.slow
 SETTINGS = {"window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1}
@@ -25,23 +26,12 @@ def long_video(media, make_test_video):
     return target
 
 
-def read_events(url: str, watch_id: str, last: int | None = None, limit: int | None = None) -> list[dict]:
-    """SSE events of a watch, parsed, until the stream ends (or ``limit`` events)."""
+def read_events(url: str, watch_id: str, last: int | None = None) -> list[dict]:
+    """SSE events of a watch, parsed, until the stream ends."""
     headers = {"Last-Event-ID": str(last)} if last is not None else {}
-    events, current = [], {}
     with httpx.stream("GET", f"{url}/v1/watches/{watch_id}/events", headers=headers, timeout=120) as response:
         assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line:
-                if current:
-                    events.append({**current, "data": json.loads(current["data"])})
-                    current = {}
-                    if limit and len(events) == limit:
-                        break
-                continue
-            field, _, value = line.partition(": ")
-            current[field] = value
-    return events
+        return list(sse_events(response.iter_lines()))
 
 
 def without_timing(record: dict) -> dict:

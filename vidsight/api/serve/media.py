@@ -46,6 +46,13 @@ def local_path(url: str, config: ServeConfig) -> Path:
     return resolved
 
 
+def stream_source(url: str, config: ServeConfig) -> str:
+    """What a watch or a session reads: a network URL as it is, a local path through the allow-list."""
+    if url.startswith(NETWORK_SCHEMES):
+        return url
+    return str(local_path(url, config))
+
+
 @contextlib.asynccontextmanager
 async def video_file(url: str, config: ServeConfig) -> AsyncIterator[Path]:
     """A local file holding the video ``url`` names, for the length of the request."""

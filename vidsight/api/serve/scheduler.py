@@ -16,6 +16,7 @@ finishes each. Requests and chat frames run whole: their prefill is interleaved 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,15 @@ from vidsight.api.serve.media import RequestError
 from vidsight.engine.steps import EncodeRequest, Stepped
 
 MAX_VISION_BATCH = 8
+
+
+@dataclasses.dataclass
+class _Work:
+    client: str
+    work: Any                 # a callable, or stepped work (a generator)
+    future: Future
+    queued: float             # when it was queued (perf_counter)
+    stepped: bool
 
 
 class Scheduler:
@@ -73,7 +83,7 @@ class Scheduler:
         """Finish the work running; what still waits is refused with a clear error."""
         with self._ready:
             self._closing = True
-            refused = [item[1] for line in self._lines.values() for item in line]
+            refused = [item.future for line in self._lines.values() for item in line]
             self._lines.clear()
             self._ready.notify()
         for future in refused:
@@ -85,20 +95,21 @@ class Scheduler:
         with self._ready:
             if self._closing:
                 raise RequestError(503, "the server is shutting down")
-            self._lines.setdefault(client, collections.deque()).append((work, future, time.perf_counter(), stepped))
+            self._lines.setdefault(client, collections.deque()).append(
+                _Work(client, work, future, time.perf_counter(), stepped))
             self._ready.notify()
         return future
 
-    def _take(self, stepped_only: bool = False, after: str | None = None) -> list:
+    def _take(self, stepped_only: bool = False, after: str | None = None) -> list[_Work]:
         """The next client's head (with ``stepped_only``, the stepped heads of the clients other
         than ``after``, up to the batch size), each client then moved to the back of the rotation.
         Called holding the lock."""
         taken = []
         for client in list(self._lines):
             line = self._lines[client]
-            if stepped_only and (client == after or not line[0][3] or len(taken) >= self._max_batch - 1):
+            if stepped_only and (client == after or not line[0].stepped or len(taken) >= self._max_batch - 1):
                 continue
-            taken.append((client, *line.popleft()))
+            taken.append(line.popleft())
             del self._lines[client]
             if line:
                 self._lines[client] = line
@@ -106,45 +117,43 @@ class Scheduler:
                 break
         return taken
 
-    def _next(self) -> list | None:
+    def _next(self) -> list[_Work] | None:
         with self._ready:
             while not self._lines and not self._closing:
                 self._ready.wait()
             if not self._lines:
                 return None
             items = self._take()
-            if items[0][4]:   # stepped: its batch-mates are other clients' stepped heads
-                items += self._take(stepped_only=True, after=items[0][0])
+            if items[0].stepped:   # its batch-mates are other clients' stepped heads
+                items += self._take(stepped_only=True, after=items[0].client)
             self._running = len(items)
-            return [item[1:] for item in items]
+            return items
 
     def _serve(self) -> None:
         while (items := self._next()) is not None:
-            for _, _, queued, _ in items:
+            for item in items:
                 if self._on_queue_time is not None:
-                    self._on_queue_time(time.perf_counter() - queued)
-            if items[0][3]:
+                    self._on_queue_time(time.perf_counter() - item.queued)
+            if items[0].stepped:
                 self._run_stepped(items)
-            else:
-                work, future, _, _ = items[0]
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(work())
-                    except BaseException as exc:  # handed to the waiting client, which reports it
-                        future.set_exception(exc)
+            elif items[0].future.set_running_or_notify_cancel():
+                try:
+                    items[0].future.set_result(items[0].work())
+                except BaseException as exc:  # handed to the waiting client, which reports it
+                    items[0].future.set_exception(exc)
             self._running = 0
 
-    def _run_stepped(self, items: list) -> None:
+    def _run_stepped(self, items: list[_Work]) -> None:
         waiting = []   # (steps, future, request) paused at their encoding
-        for steps, future, _, _ in items:
-            if not future.set_running_or_notify_cancel():
+        for item in items:
+            if not item.future.set_running_or_notify_cancel():
                 continue
             try:
-                waiting.append((steps, future, next(steps)))
+                waiting.append((item.work, item.future, next(item.work)))
             except StopIteration as stop:
-                future.set_result(stop.value)
+                item.future.set_result(stop.value)
             except BaseException as exc:
-                future.set_exception(exc)
+                item.future.set_exception(exc)
         if not waiting:
             return
         if self._on_batch is not None:

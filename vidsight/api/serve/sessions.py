@@ -8,7 +8,7 @@ import logging
 import threading
 import uuid
 
-from vidsight.api.serve.media import STREAM_SCHEMES, RequestError, local_path
+from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.errors import VidsightError
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,7 @@ class SessionManager:
         from vidsight.ingest.stream import StreamSource
         from vidsight.kv.retrieval import make_policy
 
-        source = spec["source"]
-        if not source.startswith(STREAM_SCHEMES + ("http://", "https://")):
-            source = str(local_path(source, self.serve_config))
+        source = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))
         config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
         stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], with_motion=False)

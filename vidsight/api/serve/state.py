@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from vidsight.api.serve.config import ServeConfig
@@ -34,8 +35,7 @@ class Server:
         self.watches: WatchManager | None = None
         self.sessions: SessionManager | None = None
         self.asker = None
-        self._admitted = 0
-        self._lock = threading.Lock()
+        self._places = threading.BoundedSemaphore(config.max_concurrent)
 
     def start(self) -> None:
         from vidsight.engine import Asker
@@ -65,24 +65,12 @@ class Server:
         future = self.scheduler.submit(client or uuid.uuid4().hex, work)
         return await asyncio.wrap_future(future)
 
-    def admit(self) -> "_Admission":
-        return _Admission(self)
-
-
-class _Admission:
-    """Holds one of the server's ``max_concurrent`` places for a request's life."""
-
-    def __init__(self, server: Server):
-        self.server = server
-
-    def __enter__(self):
-        with self.server._lock:
-            if self.server._admitted >= self.server.config.max_concurrent:
-                raise RequestError(429, f"{self.server.config.max_concurrent} requests are already in progress; "
-                                        "try again later")
-            self.server._admitted += 1
-        return self
-
-    def __exit__(self, *exc):
-        with self.server._lock:
-            self.server._admitted -= 1
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one of the server's ``max_concurrent`` places for a request's life (429 when none is free)."""
+        if not self._places.acquire(blocking=False):
+            raise RequestError(429, f"{self.config.max_concurrent} requests are already in progress; try again later")
+        try:
+            yield
+        finally:
+            self._places.release()

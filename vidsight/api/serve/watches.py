@@ -10,7 +10,7 @@ import uuid
 
 import httpx
 
-from vidsight.api.serve.media import STREAM_SCHEMES, RequestError, local_path
+from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.api.serve.store import DONE, FAILED, RUNNING, STOPPED, Store
 from vidsight.api.watch import end_record, verdict_records, watch_config
 from vidsight.errors import VidsightError
@@ -40,12 +40,11 @@ class WatchManager:
         self._stop: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._closing = False
-        self._watchers: dict = {}
+        self._latest: dict[str, object] = {}   # watch id -> (H, W, 3) uint8 of its last judged frame
 
     def latest_frame(self, watch_id: str):
         """``(H, W, 3)`` uint8 of the last frame the watch judged in this process, or None."""
-        watcher = self._watchers.get(watch_id)
-        return None if watcher is None or watcher.latest is None else watcher.latest.rgb
+        return self._latest.get(watch_id)
 
     def start(self, spec: dict) -> str:
         """Validate ``spec`` (the settings of ``POST /v1/watches``), record it, start it; its id."""
@@ -72,7 +71,8 @@ class WatchManager:
             stop.set()
         if thread is not None and wait_s:
             thread.join(wait_s)
-        if self.store.watch(watch_id) and self.store.watch(watch_id)["state"] == RUNNING:
+        record = self.store.watch(watch_id)
+        if record is not None and record["state"] == RUNNING:
             self.store.set_state(watch_id, STOPPED)
 
     def close(self, wait_s: float = 30.0) -> None:
@@ -87,9 +87,7 @@ class WatchManager:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _check(self, spec: dict) -> None:
-        source = spec["source"]
-        if not source.startswith(STREAM_SCHEMES + ("http://", "https://")):
-            local_path(source, self.serve_config)
+        stream_source(spec["source"], self.serve_config)   # refuses a path outside the allow-list
         config = watch_config(spec["window_s"], spec["stride"], spec["fps"], spec["refresh"], spec["alert_after"],
                               spec["prune_tau"])
         from vidsight.engine.watch import Watcher
@@ -111,21 +109,19 @@ class WatchManager:
         try:
             config = watch_config(spec["window_s"], spec["stride"], spec["fps"], spec["refresh"],
                                   spec["alert_after"], spec["prune_tau"])
-            source_name = spec["source"]
-            if not source_name.startswith(STREAM_SCHEMES + ("http://", "https://")):
-                source_name = str(local_path(source_name, self.serve_config))
-            source = config.open(source_name, realtime=spec.get("realtime", False))
+            source = config.open(stream_source(spec["source"], self.serve_config), realtime=spec.get("realtime", False))
             first, streak = self.store.resume_point(watch_id)
             # A file is read again from its start and its judged windows passed over; a live
             # source goes on from now, its windows numbered after the stored ones.
             offset, first = (first, 0) if source.network else (0, first)
-            self._watchers[watch_id] = watcher = Watcher(self.adapter, spec["query"], config)
+            watcher = Watcher(self.adapter, spec["query"], config)
             decoded = 0
             verdicts = watcher.watch(
                 source, first_window=first, streak=streak,
                 run=lambda steps: self.scheduler.submit_steps(watch_id, steps).result())
             for verdict in verdicts:
                 verdict.window += offset
+                self._latest[watch_id] = watcher.latest.rgb
                 self._record(watch_id, spec, verdict)
                 self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
                 decoded = source.frames_decoded
