@@ -82,3 +82,46 @@ def test_concurrent_writers_never_share_a_number(store, tmp_path):
     events = store.events("w2")
     assert [e["id"] for e in events] == list(range(1, 61))
     assert sorted(e["data"]["window"] for e in events) == list(range(60))
+
+
+def test_a_watch_changes_owner_only_by_a_claim_on_its_recorded_owner(store):
+    store.add_watch("w3", {"source": "cam.mp4", "query": "q"}, owner="a")
+    assert store.watch("w3")["owner"] == "a" and "owner" not in store.watch("w3")["source"]
+    assert not store.claim("w3", "b", "c")           # b does not own it
+    assert store.claim("w3", "a", "b") and store.owner("w3") == "b"
+    assert not store.claim("w3", "a", "c")           # a second claim on the dead owner loses
+    store.add_watch("w4", {"source": "cam.mp4", "query": "q"})
+    assert store.claim("w4", None, "c") and store.owner("w4") == "c"
+    store.set_state("w4", DONE)
+    assert not store.claim("w4", "c", "a")           # only running watches move
+
+
+def test_replicas_are_live_while_they_beat(store, monkeypatch):
+    import time
+
+    store.beat("r1", 2)
+    store.beat("r2", 0)
+    store.beat("r1", 3)
+    assert store.live_replicas(timeout_s=60) == {"r1": 3, "r2": 0}
+    later = time.time() + 120
+    monkeypatch.setattr(time, "time", lambda: later)
+    store.beat("r2", 1)
+    assert store.live_replicas(timeout_s=60) == {"r2": 1}
+    store.forget_replica("r2")
+    store.forget_replica("r1")
+    assert store.live_replicas(timeout_s=1e9) == {}
+
+
+def test_a_database_from_before_owners_gets_the_column(tmp_path):
+    import sqlalchemy as sa
+
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as db:
+        db.exec_driver_sql("CREATE TABLE watches (id VARCHAR(64) PRIMARY KEY, spec TEXT NOT NULL, state VARCHAR(16) "
+                           "NOT NULL, error TEXT, created FLOAT NOT NULL, updated FLOAT NOT NULL)")
+        db.exec_driver_sql("""INSERT INTO watches VALUES ('old', '{"source": "a.mp4"}', 'running', NULL, 1, 1)""")
+    engine.dispose()
+    store = Store(path)
+    assert store.watch("old")["owner"] is None and store.claim("old", None, "r1")
+    store.close()

@@ -24,9 +24,12 @@ from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.errors import ConfigError, VidsightError
 
 
-def create_app(config: ServeConfig, adapter=None) -> FastAPI:
-    """The server's ASGI app; the model loads (unless ``adapter`` is given) when the app starts."""
-    server = Server(config, adapter)
+def create_app(config: ServeConfig, adapter=None, owner: str | None = None) -> FastAPI:
+    """The server's ASGI app; the model loads (unless ``adapter`` is given) when the app starts.
+
+    ``owner`` names the server among several sharing one store (`Server`).
+    """
+    server = Server(config, adapter, owner)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

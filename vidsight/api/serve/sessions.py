@@ -35,10 +35,13 @@ class SessionManager:
         adapter: The loaded model.
         scheduler: Runs each frame's prefill and each answer, in the session's turn.
         serve_config: The allow-list for local sources.
+        owner: This process's name among several (a Ray Serve replica's id): session ids start with
+            it and a dash, so a router finds the replica holding a session's KV from its id alone.
     """
 
-    def __init__(self, adapter, scheduler, serve_config):
+    def __init__(self, adapter, scheduler, serve_config, owner: str | None = None):
         self.adapter, self.scheduler, self.serve_config = adapter, scheduler, serve_config
+        self._prefix = f"{owner}-" if owner else ""
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
@@ -55,7 +58,7 @@ class SessionManager:
         stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], with_motion=False)
         chat = ChatSession(self.adapter, policy, config)
         frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
-        session = _Session(uuid.uuid4().hex[:16], spec, chat, frames)
+        session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)
         with self._lock:
             self._sessions[session.id] = session
         threading.Thread(target=self._feed, args=(session,), name=f"session-{session.id}", daemon=True).start()
@@ -67,6 +70,11 @@ class SessionManager:
         if session is None:
             raise RequestError(404, f"no chat session {session_id!r} (sessions end with the server process)")
         return session
+
+    @property
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
 
     def all(self) -> list[dict]:
         with self._lock:

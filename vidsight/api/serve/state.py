@@ -25,10 +25,12 @@ class Server:
     Args:
         config: The server's settings.
         adapter: An already loaded model (default: load ``config.model`` at start).
+        owner: This server's name when several share the store (a Ray Serve replica's id); such a
+            server resumes no watch by itself: the replicas' supervisor hands them out.
     """
 
-    def __init__(self, config: ServeConfig, adapter=None):
-        self.config, self.adapter = config, adapter
+    def __init__(self, config: ServeConfig, adapter=None, owner: str | None = None):
+        self.config, self.adapter, self.owner = config, adapter, owner
         self.metrics = Metrics(config.served_name)
         self.scheduler: Scheduler | None = None
         self.store: Store | None = None
@@ -49,9 +51,15 @@ class Server:
         self.scheduler = Scheduler(encode=lambda requests: encode_together(adapter, requests),
                                    on_queue_time=self.metrics.queue_time.observe,
                                    on_batch=self.metrics.vision_batch_size.observe)
-        self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config)
-        self.watches.resume()
-        self.sessions = SessionManager(self.adapter, self.scheduler, self.config)
+        self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config, self.owner)
+        if self.owner is None:
+            self.watches.resume()
+        self.sessions = SessionManager(self.adapter, self.scheduler, self.config, self.owner)
+
+    @property
+    def streams(self) -> int:
+        """Watches running and chat sessions open here."""
+        return self.watches.running + self.sessions.open_count
 
     def stop(self) -> None:
         """Streams stop at a window boundary (and resume at the next start); waiting work is refused."""

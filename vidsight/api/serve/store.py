@@ -3,6 +3,10 @@
 SQLite (a file) serves one machine and needs no install; a PostgreSQL URL serves several
 replicas, which then share one record of every watch (SQLAlchemy Core speaks to both).
 
+Under Ray Serve each watch has an owner, the replica running it, and every replica beats a
+heartbeat here; a watch whose owner stopped beating is claimed by a live replica, and only the
+claim that finds the old owner still recorded wins.
+
 Each watch's events (window verdicts, alerts, its end) are numbered 1, 2, 3, ... in the order they
 happened; the number is the Server-Sent Events id, so a reader that reconnects with
 ``Last-Event-ID`` gets exactly the events after it. A verdict or alert is stored once per window:
@@ -31,6 +35,7 @@ WATCHES = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("created", sa.Float, nullable=False),
     sa.Column("updated", sa.Float, nullable=False),
+    sa.Column("owner", sa.String(64)),
 )
 EVENTS = sa.Table(
     "events", METADATA,
@@ -41,6 +46,12 @@ EVENTS = sa.Table(
     sa.Column("data", sa.Text, nullable=False),
     sa.Column("created", sa.Float, nullable=False),
     sa.UniqueConstraint("watch_id", "kind", "window"),
+)
+REPLICAS = sa.Table(
+    "replicas", METADATA,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("streams", sa.Integer, nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
 )
 
 
@@ -75,6 +86,7 @@ class Store:
                 # both read a watch's last event number (SQLAlchemy's recipe for pysqlite).
                 sa.event.listen(self._engine, "begin", lambda db: db.exec_driver_sql("BEGIN IMMEDIATE"))
             METADATA.create_all(self._engine)
+            _add_owner_column(self._engine)
         except (OSError, sa.exc.SQLAlchemyError) as exc:
             raise ConfigError(f"{db}: cannot use as the server's database ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0]})") from None
@@ -84,11 +96,24 @@ class Store:
         self._engine.dispose()
 
     # -- watches ----------------------------------------------------------------------------------
-    def add_watch(self, watch_id: str, spec: dict) -> None:
+    def add_watch(self, watch_id: str, spec: dict, owner: str | None = None) -> None:
         now = time.time()
         with self._engine.begin() as db:
             db.execute(WATCHES.insert().values(id=watch_id, spec=json.dumps(spec), state=RUNNING, error=None,
-                                               created=now, updated=now))
+                                               created=now, updated=now, owner=owner))
+
+    def claim(self, watch_id: str, previous: str | None, owner: str) -> bool:
+        """Make ``owner`` run a running watch if ``previous`` still owns it; whether this claim won."""
+        with self._engine.begin() as db:
+            result = db.execute(WATCHES.update()
+                                .where(WATCHES.c.id == watch_id, WATCHES.c.state == RUNNING,
+                                       WATCHES.c.owner.is_(None) if previous is None else WATCHES.c.owner == previous)
+                                .values(owner=owner, updated=time.time()))
+        return result.rowcount == 1
+
+    def owner(self, watch_id: str) -> str | None:
+        with self._engine.connect() as db:
+            return db.execute(sa.select(WATCHES.c.owner).where(WATCHES.c.id == watch_id)).scalar_one_or_none()
 
     def set_state(self, watch_id: str, state: str, error: str | None = None) -> None:
         with self._engine.begin() as db:
@@ -110,6 +135,25 @@ class Store:
         with self._engine.connect() as db:
             rows = db.execute(query.order_by(WATCHES.c.created)).all()
         return [_watch_record(row) for row in rows]
+
+    # -- replicas ---------------------------------------------------------------------------------
+    def beat(self, replica_id: str, streams: int) -> None:
+        """Record that ``replica_id`` is alive now, running ``streams`` watches and sessions."""
+        values = dict(streams=streams, heartbeat=time.time())
+        statement = self._insert(REPLICAS).values(id=replica_id, **values)
+        with self._engine.begin() as db:
+            db.execute(statement.on_conflict_do_update(index_elements=[REPLICAS.c.id], set_=values))
+
+    def live_replicas(self, timeout_s: float) -> dict[str, int]:
+        """Replicas that beat within ``timeout_s``: id -> streams they run."""
+        query = sa.select(REPLICAS.c.id, REPLICAS.c.streams).where(REPLICAS.c.heartbeat >= time.time() - timeout_s)
+        with self._engine.connect() as db:
+            return dict(db.execute(query).all())
+
+    def forget_replica(self, replica_id: str) -> None:
+        """A replica that stopped cleanly takes its heartbeat with it."""
+        with self._engine.begin() as db:
+            db.execute(REPLICAS.delete().where(REPLICAS.c.id == replica_id))
 
     # -- events -----------------------------------------------------------------------------------
     def append(self, watch_id: str, kind: str, window: int | None, data: dict) -> int | None:
@@ -151,12 +195,20 @@ class Store:
         return (verdicts[-1]["window"] + 1 if verdicts else 0), streak
 
 
-_WATCH_COLUMNS = sa.select(WATCHES.c.id, WATCHES.c.spec, WATCHES.c.state, WATCHES.c.error, WATCHES.c.created)
+_WATCH_COLUMNS = sa.select(WATCHES.c.id, WATCHES.c.spec, WATCHES.c.state, WATCHES.c.error, WATCHES.c.created,
+                           WATCHES.c.owner)
 
 
 def _watch_record(row) -> dict:
-    watch_id, spec, state, error, created = row
-    return {"id": watch_id, **json.loads(spec), "state": state, "error": error, "created": created}
+    watch_id, spec, state, error, created, owner = row
+    return {"id": watch_id, **json.loads(spec), "state": state, "error": error, "created": created, "owner": owner}
+
+
+def _add_owner_column(engine) -> None:
+    """Databases written before watches had owners get the column (empty: no replica runs them)."""
+    if "owner" not in {c["name"] for c in sa.inspect(engine).get_columns("watches")}:
+        with engine.begin() as db:
+            db.exec_driver_sql("ALTER TABLE watches ADD COLUMN owner VARCHAR(64)")
 
 
 def _sqlite_pragmas(connection, _record) -> None:

@@ -31,11 +31,13 @@ class WatchManager:
         scheduler: Runs each window's model work.
         metrics: Counts windows, tokens and alerts.
         serve_config: The allow-list for local sources.
+        owner: This process's name among several sharing the store (a Ray Serve replica's id); a
+            watch it no longer owns stops at its next window. None: the only server.
     """
 
-    def __init__(self, adapter, store: Store, scheduler, metrics, serve_config):
+    def __init__(self, adapter, store: Store, scheduler, metrics, serve_config, owner: str | None = None):
         self.adapter, self.store, self.scheduler, self.metrics = adapter, store, scheduler, metrics
-        self.serve_config = serve_config
+        self.serve_config, self.owner = serve_config, owner
         self._threads: dict[str, threading.Thread] = {}
         self._stop: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
@@ -46,11 +48,16 @@ class WatchManager:
         """``(H, W, 3)`` uint8 of the last frame the watch judged in this process, or None."""
         return self._latest.get(watch_id)
 
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
     def start(self, spec: dict) -> str:
         """Validate ``spec`` (the settings of ``POST /v1/watches``), record it, start it; its id."""
         self._check(spec)
         watch_id = uuid.uuid4().hex[:16]
-        self.store.add_watch(watch_id, spec)
+        self.store.add_watch(watch_id, spec, self.owner)
         self._launch(watch_id, spec)
         return watch_id
 
@@ -58,10 +65,16 @@ class WatchManager:
         """Start again the watches a previous server left running."""
         resumed = []
         for record in self.store.watches(RUNNING):
-            spec = {k: record[k] for k in record if k not in ("id", "state", "error", "created")}
-            self._launch(record["id"], spec)
+            self._launch(record["id"], _spec(record))
             resumed.append(record["id"])
         return resumed
+
+    def adopt(self, watch_id: str, previous: str | None) -> bool:
+        """Take over a running watch from ``previous`` (a replica that stopped); whether this one won it."""
+        if not self.store.claim(watch_id, previous, self.owner):
+            return False
+        self._launch(watch_id, _spec(self.store.watch(watch_id)))
+        return True
 
     def stop(self, watch_id: str, wait_s: float | None = None) -> None:
         """Stop a watch at its next window boundary and record it as stopped."""
@@ -120,6 +133,8 @@ class WatchManager:
                 source, first_window=first, streak=streak,
                 run=lambda steps: self.scheduler.submit_steps(watch_id, steps).result())
             for verdict in verdicts:
+                if self.owner is not None and self.store.owner(watch_id) != self.owner:
+                    return   # another replica took the watch over (this one was taken for dead)
                 verdict.window += offset
                 self._latest[watch_id] = watcher.latest.rgb
                 self._record(watch_id, spec, verdict)
@@ -161,6 +176,11 @@ class WatchManager:
                 if spec.get("webhook_url"):
                     threading.Thread(target=deliver_webhook, args=(spec["webhook_url"], {"watch_id": watch_id, **record}),
                                      daemon=True, name=f"webhook-{watch_id}").start()
+
+
+def _spec(record: dict) -> dict:
+    """A stored watch's settings, as ``POST /v1/watches`` gave them."""
+    return {k: record[k] for k in record if k not in ("id", "state", "error", "created", "owner")}
 
 
 def deliver_webhook(url: str, payload: dict, tries: int = WEBHOOK_TRIES, backoff_s: float = WEBHOOK_BACKOFF_S) -> bool:
