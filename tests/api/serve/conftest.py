@@ -1,6 +1,8 @@
-"""A real server on 127.0.0.1 (uvicorn in a thread) over the tiny model, and a media directory."""
+"""Servers over the tiny model for the API tests, on either backend: one process (uvicorn in a
+thread) or Ray Serve (a local Ray instance on 127.0.0.1 with two replicas); and a media directory."""
 
 import contextlib
+import socket
 
 import pytest
 
@@ -8,6 +10,8 @@ from vidsight.api.serve import ServeConfig, create_app
 from vidsight.api.serve.background import serve_in_background
 
 QUERY = "Is there a red object in the zone? Answer Yes or No."
+# Tests on Ray take a replica for dead after this long without a heartbeat (the default is 10 s).
+RAY_REPLICA_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +22,14 @@ def media(tmp_path_factory, make_test_video):
         path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8, bframes=False, seed=seed)
         (root / name).write_bytes(path.read_bytes())
     return root
+
+
+@pytest.fixture(scope="module")
+def long_video(media, make_test_video):
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
+    target = media / "long.mp4"
+    target.write_bytes(path.read_bytes())
+    return target
 
 
 @pytest.fixture
@@ -32,8 +44,9 @@ def scratch(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def make_server(tiny_adapter, media, tmp_path):
-    """Starts servers over the tiny model with the given settings (one database per test)."""
+def make_local_server(tiny_adapter, media, tmp_path):
+    """Starts single-process servers over the tiny model with the given settings (one database per
+    test); yields ``(url, server)``, the `Server` inside."""
 
     @contextlib.contextmanager
     def make(**settings):
@@ -43,3 +56,53 @@ def make_server(tiny_adapter, media, tmp_path):
             yield url, app.state.server
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_serve():
+    """Ray and Ray Serve on this machine (two CPUs, one per replica), HTTP on a free loopback port."""
+    import ray
+    from ray import serve
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    deployed = {}
+    yield f"http://127.0.0.1:{port}", deployed
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture
+def make_ray_server(ray_serve, tiny_model_dir, media, tmp_path_factory):
+    """Deploys the app on Ray Serve with two replicas of the tiny model; a deployment with the same
+    settings is kept between tests (a deployment takes seconds); yields ``(url, None)``."""
+    from ray import serve
+
+    from vidsight.api.serve.config import RayConfig
+    from vidsight.api.serve.ray_app import build_app
+
+    url, deployed = ray_serve
+
+    @contextlib.contextmanager
+    def make(**settings):
+        key = (str(media), *sorted((k, str(v)) for k, v in settings.items()))
+        if deployed.get("key") != key:
+            fields = {"model": str(tiny_model_dir), "model_name": "tiny", "device": "cpu", "allowed_local_media_path": media,
+                      "db": tmp_path_factory.mktemp("ray") / "serve.db", **settings}
+            serve.run(build_app(ServeConfig(**fields), RayConfig(replicas=2, replica_timeout_s=RAY_REPLICA_TIMEOUT_S)),
+                      name="vidsight", route_prefix="/")
+            deployed["key"] = key
+        yield url, None
+
+    return make
+
+
+@pytest.fixture(params=["local", "ray"])
+def make_server(request):
+    """The API tests run against both backends: ``make_server(**settings)`` yields ``(url, server)``,
+    ``server`` being the in-process `Server` (None on Ray)."""
+    return request.getfixturevalue(f"make_{request.param}_server")

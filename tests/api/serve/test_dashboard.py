@@ -29,7 +29,7 @@ def browser():
     driver.quit()
 
 
-def test_a_watch_added_on_the_page_shows_verdicts_and_alerts(make_server, media, make_test_video, browser,
+def test_a_watch_added_on_the_page_shows_verdicts_and_alerts(make_local_server, media, make_test_video, browser,
                                                              monkeypatch):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -47,7 +47,7 @@ def test_a_watch_added_on_the_page_shows_verdicts_and_alerts(make_server, media,
     monkeypatch.setattr(Watcher, "judging", some_windows_yes)
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=16.0, gop=16, bframes=False, seed=9)
     (media / "yard.mp4").write_bytes(path.read_bytes())
-    with make_server() as (url, server):
+    with make_local_server() as (url, server):
         browser.get(url + "/")
         form = browser.find_element(By.ID, "add-watch")
         form.find_element(By.NAME, "source").send_keys("yard.mp4")

@@ -18,14 +18,6 @@ pytestmark = pytest.mark.slow
 SETTINGS = {"window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1}
 
 
-@pytest.fixture(scope="module")
-def long_video(media, make_test_video):
-    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
-    target = media / "long.mp4"
-    target.write_bytes(path.read_bytes())
-    return target
-
-
 def read_events(url: str, watch_id: str, last: int | None = None) -> list[dict]:
     """SSE events of a watch, parsed, until the stream ends."""
     headers = {"Last-Event-ID": str(last)} if last is not None else {}
@@ -62,18 +54,18 @@ def test_sse_events_equal_the_cli_and_resume_from_last_event_id(make_server, med
         assert httpx.get(f"{url}/v1/watches/{watch_id}/frame.jpg").content[:2] == b"\xff\xd8"
 
 
-def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(make_server, long_video, capsys,
+def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(make_local_server, long_video, capsys,
                                                                               tiny_model_dir):
     expected = [r for r in cli_lines(capsys, long_video, tiny_model_dir) if r["type"] == "window"]
     spec = {"source": "long.mp4", "query": QUERY, **SETTINGS, "realtime": True}
-    with make_server() as (url, server):
+    with make_local_server() as (url, server):
         watch_id = httpx.post(f"{url}/v1/watches", json=spec).json()["id"]
         wait_for(lambda: len(server.store.verdicts(watch_id)) >= 3)
     from vidsight.api.serve.store import Store
 
     stopped_at = len(Store(server.config.db).verdicts(watch_id))
     assert 3 <= stopped_at < len(expected)
-    with make_server() as (url, server):
+    with make_local_server() as (url, server):
         assert httpx.get(f"{url}/v1/watches/{watch_id}").json()["state"] == "running"
         events = read_events(url, watch_id)
     windows = [e["data"] for e in events if e["event"] == "window"]
@@ -82,7 +74,7 @@ def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(ma
     assert events[-1]["event"] == "end"
 
 
-def test_alerts_reach_the_webhook_and_metrics_move(make_server, media, monkeypatch):
+def test_alerts_reach_the_webhook_and_metrics_move(make_local_server, media, monkeypatch):
     from vidsight.engine.watch import Watcher
 
     judging = Watcher.judging
@@ -113,7 +105,7 @@ def test_alerts_reach_the_webhook_and_metrics_move(make_server, media, monkeypat
 
     hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
-    with make_server() as (url, server):
+    with make_local_server() as (url, server):
         def scrape() -> dict:
             families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
             return {s.name: s.value for f in families for s in f.samples if not s.labels.get("le")}
@@ -145,7 +137,7 @@ def wait_for(condition, timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_server, media, make_test_video):
+def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_local_server, media, make_test_video):
     import functools
 
     path, _ = make_test_video(".ts", width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
@@ -158,13 +150,13 @@ def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_s
     spec = {"source": f"http://127.0.0.1:{files.server_address[1]}/live.ts", "query": QUERY, **SETTINGS,
             "realtime": True}
     try:
-        with make_server() as (url, server):
+        with make_local_server() as (url, server):
             watch_id = httpx.post(f"{url}/v1/watches", json=spec).json()["id"]
             wait_for(lambda: len(server.store.verdicts(watch_id)) >= 3)
         from vidsight.api.serve.store import Store
 
         before = len(Store(server.config.db).verdicts(watch_id))
-        with make_server() as (url, server):
+        with make_local_server() as (url, server):
             wait_for(lambda: len(server.store.verdicts(watch_id)) >= before + 3)
             httpx.delete(f"{url}/v1/watches/{watch_id}", timeout=60)
             windows = [v["window"] for v in server.store.verdicts(watch_id)]
@@ -173,7 +165,7 @@ def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_s
     assert windows == list(range(len(windows))) and len(windows) >= before + 3
 
 
-def test_a_watch_that_breaks_ends_with_an_error_event(make_server, monkeypatch):
+def test_a_watch_that_breaks_ends_with_an_error_event(make_local_server, monkeypatch):
     from vidsight.engine.watch import Watcher
 
     def broken(self, frames, number=0):
@@ -181,7 +173,7 @@ def test_a_watch_that_breaks_ends_with_an_error_event(make_server, monkeypatch):
         yield  # stepped work, as the real one
 
     monkeypatch.setattr(Watcher, "judging", broken)
-    with make_server() as (url, _):
+    with make_local_server() as (url, _):
         watch_id = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS}).json()["id"]
         events = read_events(url, watch_id)
         record = httpx.get(f"{url}/v1/watches/{watch_id}").json()

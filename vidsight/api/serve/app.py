@@ -45,11 +45,7 @@ def create_app(config: ServeConfig, adapter=None, owner: str | None = None) -> F
     _add_error_handlers(app)
 
     def authorised(request: Request) -> None:
-        if config.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-            raise RequestError(401, "a missing or wrong API key (send Authorization: Bearer KEY)")
+        check_api_key(config, request.headers.get("authorization", ""))
 
     guarded = [Depends(authorised)]
 
@@ -86,6 +82,13 @@ def create_app(config: ServeConfig, adapter=None, owner: str | None = None) -> F
     add_watch_routes(app, server, guarded)
     add_session_routes(app, server, guarded)
     return app
+
+
+def check_api_key(config: ServeConfig, authorization: str) -> None:
+    """Refuse (401) a request whose ``Authorization`` header does not carry the server's API key."""
+    if config.api_key is not None and not secrets.compare_digest(authorization.encode(),
+                                                                 f"Bearer {config.api_key}".encode()):
+        raise RequestError(401, "a missing or wrong API key (send Authorization: Bearer KEY)")
 
 
 async def _complete(server: Server, body: ChatCompletionRequest, video: str, question: str, sampling, generation,
@@ -177,8 +180,9 @@ def _status(exc: VidsightError) -> int:
 
 
 def _error_body(status: int, message: str) -> dict:
-    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-            429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}.get(status, "invalid_request_error")
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 410: "not_found_error",
+            413: "request_too_large", 429: "rate_limit_error", 503: "service_unavailable",
+            504: "timeout"}.get(status, "invalid_request_error")
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

@@ -70,3 +70,45 @@ class ServeConfig:
     @property
     def max_body_bytes(self) -> int:
         return self.max_video_bytes * 4 // 3 + BODY_OVERHEAD_BYTES
+
+
+# A replica beats every second; one silent for this long is taken for dead and its watches move.
+DEFAULT_REPLICA_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RayConfig:
+    """How `vidsight serve --ray` deploys on Ray Serve.
+
+    Attributes:
+        address: The Ray cluster to join (``ray://host:10001``, ``host:6379``, ``auto``); None
+            starts a Ray instance on this machine.
+        replicas: Model replicas, fixed; ignored when ``autoscale`` is given.
+        autoscale: ``(min, max)`` replicas, scaled by Ray Serve on requests in flight.
+        replica_cpus: CPUs each replica reserves (its torch threads).
+        replica_gpus: GPUs each replica reserves (0 on a CPU cluster; 1 for one model per GPU).
+        replica_timeout_s: A replica whose heartbeat is older than this is taken for dead.
+    """
+
+    address: str | None = None
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    replica_cpus: float = 1.0
+    replica_gpus: float = 0.0
+    replica_timeout_s: float = DEFAULT_REPLICA_TIMEOUT_S
+
+    def __post_init__(self):
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas must be at least 1, got {self.replicas}")
+        if self.autoscale is not None and not 1 <= self.autoscale[0] <= self.autoscale[1]:
+            raise ConfigError(f"--autoscale MIN MAX needs 1 <= MIN <= MAX, got {self.autoscale}")
+        if self.replica_cpus < 0 or self.replica_gpus < 0:
+            raise ConfigError("--replica-cpus and --replica-gpus must be non-negative")
+        if not self.replica_timeout_s > 1:
+            raise ConfigError(f"--replica-timeout must be over a second (the heartbeat), got {self.replica_timeout_s}")
+
+    def deployment_options(self) -> dict:
+        """Ray Serve's options for the model deployment."""
+        scale = ({"autoscaling_config": {"min_replicas": self.autoscale[0], "max_replicas": self.autoscale[1]}}
+                 if self.autoscale else {"num_replicas": self.replicas})
+        return {**scale, "ray_actor_options": {"num_cpus": self.replica_cpus, "num_gpus": self.replica_gpus}}

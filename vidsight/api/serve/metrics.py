@@ -55,3 +55,36 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_expositions(texts: list[str]) -> bytes:
+    """Several servers' metrics as one server's: every sample summed over them (counters, gauges
+    of amounts and histogram buckets all add up across replicas), creation times the earliest."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    totals: dict[str, dict[tuple, float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            families.setdefault(family.name, family)
+            samples = totals.setdefault(family.name, {})
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                earlier = samples.get(key)
+                if earlier is None:
+                    samples[key] = sample.value
+                else:
+                    samples[key] = min(earlier, sample.value) if sample.name.endswith("_created") else earlier + sample.value
+
+    class Merged:
+        def collect(self):
+            for name, family in families.items():
+                merged = Metric(name, family.documentation, family.type)
+                for (sample_name, labels), value in totals[name].items():
+                    merged.add_sample(sample_name, dict(labels), value)
+                yield merged
+
+    registry = CollectorRegistry()
+    registry.register(Merged())
+    return generate_latest(registry)

@@ -1,0 +1,76 @@
+"""Ray Serve with two replicas: completions spread over both, streams spread two and two and
+pinned to their replica, and a replica killed mid-watch loses and duplicates no verdict."""
+
+import collections
+import time
+
+import httpx
+import pytest
+
+from tests.api.serve.conftest import QUERY
+from tests.api.serve.test_watches import cli_lines, without_timing
+from vidsight.api.serve.ray_app import REPLICA_HEADER
+
+pytestmark = pytest.mark.slow
+SPEC = {"source": "long.mp4", "query": QUERY, "window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1,
+        "realtime": True}
+
+
+def wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def kill_replica(replica_id: str) -> None:
+    """Kill a replica's actor as a crash would (Ray Serve then starts a new replica)."""
+    import ray
+
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::vidsight#Replica#{replica_id}", namespace="serve"), no_restart=True)
+
+
+def test_streams_are_pinned_spread_and_survive_a_replica_death(make_ray_server, long_video, capsys, tiny_model_dir):
+    expected = [without_timing(r) for r in cli_lines(capsys, long_video, tiny_model_dir) if r["type"] == "window"]
+    with make_ray_server() as (url, _):
+        completion = {"messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "clip.mp4"}}, {"type": "text", "text": "What colour?"}]}],
+            "max_tokens": 2}
+        answered_by = {httpx.post(f"{url}/v1/chat/completions", json=completion, timeout=60).headers[REPLICA_HEADER]
+                       for _ in range(10)}
+        assert len(answered_by) == 2
+
+        watches = [httpx.post(f"{url}/v1/watches", json=SPEC, timeout=60).json()["id"] for _ in range(4)]
+        owners = {w: httpx.get(f"{url}/v1/watches/{w}").json()["owner"] for w in watches}
+        assert sorted(collections.Counter(owners.values()).values()) == [2, 2]
+        sessions = [httpx.post(f"{url}/v1/sessions", json={"source": "long.mp4", "realtime": True}).json()["id"]
+                    for _ in range(2)]
+        assert len({s.split("-")[0] for s in sessions}) == 2   # one each: two streams already run on each
+
+        # Each watch's own frame comes from its own replica, the one recorded as its owner.
+        for watch in watches:
+            wait_for(lambda: len(httpx.get(f"{url}/v1/watches/{watch}/verdicts").json()["data"]) >= 2)
+            frame = httpx.get(f"{url}/v1/watches/{watch}/frame.jpg")
+            assert frame.status_code == 200 and frame.headers[REPLICA_HEADER] == owners[watch]
+
+        victim = owners[watches[0]]
+        before = [len(httpx.get(f"{url}/v1/watches/{w}/verdicts").json()["data"]) for w in watches]
+        kill_replica(victim)
+        assert all(n < len(expected) for n in before)   # mid-watch
+        wait_for(lambda: all(httpx.get(f"{url}/v1/watches/{w}").json()["state"] == "done" for w in watches),
+                 timeout_s=240)
+        for watch in watches:
+            record = httpx.get(f"{url}/v1/watches/{watch}").json()
+            moved = owners[watch] == victim
+            assert (record["owner"] != victim) if moved else (record["owner"] == owners[watch])
+            verdicts = httpx.get(f"{url}/v1/watches/{watch}/verdicts").json()["data"]
+            assert [without_timing(v) for v in verdicts] == expected
+            events = httpx.get(f"{url}/v1/watches/{watch}/events", timeout=60).text
+            assert events.count("event: window") == len(expected)
+
+        lost = next(s for s in sessions if s.startswith(f"{victim}-"))
+        gone = httpx.get(f"{url}/v1/sessions/{lost}")
+        assert gone.status_code == 410 and "replica holding its KV cache stopped" in gone.json()["error"]["message"]
+        kept = next(s for s in sessions if s != lost)
+        assert httpx.get(f"{url}/v1/sessions/{kept}").status_code == 200
+        assert httpx.delete(f"{url}/v1/sessions/{kept}").status_code == 200
