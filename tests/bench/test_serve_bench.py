@@ -23,3 +23,23 @@ def test_bench_serve_runs_completions_and_watches(tmp_path, tiny_model_dir, make
     assert len(watches) == 2 and all(w["windows"] >= 5 and w["error"] is None for w in watches)
     assert all(0.5 < w["realtime_factor"] < 2 for w in watches)
     assert (tmp_path / "serve.png").stat().st_size > 0
+
+
+def test_bench_serve_on_ray_loads_each_replica_count(tmp_path, tiny_model_dir, make_test_video):
+    import subprocess
+    import sys
+
+    video, _ = make_test_video(width=160, height=120, fps=8, duration_s=8.0, gop=16, bframes=False, seed=4)
+    # A process of its own: Ray allows one instance per driver, and the API tests may hold theirs.
+    command = ["from vidsight.api.cli import main; raise SystemExit(main())", "bench", "serve", "--ray",
+               "--replicas", "1", "2", "--model", str(tiny_model_dir), "--device", "cpu", "--video", str(video),
+               "--concurrency", "2", "--requests", "4", "--watches", "1", "--window", "4", "--out", str(tmp_path),
+               "--json"]
+    done = subprocess.run([sys.executable, "-c", *command], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    rows = report["scaling"]
+    assert [row["replicas"] for row in rows] == [1, 2] and all(row["errors"] == 0 for row in rows)
+    assert rows[1]["projected_requests_per_s"] == 2 * report["per_replica_requests_per_s"] > 0
+    assert all(len(row["watch_realtime_factors"]) == 1 for row in rows)
+    assert (tmp_path / "serve_ray.png").stat().st_size > 0

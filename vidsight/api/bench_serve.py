@@ -33,45 +33,105 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--window", type=_float, default=8.0, help="watch window in seconds (default: 8)")
     serve.add_argument("--stride", type=_float, default=0.25, help="watch stride as a share (default: 0.25)")
     serve.add_argument("--fps", type=_float, default=2.0, help="watch sampling rate (default: 2)")
+    serve.add_argument("--ray", action="store_true",
+                       help="without --url: deploy on Ray Serve once per --replicas count and load each")
+    serve.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts (default: 1 2)")
+    serve.add_argument("--replica-cpus", type=_float, default=1.0, help="with --ray: CPUs per replica (default: 1)")
+    serve.add_argument("--ray-address", default=None, help="with --ray: the cluster to use (default: start one here)")
     serve.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     serve.add_argument("--json", action="store_true", help="print the JSON report")
 
 
 def run_bench_serve(args) -> int:
-    from vidsight.bench.serve import ServeClient, format_serve_report, run_serve_bench, write_serve_report
-    from vidsight.tasks.families import ANOMALY_QUERY
+    from vidsight.bench.serve import format_serve_report, write_serve_report
+    from vidsight.errors import ConfigError
 
+    if args.ray and args.url:
+        raise ConfigError("--ray deploys its own server: leave out --url")
+    if args.ray:
+        return _run_on_ray(args)
     with contextlib.ExitStack() as stack:
         url, video = args.url, args.video
         if url is None:
             url, video = stack.enter_context(_local_server(args))
         if video is None:
-            from vidsight.errors import ConfigError
-
             raise ConfigError("with --url, name the video the server should read (--video)")
-        watch = {"query": args.question or ANOMALY_QUERY, "window_s": args.window, "stride": args.stride,
-                 "fps": args.fps}
-        quiet = args.json or not sys.stderr.isatty()
-        report = run_serve_bench(ServeClient(url, args.api_key), video, args.question or ANOMALY_QUERY,
-                                 args.concurrency, args.requests, args.watches, args.watch_video or video, watch,
-                                 args.max_tokens, progress=(lambda _: None) if quiet else
-                                 (lambda line: print(line, file=sys.stderr)))
+        report = _load(args, url, video)
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 
+def _load(args, url: str, video: str) -> dict:
+    from vidsight.bench.serve import ServeClient, run_serve_bench
+    from vidsight.tasks.families import ANOMALY_QUERY
+
+    watch = {"query": args.question or ANOMALY_QUERY, "window_s": args.window, "stride": args.stride, "fps": args.fps}
+    quiet = args.json or not sys.stderr.isatty()
+    return run_serve_bench(ServeClient(url, args.api_key), video, args.question or ANOMALY_QUERY, args.concurrency,
+                           args.requests, args.watches, args.watch_video or video, watch, args.max_tokens,
+                           progress=(lambda _: None) if quiet else (lambda line: print(line, file=sys.stderr)))
+
+
+def _run_on_ray(args) -> int:
+    """One deployment per replica count on a Ray instance of this process, the same load on each."""
+    import ray
+    from ray import serve
+
+    from vidsight.api.serve.config import RayConfig
+    from vidsight.api.serve.ray_app import build_app
+    from vidsight.bench.serve_scaling import format_scaling_report, scaling_report, write_scaling_report
+
+    runs = []
+    ray.init(address=args.ray_address or "local", include_dashboard=False, log_to_driver=False)
+    try:
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for replicas in args.replicas:
+            with _served_video(args) as (config, video):
+                serve.run(build_app(config, RayConfig(replicas=replicas, replica_cpus=args.replica_cpus)),
+                          name="vidsight-bench", route_prefix="/")
+                runs.append({"replicas": replicas, **_load(args, f"http://127.0.0.1:{port}", video)})
+                serve.delete("vidsight-bench")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    report = scaling_report(runs)
+    report["settings"] = {**runs[0]["settings"], "server": f"Ray Serve, model {args.model}",
+                          "replica_cpus": args.replica_cpus}
+    json_path, png_path = write_scaling_report(report, args.out)
+    print(json.dumps(report) if args.json else f"{format_scaling_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextlib.contextmanager
-def _local_server(args):
-    """A server on loopback over ``--model``, serving a generated anomaly video (or ``--video``'s folder)."""
-    from vidsight.api.serve import ServeConfig, create_app
-    from vidsight.api.serve.background import serve_in_background
+def _served_video(args):
+    """A server's settings over ``--model``, serving a generated anomaly video (or ``--video``'s
+    folder), with a database of its own; and the video's name as the server knows it."""
+    from vidsight.api.serve import ServeConfig
     from vidsight.bench.watch import anomaly_videos
 
     video = Path(args.video) if args.video else Path(anomaly_videos(Path(args.out) / "videos", 1)[0]["video"])
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     with tempfile.TemporaryDirectory(prefix="vidsight-bench-serve-") as scratch:
-        config = ServeConfig(model=args.model, device=args.device, allowed_local_media_path=video.resolve().parent,
-                             db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency)))
-        with serve_in_background(create_app(config)) as url:
-            yield url, video.name
+        yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
+                          db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency))), video.name
+
+
+@contextlib.contextmanager
+def _local_server(args):
+    """A server on loopback in this process (`_served_video`'s settings)."""
+    from vidsight.api.serve import create_app
+    from vidsight.api.serve.background import serve_in_background
+
+    with _served_video(args) as (config, video), serve_in_background(create_app(config)) as url:
+        yield url, video

@@ -11,7 +11,7 @@ from vidsight.api.options import _float
 
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.api.serve.config import (API_KEY_ENV, DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_CONCURRENT,
-                                           DEFAULT_MAX_VIDEO_BYTES, default_db_path)
+                                           DEFAULT_MAX_VIDEO_BYTES, DEFAULT_REPLICA_TIMEOUT_S, default_db_path)
     from vidsight.engine.config import DEFAULT_MODEL
 
     serve = commands.add_parser("serve", parents=parents,
@@ -33,16 +33,40 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     serve.add_argument("--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT,
                        help=f"requests in progress at once; more get 429 (default: {DEFAULT_MAX_CONCURRENT})")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    ray = serve.add_argument_group("Ray Serve (many replicas, many hosts; needs pip install 'vidsight[ray]')")
+    ray.add_argument("--ray", action="store_true", help="serve as a Ray Serve application of model replicas")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="the Ray cluster to join, e.g. auto or ray://head:10001 (default: start one here)")
+    scale = ray.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=int, default=1, help="model replicas (default: 1)")
+    scale.add_argument("--autoscale", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+                       help="let Ray Serve scale the replicas between MIN and MAX on requests in flight")
+    ray.add_argument("--replica-cpus", type=_float, default=1.0, help="CPUs each replica reserves (default: 1)")
+    ray.add_argument("--replica-gpus", type=_float, default=0.0, help="GPUs each replica reserves (default: 0)")
+    ray.add_argument("--replica-timeout", type=_float, default=DEFAULT_REPLICA_TIMEOUT_S, metavar="S",
+                     help="a replica silent this long is taken for dead and its watches move "
+                          f"(default: {DEFAULT_REPLICA_TIMEOUT_S:g})")
 
 
 def serve_config(args):
     from vidsight.api.serve.config import API_KEY_ENV, ServeConfig, default_db_path
 
-    return ServeConfig(model=args.model, device=args.device, api_key=args.api_key or os.environ.get(API_KEY_ENV),
-                       allowed_local_media_path=Path(args.allowed_local_media_path) if args.allowed_local_media_path
-                       else None, db=args.db or default_db_path(),
+    # Absolute paths: Ray's replicas run in other working directories, maybe on other hosts.
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    db = args.db if args.db and "://" in args.db else Path(args.db or default_db_path()).resolve()
+    return ServeConfig(model=model, device=args.device, api_key=args.api_key or os.environ.get(API_KEY_ENV),
+                       allowed_local_media_path=Path(args.allowed_local_media_path).resolve()
+                       if args.allowed_local_media_path else None, db=db,
                        max_video_bytes=args.max_video_bytes, fetch_timeout_s=args.fetch_timeout,
-                       max_concurrent=args.max_concurrent, model_name=args.served_model_name)
+                       max_concurrent=args.max_concurrent, model_name=args.served_model_name or args.model)
+
+
+def ray_config(args):
+    from vidsight.api.serve.config import RayConfig
+
+    return RayConfig(address=args.ray_address, replicas=args.replicas,
+                     autoscale=tuple(args.autoscale) if args.autoscale else None, replica_cpus=args.replica_cpus,
+                     replica_gpus=args.replica_gpus, replica_timeout_s=args.replica_timeout)
 
 
 def run_serve(args) -> int:
@@ -50,6 +74,10 @@ def run_serve(args) -> int:
 
     from vidsight.api.serve import create_app
 
+    if args.ray:
+        from vidsight.api.serve.ray_cli import run_on_ray
+
+        return run_on_ray(serve_config(args), ray_config(args), args.host, args.port, args.debug)
     app = create_app(serve_config(args))
     # In-flight requests get this long to finish on SIGINT/SIGTERM; streams stop at a window boundary.
     uvicorn.run(app, host=args.host, port=args.port, log_level="debug" if args.debug else "warning",

@@ -14,7 +14,7 @@ QUERY = "Is there a red object in the zone? Answer Yes or No."
 RAY_REPLICA_TIMEOUT_S = 3.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def media(tmp_path_factory, make_test_video):
     """An allowed media directory holding two short videos."""
     root = tmp_path_factory.mktemp("media")
@@ -24,7 +24,7 @@ def media(tmp_path_factory, make_test_video):
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def long_video(media, make_test_video):
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
     target = media / "long.mp4"

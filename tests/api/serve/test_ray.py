@@ -74,3 +74,14 @@ def test_streams_are_pinned_spread_and_survive_a_replica_death(make_ray_server, 
         kept = next(s for s in sessions if s != lost)
         assert httpx.get(f"{url}/v1/sessions/{kept}").status_code == 200
         assert httpx.delete(f"{url}/v1/sessions/{kept}").status_code == 200
+
+
+@pytest.mark.parametrize("flags, message", [(["--replicas", "0"], "--replicas must be at least 1"),
+                                            (["--autoscale", "3", "1"], "1 <= MIN <= MAX"),
+                                            (["--replica-gpus", "-1"], "must be non-negative"),
+                                            (["--replica-timeout", "0.5"], "over a second")])
+def test_bad_ray_settings_are_refused_before_ray_starts(flags, message, capsys, tiny_model_dir):
+    from vidsight.api.cli import main
+
+    assert main(["serve", "--ray", "--model", str(tiny_model_dir), *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -107,6 +107,10 @@ class RayConfig:
         if not self.replica_timeout_s > 1:
             raise ConfigError(f"--replica-timeout must be over a second (the heartbeat), got {self.replica_timeout_s}")
 
+    def describe(self) -> str:
+        replicas = f"{self.autoscale[0]}-{self.autoscale[1]} replicas" if self.autoscale else f"{self.replicas} replica(s)"
+        return f"{replicas}, {self.replica_cpus:g} CPU and {self.replica_gpus:g} GPU each"
+
     def deployment_options(self) -> dict:
         """Ray Serve's options for the model deployment."""
         scale = ({"autoscaling_config": {"min_replicas": self.autoscale[0], "max_replicas": self.autoscale[1]}}
