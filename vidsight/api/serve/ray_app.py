@@ -149,6 +149,7 @@ class Gateway:
     def __init__(self, replicas, config: ServeConfig, ray_config: RayConfig):
         self.replicas, self.config, self.timeout_s = replicas, config, ray_config.replica_timeout_s
         self.store = Store(config.db)
+        self._placing = asyncio.Lock()
         self._closed = threading.Event()
         threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
 
@@ -169,8 +170,14 @@ class Gateway:
         call = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
                 "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()],
                 "body": bytes(body), "client": list(request.client) if request.client else None}
-        if route.get("fan_out"):
+        if "fan_out" in route:
             return await self._gather(call, route["fan_out"])
+        if "loads" in route:
+            # New streams are placed one at a time, each on loads that count the one placed before.
+            async with self._placing:
+                route = await asyncio.to_thread(route_of, request.method, request.url.path, self.store, self.timeout_s)
+                status, headers, content = await self._answer(call, route)
+            return Response(content, status_code=status, headers=dict(headers))
         return await self._relay(call, route)
 
     async def _relay(self, call: dict, route: dict):
@@ -187,21 +194,25 @@ class Gateway:
 
         return StreamingResponse(body(), status_code=status, headers=dict(headers))
 
+    async def _answer(self, call: dict, route: dict) -> tuple[int, list, bytes]:
+        """A replica's whole answer: status, headers, body."""
+        pieces = self.replicas.options(stream=True).http.remote(call, **route)
+        status, headers = await pieces.__anext__()
+        return status, headers, b"".join([piece async for piece in pieces])
+
     async def _gather(self, call: dict, replicas: list[str]):
         """A request every live replica answers, the answers joined: ``GET /v1/sessions`` lists
         each one's sessions, ``GET /metrics`` sums their metrics."""
         answers = []
         for replica in replicas:
             try:
-                pieces = self.replicas.options(stream=True).http.remote(call, pin=replica)
-                status, headers = await pieces.__anext__()
-                text = b"".join([piece async for piece in pieces]).decode()
+                status, headers, content = await self._answer(call, {"pin": replica})
             except Exception as exc:   # it stopped since its last beat: what it held is gone
                 log.info("%s on replica %s: %s", call["path"], replica, exc)
                 continue
             if status != 200:
-                return Response(text, status_code=status, headers=dict(headers))
-            answers.append(text)
+                return Response(content, status_code=status, headers=dict(headers))
+            answers.append(content.decode())
         if call["path"] == "/metrics":
             return Response(merge_expositions(answers), media_type="text/plain; version=0.0.4; charset=utf-8")
         return {"object": "list", "data": [s for text in answers for s in json.loads(text)["data"]]}
