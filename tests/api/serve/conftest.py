@@ -60,7 +60,8 @@ def make_local_server(tiny_adapter, media, tmp_path):
 
 @pytest.fixture(scope="session")
 def ray_serve():
-    """Ray and Ray Serve on this machine (two CPUs, one per replica), HTTP on a free loopback port."""
+    """Ray and Ray Serve on this machine, HTTP on a free loopback port; yields its URL and the
+    deployments made so far (settings -> route prefix)."""
     import ray
     from ray import serve
 
@@ -70,16 +71,16 @@ def ray_serve():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    deployed = {}
-    yield f"http://127.0.0.1:{port}", deployed
+    yield f"http://127.0.0.1:{port}", {}
     serve.shutdown()
     ray.shutdown()
 
 
 @pytest.fixture
 def make_ray_server(ray_serve, tiny_model_dir, media, tmp_path_factory):
-    """Deploys the app on Ray Serve with two replicas of the tiny model; a deployment with the same
-    settings is kept between tests (a deployment takes seconds); yields ``(url, None)``."""
+    """The app on Ray Serve with two replicas of the tiny model, one deployment per distinct
+    settings, each under a route prefix of its own and kept for the session (a deployment takes
+    seconds); yields ``(url, None)``. Replicas reserve no CPU, so the deployments fit side by side."""
     from ray import serve
 
     from vidsight.api.serve.config import RayConfig
@@ -89,14 +90,17 @@ def make_ray_server(ray_serve, tiny_model_dir, media, tmp_path_factory):
 
     @contextlib.contextmanager
     def make(**settings):
-        key = (str(media), *sorted((k, str(v)) for k, v in settings.items()))
-        if deployed.get("key") != key:
-            fields = {"model": str(tiny_model_dir), "model_name": "tiny", "device": "cpu", "allowed_local_media_path": media,
-                      "db": tmp_path_factory.mktemp("ray") / "serve.db", **settings}
-            serve.run(build_app(ServeConfig(**fields), RayConfig(replicas=2, replica_timeout_s=RAY_REPLICA_TIMEOUT_S)),
-                      name="vidsight", route_prefix="/")
-            deployed["key"] = key
-        yield url, None
+        key = tuple(sorted((k, str(v)) for k, v in settings.items()))
+        if key not in deployed:
+            name = f"vidsight{len(deployed)}"
+            fields = {"model": str(tiny_model_dir), "model_name": "tiny", "device": "cpu",
+                      "allowed_local_media_path": media, "db": tmp_path_factory.mktemp("ray") / "serve.db",
+                      **settings}
+            serve.run(build_app(ServeConfig(**fields), RayConfig(replicas=2, replica_cpus=0,
+                                                                replica_timeout_s=RAY_REPLICA_TIMEOUT_S)),
+                      name=name, route_prefix=f"/{name}")
+            deployed[key] = f"{url}/{name}"
+        yield deployed[key], None
 
     return make
 

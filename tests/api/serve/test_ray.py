@@ -24,11 +24,12 @@ def wait_for(condition, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def kill_replica(replica_id: str) -> None:
+def kill_replica(url: str, replica_id: str) -> None:
     """Kill a replica's actor as a crash would (Ray Serve then starts a new replica)."""
     import ray
 
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::vidsight#Replica#{replica_id}", namespace="serve"), no_restart=True)
+    app = url.rsplit("/", 1)[1]   # the application's name is its route prefix
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::{app}#Replica#{replica_id}", namespace="serve"), no_restart=True)
 
 
 def test_streams_are_pinned_spread_and_survive_a_replica_death(make_ray_server, long_video, capsys, tiny_model_dir):
@@ -58,7 +59,7 @@ def test_streams_are_pinned_spread_and_survive_a_replica_death(make_ray_server, 
 
         victim = owners[watches[0]]
         before = [len(httpx.get(f"{url}/v1/watches/{w}/verdicts").json()["data"]) for w in watches]
-        kill_replica(victim)
+        kill_replica(url, victim)
         assert all(n < len(expected) for n in before)   # mid-watch
         wait_for(lambda: all(httpx.get(f"{url}/v1/watches/{w}").json()["state"] == "done" for w in watches),
                  timeout_s=240)

@@ -155,19 +155,20 @@ class Gateway:
 
     @GATEWAY.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def forward(self, request: Request, path: str):
+        path = f"/{path}"   # the app's own path, under whatever route prefix Ray Serve mounts it at
         body = bytearray()
         async for piece in request.stream():
             body += piece
             if len(body) > self.config.max_body_bytes:
                 return _refusal(413, f"the request body is over the {self.config.max_body_bytes}-byte cap")
-        route = await asyncio.to_thread(route_of, request.method, request.url.path, self.store, self.timeout_s)
+        route = await asyncio.to_thread(route_of, request.method, path, self.store, self.timeout_s)
         if "gone" in route:
             try:
                 check_api_key(self.config, request.headers.get("authorization", ""))
             except RequestError as exc:
                 return _refusal(exc.status, str(exc))
             return _refusal(410, route["gone"])
-        call = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
+        call = {"method": request.method, "path": path, "query_string": request.url.query.encode(),
                 "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()],
                 "body": bytes(body), "client": list(request.client) if request.client else None}
         if "fan_out" in route:
@@ -175,7 +176,7 @@ class Gateway:
         if "loads" in route:
             # New streams are placed one at a time, each on loads that count the one placed before.
             async with self._placing:
-                route = await asyncio.to_thread(route_of, request.method, request.url.path, self.store, self.timeout_s)
+                route = await asyncio.to_thread(route_of, request.method, path, self.store, self.timeout_s)
                 status, headers, content = await self._answer(call, route)
             return Response(content, status_code=status, headers=dict(headers))
         return await self._relay(call, route)
