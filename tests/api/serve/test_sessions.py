@@ -56,3 +56,17 @@ def test_bad_sessions_are_refused(make_server, payload, status, message):
         answer = httpx.post(f"{url}/v1/sessions", json=payload)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]["message"]
+
+
+def test_a_session_that_breaks_says_so(make_local_server, monkeypatch):
+    def broken(self, frames):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ChatSession, "push", broken)
+    with make_local_server() as (url, _):
+        session_id = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4"}).json()["id"]
+        deadline = time.monotonic() + 60
+        while (record := httpx.get(f"{url}/v1/sessions/{session_id}").json())["state"] == "reading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert record["state"] == "failed" and "RuntimeError: a bug" in record["error"]

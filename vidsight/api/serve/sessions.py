@@ -120,3 +120,6 @@ class SessionManager:
             if not session.stop.is_set():
                 log.warning("session %s: %s", session.id, exc)
                 session.state, session.error = FAILED, str(exc)
+        except Exception as exc:  # a bug, not bad input: the session says so instead of reading forever
+            log.exception("session %s failed", session.id)
+            session.state, session.error = FAILED, f"internal error: {type(exc).__name__}: {exc}"
