@@ -18,6 +18,7 @@ from vidsight.ingest.stream import SampledFrame
 from vidsight.ingest.types import CodecInfo
 from vidsight.kv.retrieval import make_policy
 from vidsight.kv.tiers import TierConfig
+from vidsight.models.base import VLMAdapter
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
 from vidsight.tasks.families import SAMPLE_FPS
 
@@ -34,7 +35,7 @@ def stream_frames(stream: ChatStream) -> list[SampledFrame]:
             for i, t in enumerate(stream.times_s)]
 
 
-def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], policy_name: str,
+def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledFrame], policy_name: str,
                   settings: dict, tiers: TierConfig | None = None) -> list[dict]:
     """One session over ``stream`` under one policy: each question asked at its time."""
     rows = []
@@ -57,7 +58,7 @@ def answer_stream(adapter, stream: ChatStream, frames: list[SampledFrame], polic
     return rows
 
 
-def run_chat_accuracy(adapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
+def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
                       policies: tuple[str, ...] = ("full", "recent", "rekv"), settings: dict[str, dict] | None = None,
                       progress: bool = False, tiers: TierConfig | None = None) -> dict:
     """Answer every question of ``streams`` chat-suite streams under each policy.

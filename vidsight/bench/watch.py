@@ -26,6 +26,7 @@ from vidsight.engine.stats import STAGES
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import WindowConfig
+from vidsight.models.base import VLMAdapter
 from vidsight.vision.motion import MotionPruneConfig
 
 # The anomaly suite's windows: 10 s at 2 fps, stride 20 %.
@@ -88,7 +89,7 @@ def _flop_counter(adapter):
     return flops
 
 
-def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
+def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
     """Watch every video under every configuration; the report described in the module docstring."""
     results, flops = {}, _flop_counter(adapter)
     for name, config in configs.items():
@@ -113,7 +114,7 @@ def run_watch(adapter, videos: list[dict], configs: dict[str, WatchConfig], prog
     return results
 
 
-def run_watch_bench(adapter, videos: list[dict], tau: float = 0.25, sweeps: bool = False, root: str | Path = "",
+def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, sweeps: bool = False, root: str | Path = "",
                     progress: bool = False) -> dict:
     """The four configurations, and optionally sweeps of stride, tau and GOP for pruning+refresh."""
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),

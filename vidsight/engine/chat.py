@@ -27,6 +27,7 @@ from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import KVCache, TokenTable
 from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
 from vidsight.kv.tiers import TierConfig, TieredKVCache
+from vidsight.models.base import VLMAdapter
 from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.
@@ -141,7 +142,7 @@ class ChatSession:
         >>> session.ask("What colour was the car that parked?").answer
     """
 
-    def __init__(self, adapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
+    def __init__(self, adapter: VLMAdapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
                  tiers: TierConfig | None = None):
         self.adapter, self.config = adapter, config
         self.policy = policy if policy is not None else FullPolicy()

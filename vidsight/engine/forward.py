@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
 from vidsight.kv.retrieval import KVPolicy, Selection, Step
+from vidsight.models.base import VLMAdapter
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
@@ -36,7 +37,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
 
 
 @torch.inference_mode()
-def forward(adapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
+def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
             hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
             ) -> torch.Tensor:
     """Run one chunk through every layer, appending its keys and values to ``cache``.

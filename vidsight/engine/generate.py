@@ -10,6 +10,7 @@ from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.kv import KVCache, TokenTable
 from vidsight.kv.retrieval import KVPolicy, Step
+from vidsight.models.base import VLMAdapter
 
 
 class TokenSampler:
@@ -31,7 +32,7 @@ class TokenSampler:
 
 
 @torch.inference_mode()
-def generate(adapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
+def generate(adapter: VLMAdapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
              step: Step | None = None) -> list[int]:
     """Decode from the prefill's last logits until an end token or ``max_new_tokens``.
@@ -74,7 +75,7 @@ class TextStream:
     `finish` hands over whatever was still held back.
     """
 
-    def __init__(self, adapter, on_text: Callable[[str], None]):
+    def __init__(self, adapter: VLMAdapter, on_text: Callable[[str], None]):
         self.adapter, self.on_text, self.shown = adapter, on_text, ""
 
     def __call__(self, ids: list[int], final: bool = False) -> None:

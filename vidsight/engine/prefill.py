@@ -21,6 +21,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
+from vidsight.models.base import VLMAdapter
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video, video_size
 
@@ -44,7 +45,7 @@ class VideoPlan:
     tokens_per_patch: int             # merged tokens per temporal patch
 
 
-def plan_video(adapter, frames: int, height: int, width: int) -> VideoPlan:
+def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
     spec = adapter.vision
     padded = -(-frames // spec.temporal_patch_size) * spec.temporal_patch_size
     size = video_size(spec, padded, height, width)
@@ -83,7 +84,7 @@ def patch_rows(first_patch: int, merged_hw: tuple[int, int], frame_index: torch.
     )
 
 
-def _question_queries(adapter, ids: torch.Tensor, positions: torch.Tensor, video_start: int, video_end: int
+def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.Tensor, video_start: int, video_end: int
                       ) -> list[torch.Tensor]:
     """Each layer's queries of the text after the video, run with the text before it only."""
     keep = torch.cat([torch.arange(video_start), torch.arange(video_end, len(ids))])
@@ -96,7 +97,7 @@ def _question_queries(adapter, ids: torch.Tensor, positions: torch.Tensor, video
     return recorder.queries
 
 
-def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
+def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
                   max_new_tokens: int, clock: StageClock, progress: bool = False,
                   cores: CoreSplit | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
@@ -120,7 +121,7 @@ def prefill_video(adapter, feed: FrameFeed, question: str, sampled_fps: float, c
                                cores)
 
 
-def _prefill_groups(adapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
+def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
                     max_new_tokens: int, clock: StageClock, progress: bool, cores: CoreSplit | None) -> Prefilled:
     spec, stats = adapter.vision, clock.stats
     # Frames the decoder already resized to the plan's size plan to that same size again.

@@ -12,6 +12,7 @@ from collections.abc import Generator
 from typing import Any, TypeVar
 
 import torch
+from vidsight.models.base import VLMAdapter
 
 T = TypeVar("T")
 Stepped = Generator["EncodeRequest", torch.Tensor, T]
@@ -26,11 +27,11 @@ class EncodeRequest:
     keep: torch.Tensor | None = None
 
     @torch.inference_mode()
-    def run(self, adapter) -> torch.Tensor:
+    def run(self, adapter: VLMAdapter) -> torch.Tensor:
         return adapter.encode_video(self.pixel_values, self.grid_thw, self.keep)
 
 
-def drive(steps: Stepped[T], adapter) -> T:
+def drive(steps: Stepped[T], adapter: VLMAdapter) -> T:
     """Run stepped work to its result, encoding each request as it comes."""
     try:
         request = next(steps)
@@ -41,7 +42,7 @@ def drive(steps: Stepped[T], adapter) -> T:
 
 
 @torch.inference_mode()
-def encode_together(adapter, requests: list[EncodeRequest]) -> list[Any]:
+def encode_together(adapter: VLMAdapter, requests: list[EncodeRequest]) -> list[Any]:
     """Every request's embeddings: the unpruned ones in one vision call (each attends within
     itself, so the result is each one's own), pruned ones alone (their kept patches differ)."""
     results: list[Any] = [None] * len(requests)

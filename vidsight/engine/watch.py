@@ -29,6 +29,7 @@ from vidsight.kv import KVCache, TokenTable
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, group_mask
+from vidsight.models.base import VLMAdapter
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
 # deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).
@@ -132,7 +133,7 @@ class Watcher:
         config: Windows, refresh mode and alert rule.
     """
 
-    def __init__(self, adapter, query: str, config: WatchConfig = WatchConfig()):
+    def __init__(self, adapter: VLMAdapter, query: str, config: WatchConfig = WatchConfig()):
         if not query.strip():
             raise ConfigError("the query is empty")
         tp = adapter.vision.temporal_patch_size
@@ -143,7 +144,7 @@ class Watcher:
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
         self.adapter, self.query, self.config = adapter, query, config
-        self.yes_id = adapter.tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
+        self.yes_id = adapter.text_ids("Yes")[0]
         self._previous: _Window | None = None
         self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
@@ -340,7 +341,7 @@ class Watcher:
         return torch.cat([torch.arange(starts[p], starts[p] + counts[p]) for p in anchor_patches])
 
 
-def _refresh(adapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
              config: WatchConfig) -> int:
     """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
     attending to every cached token before it. Returns how many tokens the last layer refreshed."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -66,15 +66,20 @@ class PromptLayout:
     video_tokens: int
 
 
+@runtime_checkable
 class VLMAdapter(Protocol):
-    """The primitives the engine runs a model through.
+    """The primitives the engine runs a model through: every engine, KV and server module takes
+    its model as a ``VLMAdapter`` and touches nothing else of it (`tests/models/test_protocol.py`
+    checks both the adapters and the callers).
 
     Attention itself, the KV cache and positions-per-chunk belong to the engine; the adapter
     exposes the model's own projections, norms and rotary tables so every chunk can be fed with
-    positions vidsight computed.
+    positions vidsight computed. Positions are ``(3, L)`` (temporal, height, width); a family with
+    1-D rotary positions reads the first row.
     """
 
     name: str
+    family: str
     vision: VisionSpec
     num_layers: int
     num_kv_heads: int
@@ -84,27 +89,41 @@ class VLMAdapter(Protocol):
     device: torch.device
     eos_token_ids: frozenset[int]
 
-    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout: ...
+    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
+        """The chat-templated prompt around one video span of ``video_tokens`` tokens."""
 
-    def decode_text(self, ids: list[int]) -> str: ...
+    def text_ids(self, text: str) -> list[int]:
+        """``text`` as token ids, without special tokens."""
+
+    def decode_text(self, ids: list[int]) -> str:
+        """Token ids as text, special tokens left out."""
 
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
-                     keep: torch.Tensor | None = None) -> torch.Tensor: ...
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``(tokens, hidden)`` language-model inputs of one video (only its ``keep`` patches)."""
 
-    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]: ...
+    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """Several videos in one vision call, each attending only within itself."""
 
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor: ...
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(L, hidden)`` embeddings of token ids."""
 
-    def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor: ...
+    def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
+        """``(3, tokens)`` rotary positions of a video span beginning at position ``start``."""
 
-    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` for ``(3, L)`` positions."""
 
     def rerotate_keys(self, keys: torch.Tensor, old_positions: torch.Tensor, new_positions: torch.Tensor
-                      ) -> torch.Tensor: ...
+                      ) -> torch.Tensor:
+        """Keys rotated at ``old_positions`` as if rotated at ``new_positions``."""
 
     def qkv(self, layer: int, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s rotated queries, keys and values of ``hidden``."""
 
-    def finish_layer(self, layer: int, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor: ...
+    def finish_layer(self, layer: int, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output projection, residual and MLP after attention."""
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of the last layer's hidden states."""

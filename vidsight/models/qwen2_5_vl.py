@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vidsight.errors import ModelError
-from vidsight.models.base import PromptLayout, VisionSpec
+from vidsight.models.base import PromptLayout, VisionSpec, VLMAdapter
 from vidsight.models.positions import video_grid_positions
 
 
@@ -20,7 +20,7 @@ def apply_rotary(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> 
     return x * cos + rotate_half(x) * sin
 
 
-class Qwen25VLAdapter:
+class Qwen25VLAdapter(VLMAdapter):
     """Engine primitives for a loaded ``Qwen2_5_VLForConditionalGeneration``.
 
     Args:
@@ -72,6 +72,9 @@ class Qwen25VLAdapter:
         start = int(slots[0])
         video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
         return PromptLayout(torch.cat([ids[:start], video, ids[start + 1 :]]), start, video_tokens)
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -9,6 +9,7 @@ import json
 import secrets
 import time
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,8 +24,11 @@ from vidsight.api.serve.state import Server
 from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.errors import ConfigError, VidsightError
 
+if TYPE_CHECKING:
+    from vidsight.models.base import VLMAdapter
 
-def create_app(config: ServeConfig, adapter=None, owner: str | None = None) -> FastAPI:
+
+def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: str | None = None) -> FastAPI:
     """The server's ASGI app; the model loads (unless ``adapter`` is given) when the app starts.
 
     ``owner`` names the server among several sharing one store (`Server`).

@@ -7,9 +7,13 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from typing import TYPE_CHECKING
 
 from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.errors import VidsightError
+
+if TYPE_CHECKING:
+    from vidsight.models.base import VLMAdapter
 
 log = logging.getLogger(__name__)
 READING, ENDED, FAILED, CLOSED = "reading", "ended", "failed", "closed"
@@ -39,7 +43,7 @@ class SessionManager:
             it and a dash, so a router finds the replica holding a session's KV from its id alone.
     """
 
-    def __init__(self, adapter, scheduler, serve_config, owner: str | None = None):
+    def __init__(self, adapter: VLMAdapter, scheduler, serve_config, owner: str | None = None):
         self.adapter, self.scheduler, self.serve_config = adapter, scheduler, serve_config
         self._prefix = f"{owner}-" if owner else ""
         self._sessions: dict[str, _Session] = {}

@@ -7,7 +7,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.media import RequestError
@@ -17,6 +17,9 @@ from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
 from vidsight.api.serve.watches import WatchManager
 from vidsight.engine.steps import encode_together
+
+if TYPE_CHECKING:
+    from vidsight.models.base import VLMAdapter
 
 
 class Server:
@@ -29,7 +32,7 @@ class Server:
             server resumes no watch by itself: the replicas' supervisor hands them out.
     """
 
-    def __init__(self, config: ServeConfig, adapter=None, owner: str | None = None):
+    def __init__(self, config: ServeConfig, adapter: VLMAdapter | None = None, owner: str | None = None):
         self.config, self.adapter, self.owner = config, adapter, owner
         self.metrics = Metrics(config.served_name)
         self.scheduler: Scheduler | None = None

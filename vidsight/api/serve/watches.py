@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -14,6 +15,9 @@ from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.api.serve.store import DONE, FAILED, RUNNING, STOPPED, Store
 from vidsight.api.watch import end_record, verdict_records, watch_config
 from vidsight.errors import VidsightError
+
+if TYPE_CHECKING:
+    from vidsight.models.base import VLMAdapter
 
 log = logging.getLogger(__name__)
 # Webhook deliveries: tries and the first back-off (doubling), as common webhook senders do.
@@ -35,7 +39,7 @@ class WatchManager:
             watch it no longer owns stops at its next window. None: the only server.
     """
 
-    def __init__(self, adapter, store: Store, scheduler, metrics, serve_config, owner: str | None = None):
+    def __init__(self, adapter: VLMAdapter, store: Store, scheduler, metrics, serve_config, owner: str | None = None):
         self.adapter, self.store, self.scheduler, self.metrics = adapter, store, scheduler, metrics
         self.serve_config, self.owner = serve_config, owner
         self._threads: dict[str, threading.Thread] = {}
