@@ -60,3 +60,10 @@ def test_rho_one_and_layers_below_start_keep_everything():
 def test_attention_score_needs_the_question():
     with pytest.raises(ConfigError, match="question"):
         GroupPruner(PruneConfig(rho=0.5, scorer="attention"))
+
+
+def test_every_named_scorer_has_a_score():
+    from vidsight.kv.config import SCORERS
+    from vidsight.kv.prune import SCORES
+
+    assert set(SCORES) == set(SCORERS)

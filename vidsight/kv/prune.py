@@ -55,14 +55,31 @@ class GroupPruner:
         return torch.sort(torch.cat([text, video[top]])).values
 
     def _score(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``(n,)`` importance of each video token from its ``(kv_heads, n, head_dim)`` keys and values."""
-        if self.config.scorer == KEY_NORM_SMALL:
-            return -k.float().norm(dim=-1).mean(0)
-        if self.config.scorer == VALUE_NORM:
-            return v.float().norm(dim=-1).mean(0)
-        queries = self.question_queries[layer][0].float()  # (heads, n_q, head_dim)
-        keys = k.float().repeat_interleave(queries.shape[0] // k.shape[0], dim=0)  # (heads, n, head_dim)
-        return (queries @ keys.transpose(1, 2)).mean(dim=(0, 1))
+        queries = self.question_queries[layer] if self.question_queries is not None else None
+        return SCORES[self.config.scorer](k, v, queries)
+
+
+def small_key_norm(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None) -> torch.Tensor:
+    """Key Norms (small), QuickVideo's default: keys with small norms draw attention."""
+    return -k.float().norm(dim=-1).mean(0)
+
+
+def value_norm(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None) -> torch.Tensor:
+    """Value Norms: large values move the output most."""
+    return v.float().norm(dim=-1).mean(0)
+
+
+def question_attention(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Attention Scores: the question's queries ``(1, heads, n_q, head_dim)`` against the keys."""
+    queries = queries[0].float()
+    keys = k.float().repeat_interleave(queries.shape[0] // k.shape[0], dim=0)  # (heads, n, head_dim)
+    return (queries @ keys.transpose(1, 2)).mean(dim=(0, 1))
+
+
+# Each score maps a group's ``(kv_heads, n, head_dim)`` video keys and values (and, for attention,
+# the question's queries) to ``(n,)`` importances; a new score is one function and one entry here
+# (its name in `config.SCORERS`, which the command line reads without torch).
+SCORES = {KEY_NORM_SMALL: small_key_norm, VALUE_NORM: value_norm, ATTENTION: question_attention}
 
 
 class QueryRecorder:
