@@ -178,3 +178,21 @@ def test_windows_of_several_watches_encoded_together_equal_each_judged_alone(tin
     for mine, theirs in zip(together, alone):
         for a, b in zip(mine, theirs):
             assert a.answer == b.answer and torch.allclose(a.logits, b.logits, atol=1e-5)
+
+
+def test_every_refresh_mode_has_a_policy():
+    from vidsight.engine.config import REFRESH_MODES
+    from vidsight.engine.refresh import refresh_policy
+
+    policies = {mode: refresh_policy(mode, 0.15) for mode in REFRESH_MODES}
+    assert [mode for mode, policy in policies.items() if not policy.reuses] == ["full-comp"]
+
+
+def test_anchor_refresh_picks_each_gops_first_frame_and_the_overlaps_first():
+    from vidsight.engine.refresh import Overlap, refresh_policy
+
+    # Three reused patches of two frames; a GOP starts at the overlap's fourth frame.
+    overlap = Overlap(patch_tokens=[3, 2, 3], gops=[0, 0, 0, 1, 1, 1], temporal_patch=2)
+    assert refresh_policy("anchors", 0.15).choose(overlap).tolist() == [0, 1, 2, 3, 4]
+    assert refresh_policy("all", 0.15).choose(overlap).tolist() == list(range(8))
+    assert refresh_policy("reuse", 0.15).choose(overlap).tolist() == []

@@ -20,6 +20,7 @@ import torch
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import attend, forward
 from vidsight.engine.prefill import plan_video, video_rows
+from vidsight.engine.refresh import Overlap, RefreshPolicy, refresh_policy
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.errors import ConfigError
@@ -138,12 +139,13 @@ class Watcher:
             raise ConfigError("the query is empty")
         tp = adapter.vision.temporal_patch_size
         windows = config.windows
-        if config.refresh != "full-comp" and windows.stride_frames % tp:
+        refresh = refresh_policy(config.refresh, config.deviation_ratio)
+        if refresh.reuses and windows.stride_frames % tp:
             raise ConfigError(f"KV reuse needs a stride of whole temporal patches ({tp} frames); a "
                               f"{windows.window_s:g} s window at {windows.fps:g} fps with stride "
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
-        self.adapter, self.query, self.config = adapter, query, config
+        self.adapter, self.query, self.config, self._refresh = adapter, query, config, refresh
         self.yes_id = adapter.text_ids("Yes")[0]
         self._previous: _Window | None = None
         self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
@@ -217,7 +219,7 @@ class Watcher:
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
         """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the
         cache the next window reuses."""
-        if rebuild and self.config.refresh != "full-comp":
+        if rebuild and self._refresh.reuses:
             self.judge(frames, number)
         elif self._masker is not None:
             self._keep(frames, plan_video(self.adapter, len(frames), *frames[0].rgb.shape[:2]).grid_thw)
@@ -282,7 +284,7 @@ class Watcher:
             hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
             logits = adapter.logits(hidden[0, -1])
         reused = done - video_start if patches else 0
-        if self.config.refresh != "full-comp":
+        if self._refresh.reuses:
             old = self._previous.video_embeds[self._previous.video_embeds.shape[0] - reused:] if reused else \
                 new_embeds[:0]
             self._previous = _Window(cache, window.samples, window.gops, torch.cat([old, new_embeds]), video_start,
@@ -319,30 +321,16 @@ class Watcher:
                 cache.write(layer, self.adapter.rerotate_keys(keys, old_positions, positions[:, :done]), values)
                 cache.keep(layer, done)
             cache.commit(rows[:done])
-            picked = self._refresh_choice(previous, patches, tp)
+            overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
+                              previous.gops[len(previous.gops) - patches * tp:], tp)
+            picked = self._refresh.choose(overlap)
             refreshed = _refresh(self.adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
-                                 positions[:, picked + video_start], self.config)
+                                 positions[:, picked + video_start], self._refresh)
         return done, refreshed
-
-    def _refresh_choice(self, previous: _Window, patches: int, tp: int) -> torch.Tensor:
-        """Offsets (within the reused tokens) to recompute under the new context."""
-        counts = previous.patch_tokens[len(previous.patch_tokens) - patches:]
-        starts = [sum(counts[:p]) for p in range(patches)]
-        count = sum(counts)
-        mode = self.config.refresh
-        if mode == "reuse":
-            return torch.empty(0, dtype=torch.long)
-        if mode in ("all", "deviation"):
-            return torch.arange(count)
-        # Anchors: the first sampled frame of each GOP in the overlap, and the overlap's first frame.
-        gops = previous.gops[len(previous.gops) - patches * tp:]
-        anchor_frames = [k for k in range(len(gops)) if k == 0 or gops[k] != gops[k - 1]]
-        anchor_patches = sorted({k // tp for k in anchor_frames})
-        return torch.cat([torch.arange(starts[p], starts[p] + counts[p]) for p in anchor_patches])
 
 
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-             config: WatchConfig) -> int:
+             policy: RefreshPolicy) -> int:
     """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
     attending to every cached token before it. Returns how many tokens the last layer refreshed."""
     if len(slots) == 0:
@@ -351,11 +339,8 @@ def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: t
     cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, (cos, sin))
-        if config.refresh == "deviation" and layer == 1:
-            # CacheBlend: after one layer under the new context, keep recomputing only the tokens
-            # whose values moved most from the reused ones.
-            drift = (v - cache.read(layer, slots)[1]).float().norm(dim=-1).mean(dim=(0, 1))
-            keep = torch.topk(drift, max(1, round(config.deviation_ratio * len(slots)))).indices.sort().values
+        if layer == policy.narrow_layer:
+            keep = policy.narrow(v, cache.read(layer, slots)[1])
             slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
                                                 q[:, :, keep], k[:, :, keep], v[:, :, keep])
         cache.overwrite(layer, slots, k, v)
