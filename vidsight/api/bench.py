@@ -19,6 +19,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     common = parents[0]
     bench = commands.add_parser("bench", parents=parents, help="benchmarks")
+    bench.set_defaults(run=run_bench)
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     accuracy = bench_commands.add_parser("accuracy", parents=[common], help="accuracy on a held-out generated suite")
     accuracy.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")

@@ -20,6 +20,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.engine.config import DEFAULT_MODEL
 
     chat = commands.add_parser("chat", parents=parents, help="ask questions at any moment about a stream seen so far")
+    chat.set_defaults(run=run_chat)
     chat.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
     chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")

@@ -16,6 +16,7 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     serve = commands.add_parser("serve", parents=parents,
                                 help="an HTTP server: OpenAI-compatible video chat completions, watches, metrics")
+    serve.set_defaults(run=run_serve)
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     serve.add_argument("--served-model-name", default=None, help="the model id clients name (default: --model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")

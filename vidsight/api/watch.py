@@ -13,6 +13,7 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     watch = commands.add_parser("watch", parents=parents,
                                 help="a standing Yes/No query over sliding windows of a file or stream")
+    watch.set_defaults(run=run_watch)
     watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
     watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
     watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")

@@ -1,0 +1,54 @@
+"""`vidsight ask`: a question about a video file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
+
+
+def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
+    from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
+    from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+
+    ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file")
+    ask.add_argument("video", help="video file")
+    ask.add_argument("question", help="the question, in quotes")
+    ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
+    ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
+    ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
+    ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
+    ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
+    ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
+    ask.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ask.add_argument("--meter-memory", action="store_true",
+                     help="record prefill's peak tensor memory on the CPU too (slower; always on with CUDA)")
+    add_prefill_options(ask)
+    add_feed_options(ask)
+    ask.set_defaults(run=run_ask)
+
+
+def run_ask(args) -> int:
+    from vidsight.engine import Asker, GenerationConfig
+    from vidsight.ingest import SamplingConfig
+
+    sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.seed)
+    result = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None).ask(args.video, args.question, sampling, generation,
+                                                       prefill_config(args), feed_config(args),
+                                                       progress=sys.stderr.isatty() and not args.json)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(result.answer)
+        s = result.stats
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
+        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({s.kept_visual_tokens} kept), "
+              f"{s.generated_tokens} generated; {stages}; wall {s.wall_s:.2f}s; "
+              f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,47 @@
+"""`vidsight train`: the small task model, trained on generated videos."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
+    from vidsight.train.config import TrainConfig
+
+    train = commands.add_parser("train", parents=parents, help="train the small task model on generated videos")
+    train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
+    train.add_argument("--steps", type=int, default=TrainConfig.steps)
+    train.add_argument("--seed", type=int, default=TrainConfig.seed)
+    train.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    train.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
+    train.add_argument("--warmup", type=int, default=TrainConfig.warmup, help="warm-up steps")
+    train.add_argument("--init", default=None, metavar="MODEL",
+                       help="fine-tune this checkpoint instead of starting from random weights")
+    train.add_argument("--offset-patches", type=int, default=TrainConfig.offset_patches, metavar="N",
+                       help="clips start up to N temporal patches into a stream (default: 0, at the start)")
+    train.add_argument("--chat-frames", type=int, nargs="*", default=list(TrainConfig.chat_frames), metavar="F",
+                       help="train on chat-suite streams of these lengths too (every other step)")
+    train.add_argument("--chat-questions", nargs="*", default=[], metavar="FAMILY",
+                       help="chat steps ask these families (colour, shape, order; repeat to weight; "
+                            "default: the streams' own questions)")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
+    train.set_defaults(run=run_train)
+
+
+def run_train(args) -> int:
+    from vidsight.train import TrainConfig, export_checkpoint, train
+
+    if args.export:
+        print(export_checkpoint(args.out, seed=args.seed))
+        return 0
+    config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
+                         warmup=args.warmup, init=args.init,
+                         offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
+                         chat_questions=tuple(args.chat_questions))
+    logging.getLogger("vidsight.train").setLevel(logging.INFO)
+    print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
+    return 0
