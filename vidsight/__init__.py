@@ -13,8 +13,8 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine": ("AskResult", "AskStats", "Asker", "ChatAnswer", "ChatConfig", "ChatSession", "FeedConfig",
-                        "GenerationConfig", "PrefillConfig", "PruneConfig", "WatchConfig", "Watcher", "WindowVerdict",
-                        "ask"),
+                        "GenerationConfig", "PrefillConfig", "PruneConfig", "WatchConfig", "Watcher", "WindowStats",
+                        "WindowVerdict", "ask"),
     "vidsight.errors": ("ConfigError", "ModelError", "VideoError", "VidsightError"),
     "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FrameBatch", "SamplingConfig", "SyntheticSpec", "VideoInfo",
                         "decode_frames", "decode_parallel", "make_video", "probe", "sample_frames"),

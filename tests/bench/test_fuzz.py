@@ -39,7 +39,8 @@ def test_the_same_seed_makes_the_same_damage(tmp_path):
 def test_a_traceback_and_a_hang_are_caught(fuzz_root, tiny_model_dir, monkeypatch):
     import time
 
-    import vidsight.api.cli as cli
+    import vidsight.api.ask_cli as ask_cli
+    import vidsight.api.tools_cli as tools_cli
 
     def crash(args):
         raise ZeroDivisionError("float division by zero")
@@ -48,8 +49,9 @@ def test_a_traceback_and_a_hang_are_caught(fuzz_root, tiny_model_dir, monkeypatc
         time.sleep(30)
         return 0
 
-    monkeypatch.setattr(cli, "_run_probe", crash)  # the forked children inherit the patch
-    monkeypatch.setattr(cli, "_run_ask", stall)
+    # The forked children inherit the patches; each parser names its command's function when built.
+    monkeypatch.setattr(tools_cli, "run_probe", crash)
+    monkeypatch.setattr(ask_cli, "run_ask", stall)
     outcomes = run_fuzz(2, seed=1, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=3)
     verdicts = {(o.command, o.verdict) for o in outcomes if o.case.kind in DAMAGE}
     assert verdicts <= {("probe", "traceback"), ("ask", "hang")} and verdicts

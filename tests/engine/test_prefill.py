@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
-from vidsight.engine.prefill import plan_video, video_rows
+from vidsight.engine.prompt import build_video_prompt, plan_video
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO
@@ -113,24 +113,33 @@ def test_plan_matches_whole_video_preprocessing(tiny_adapter, long_video):
     video = preprocess_video(batch.data, tiny_adapter.vision)
     plan = plan_video(tiny_adapter, len(batch), batch.data.shape[1], batch.data.shape[2])
     assert plan.grid_thw == tuple(video.grid_thw) and plan.size == video.resized_hw
-    # Frames resized by the decoder plan to the same size again (prefill plans from the frames it gets).
+    # Frames the decoder resized plan to the same size again.
     assert plan_video(tiny_adapter, len(batch), *plan.size) == plan
 
 
-def test_video_rows_record_frame_time_grid_and_position(tiny_adapter, make_test_video):
+def test_the_video_prompt_records_frame_time_grid_and_position(tiny_adapter, make_test_video):
     path, truth = make_test_video(width=320, height=240, duration_s=2.5, bframes=True)
     info = probe(path)
     feed = FrameFeed.decoded(decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info))
     plan = plan_video(tiny_adapter, len(feed), feed.height, feed.width)  # 5 frames: 3 temporal patches
-    positions = tiny_adapter.video_positions(plan.grid_thw, 1.0, start=7)
-    rows = video_rows(feed, plan, tiny_adapter.vision, positions)
+    prompt = build_video_prompt(tiny_adapter, QUESTION, plan, feed.indices, feed.pts_s, sampled_fps=2.0)
+    positions = tiny_adapter.video_positions(plan.grid_thw, 1.0, start=prompt.video_start)   # 2 frames at 2 fps
+    rows = prompt.rows[prompt.video_start:prompt.video_end]
     per_patch = plan.tokens_per_patch
     assert len(rows) == 3 * per_patch and bool((rows.kind == VIDEO).all())
+    assert bool((prompt.rows.kind != VIDEO).sum() == len(prompt.ids) - 3 * per_patch)
     expected_frames = feed.indices[[0, 2, 4]].repeat_interleave(per_patch)
     assert torch.equal(rows.frame_index, expected_frames)
     assert torch.allclose(rows.time_s, torch.tensor(truth["pts_s"], dtype=torch.float64)[expected_frames])
     assert rows.grid[:, 0].tolist() == [0] * per_patch + [1] * per_patch + [2] * per_patch
-    assert torch.equal(rows.position, positions.T)
+    assert torch.equal(rows.position, positions.T) and torch.equal(prompt.positions[:, prompt.video_start:
+                                                                                    prompt.video_end], positions)
+    # Motion pruning: the kept tokens keep their rows and their positions in the full grid.
+    keep = torch.arange(3 * per_patch) % 3 == 0
+    pruned = build_video_prompt(tiny_adapter, QUESTION, plan, feed.indices, feed.pts_s, 2.0, keep)
+    assert pruned.video_tokens == int(keep.sum()) and len(pruned.ids) == len(prompt.ids) - int((~keep).sum())
+    kept_rows = pruned.rows[pruned.video_start:pruned.video_end]
+    assert torch.equal(kept_rows.position, positions.T[keep]) and torch.equal(kept_rows.grid, rows.grid[keep])
 
 
 @pytest.mark.parametrize("bad", [dict(workers=-1), dict(workers=0, overlap=True)])

@@ -83,7 +83,7 @@ def test_watch_config_rejects_bad_values(bad):
 def test_motion_pruning_drops_static_patches_and_keeps_the_moving_square(tiny_adapter, make_test_video):
     import math
 
-    from vidsight.engine.prefill import plan_video
+    from vidsight.engine.prompt import plan_video
     from vidsight.vision.motion import MotionPruneConfig
 
     path, truth = make_test_video(width=320, height=240, duration_s=8.0, fps=10, gop=40, bframes=False, seed=8,

@@ -67,3 +67,21 @@ def test_every_named_scorer_has_a_score():
     from vidsight.kv.prune import SCORES
 
     assert set(SCORES) == set(SCORERS)
+
+
+def test_attention_received_keeps_the_keys_the_group_attends_to():
+    from vidsight.kv.prune import attention_received
+
+    torch.manual_seed(0)
+    q, k = torch.randn(4, 6, 8), torch.randn(2, 6, 8)
+    k[:, 3] = q[:, 3:].mean(dim=1).reshape(2, 2, 8).mean(dim=1) * 8   # what the later queries look for
+    table = rows([VIDEO] * 6)
+    kept = GroupPruner(PruneConfig(rho=1 / 6, scorer="attention-received")).after_attention(0, q[None], k[None],
+                                                                                          k[None], table)
+    assert kept.tolist() == [3]
+    # Against the definition: softmax over the keys each query sees, averaged over heads and seers.
+    keys = k.repeat_interleave(2, dim=0)
+    logits = (q @ keys.transpose(1, 2)) / 8**0.5
+    probs = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    expected = probs.sum(dim=(0, 1)) / (4 * torch.arange(6, 0, -1))
+    torch.testing.assert_close(attention_received(q, k, k, None, rows_per_block=4), expected)

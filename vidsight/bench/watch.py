@@ -22,7 +22,7 @@ from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
 from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS
-from vidsight.engine.stats import STAGES
+from vidsight.engine.stats import WINDOW_STAGES
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import WindowConfig
@@ -34,7 +34,6 @@ SUITE_WINDOWS = WindowConfig(window_s=WINDOW_FRAMES / SAMPLE_FPS, stride_fractio
                              fps=SAMPLE_FPS)
 DEFAULT_GOP = 32  # 8 s at the suite's 4 fps: a surveillance-style long GOP
 # A verdict reads the first answer token's logits: nothing is generated.
-WINDOW_STAGES = tuple(stage for stage in STAGES if stage != "generate")
 
 
 def configurations(tau: float = 0.25) -> dict[str, WatchConfig]:

@@ -6,7 +6,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.ask": ("AskResult", "Asker", "ask"),
     "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
     "vidsight.engine.config": ("DEFAULT_MODEL", "FeedConfig", "GenerationConfig", "PrefillConfig"),
-    "vidsight.engine.stats": ("AskStats",),
+    "vidsight.engine.stats": ("AskStats", "WindowStats"),
     "vidsight.engine.watch": ("WatchConfig", "Watcher", "WindowVerdict"),
     "vidsight.kv.config": ("PruneConfig",),
 })

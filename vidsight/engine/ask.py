@@ -14,7 +14,8 @@ from tqdm import tqdm
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, PrefillConfig
 from vidsight.engine.generate import TextStream, generate
-from vidsight.engine.prefill import Prefilled, plan_video, prefill_video
+from vidsight.engine.prefill import Prefilled, prefill_video
+from vidsight.engine.prompt import plan_video
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
@@ -153,9 +154,9 @@ class Asker:
             workers = cpus
         decoders = cpus if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
+        plan = plan_video(self.adapter, len(indices), info.height, info.width)
         if feed_config.resize_in_decoder:
-            size = plan_video(self.adapter, len(indices), info.height, info.width).size
-            decoding = dataclasses.replace(decoding, size=size, resize=resize_frames)
+            decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)
         cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
         with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
             def on_frame(n):
@@ -172,7 +173,7 @@ class Asker:
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
-                                      max_new_tokens, clock, progress, cores)
+                                      max_new_tokens, clock, progress, cores, plan)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

@@ -21,7 +21,7 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.engine.generate import TextStream, generate
-from vidsight.engine.prefill import patch_rows
+from vidsight.engine.prompt import patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import KVCache, TokenTable

@@ -95,15 +95,3 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
             rotary = tuple(part[:, device_kept] for part in rotary)
     cache.commit(rows)
     return hidden
-
-
-def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
-    """Split a prompt into prefill groups at video-token boundaries.
-
-    The text before the video rides with the first chunk and the text after it with the last.
-    """
-    if tokens_per_chunk <= 0 or video_tokens <= tokens_per_chunk:
-        return [(0, prompt_len)]
-    cuts = list(range(video_start + tokens_per_chunk, video_start + video_tokens, tokens_per_chunk))
-    edges = [0, *cuts, prompt_len]
-    return list(zip(edges[:-1], edges[1:]))

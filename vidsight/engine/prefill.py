@@ -15,15 +15,15 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import PrefillConfig
-from vidsight.engine.forward import chunk_bounds, forward
+from vidsight.engine.forward import forward
+from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
 from vidsight.engine.stats import StageClock
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
 from vidsight.models.base import VLMAdapter
-from vidsight.models.positions import prompt_positions
-from vidsight.vision import preprocess_video, video_size
+from vidsight.vision import preprocess_video
 
 
 @dataclasses.dataclass
@@ -33,55 +33,6 @@ class Prefilled:
     cache: KVCache
     logits: torch.Tensor   # (vocab,) of the first answer token
     next_position: int
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoPlan:
-    """The shape of a video prompt, fixed before any frame is decoded."""
-
-    frames: int                       # sampled frames (before padding to whole temporal patches)
-    size: tuple[int, int]             # resized (height, width)
-    grid_thw: tuple[int, int, int]    # temporal patches, patch rows, patch columns
-    tokens_per_patch: int             # merged tokens per temporal patch
-
-
-def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
-    spec = adapter.vision
-    padded = -(-frames // spec.temporal_patch_size) * spec.temporal_patch_size
-    size = video_size(spec, padded, height, width)
-    grid = (padded // spec.temporal_patch_size, size[0] // spec.patch_size, size[1] // spec.patch_size)
-    return VideoPlan(frames, size, grid, grid[1] * grid[2] // spec.merge_size ** 2)
-
-
-def video_rows(feed: FrameFeed, plan: VideoPlan, spec, positions: torch.Tensor) -> TokenTable:
-    """Token-table rows for the video span: frame, time and grid cell of every token."""
-    first_frame = torch.clamp(torch.arange(plan.grid_thw[0]) * spec.temporal_patch_size, max=len(feed) - 1)
-    merged = (plan.grid_thw[1] // spec.merge_size, plan.grid_thw[2] // spec.merge_size)
-    return patch_rows(0, merged, feed.indices[first_frame], feed.pts_s[first_frame], positions)
-
-
-def patch_rows(first_patch: int, merged_hw: tuple[int, int], frame_index: torch.Tensor, time_s: torch.Tensor,
-               positions: torch.Tensor) -> TokenTable:
-    """Token-table rows for consecutive temporal patches, from ``first_patch`` on.
-
-    Args:
-        first_patch: Temporal grid index of the first patch.
-        merged_hw: Token rows and columns per patch (after the spatial merge).
-        frame_index: ``(patches,)`` stream index of each patch's first frame.
-        time_s: ``(patches,)`` its presentation time.
-        positions: ``(3, tokens)`` positions the tokens' keys are rotated with.
-    """
-    patches = torch.arange(first_patch, first_patch + len(frame_index))
-    grid = torch.stack(torch.meshgrid(patches, torch.arange(merged_hw[0]), torch.arange(merged_hw[1]),
-                                      indexing="ij"), -1).reshape(-1, 3)
-    patch = grid[:, 0] - first_patch
-    return TokenTable(
-        kind=torch.full((grid.shape[0],), VIDEO, dtype=torch.int8),
-        frame_index=frame_index[patch].long(),
-        time_s=time_s[patch].double(),
-        grid=grid,
-        position=positions.T.cpu().long(),
-    )
 
 
 def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.Tensor, video_start: int, video_end: int
@@ -99,7 +50,7 @@ def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.T
 
 def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
                   max_new_tokens: int, clock: StageClock, progress: bool = False,
-                  cores: CoreSplit | None = None) -> Prefilled:
+                  cores: CoreSplit | None = None, plan: VideoPlan | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
 
     Args:
@@ -112,31 +63,27 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
         clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
         progress: Show a progress bar over groups.
         cores: Told before each group's vision and prefill stages whether ``feed`` is still decoding.
+        plan: The video's shape, when the caller planned it already (e.g. to resize in the decoder).
     """
     if config.prune.start_layer >= adapter.num_layers:
         raise ConfigError(f"prune start layer {config.prune.start_layer} is past the model's last layer "
                           f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
     with clock.memory():
-        return _prefill_groups(adapter, feed, question, sampled_fps, config, max_new_tokens, clock, progress,
+        plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
+        return _prefill_groups(adapter, feed, plan, question, sampled_fps, config, max_new_tokens, clock, progress,
                                cores)
 
 
-def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                    max_new_tokens: int, clock: StageClock, progress: bool, cores: CoreSplit | None) -> Prefilled:
+def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, question: str, sampled_fps: float,
+                    config: PrefillConfig, max_new_tokens: int, clock: StageClock, progress: bool,
+                    cores: CoreSplit | None) -> Prefilled:
     spec, stats = adapter.vision, clock.stats
-    # Frames the decoder already resized to the plan's size plan to that same size again.
-    plan = plan_video(adapter, len(feed), feed.height, feed.width)
-    layout = adapter.build_prompt(question, plan.grid_thw[0] * plan.tokens_per_patch)
-    ids, video_start = layout.input_ids, layout.video_start
-    video_end = video_start + layout.video_tokens
-    # The model's temporal positions count seconds between sampled frames.
-    vpos = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / sampled_fps, video_start)
-    positions, next_position = prompt_positions(len(ids), video_start, vpos)
-    rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video_rows(feed, plan, spec, vpos),
-                              TokenTable.text(positions[:, video_end:])])
+    prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
+    ids, video_start, video_end, positions, rows = (prompt.ids, prompt.video_start, prompt.video_end,
+                                                    prompt.positions, prompt.rows)
 
     patches_per_group = -(-config.group_frames // spec.temporal_patch_size) if config.group_frames else plan.grid_thw[0]
-    chunks = chunk_bounds(len(ids), video_start, layout.video_tokens, patches_per_group * plan.tokens_per_patch)
+    chunks = chunk_bounds(len(ids), video_start, prompt.video_tokens, patches_per_group * plan.tokens_per_patch)
     frames_per_group = patches_per_group * spec.temporal_patch_size
     pruner = last_pruner = None  # last_pruner: the hook of the group carrying the question
     if config.prune.active:
@@ -177,10 +124,22 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled
         stats.last_group_s = took
     with clock.stage("prefill"), torch.inference_mode():
         logits = adapter.logits(hidden[0, -1])
-    stats.visual_tokens, stats.prompt_tokens = layout.video_tokens, len(ids)
+    stats.visual_tokens, stats.prompt_tokens = prompt.video_tokens, len(ids)
     stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum())
     stats.groups = len(chunks)
-    return Prefilled(cache, logits, next_position)
+    return Prefilled(cache, logits, prompt.next_position)
+
+
+def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt into prefill groups at video-token boundaries.
+
+    The text before the video rides with the first chunk and the text after it with the last.
+    """
+    if tokens_per_chunk <= 0 or video_tokens <= tokens_per_chunk:
+        return [(0, prompt_len)]
+    cuts = list(range(video_start + tokens_per_chunk, video_start + video_tokens, tokens_per_chunk))
+    edges = [0, *cuts, prompt_len]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _split(cores: CoreSplit | None, feed: FrameFeed) -> None:

@@ -13,6 +13,20 @@ import torch
 from vidsight.engine.memory import TensorMemoryMeter
 
 STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
+# A watch window's stages: its first token is its verdict, so nothing is generated.
+WINDOW_STAGES = STAGES[:-1]
+
+
+@dataclasses.dataclass
+class WindowStats:
+    """Where one watch window's time went.
+
+    Attributes:
+        stages_s: Seconds per stage: decode (waiting for the window's new frames), preprocess,
+            vision, prefill.
+    """
+
+    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(WINDOW_STAGES, 0.0))
 
 
 @dataclasses.dataclass
@@ -75,7 +89,7 @@ class StageClock:
     With ``meter_memory``, `memory` blocks also record their peak tensor memory.
     """
 
-    def __init__(self, stats: AskStats, device: torch.device, meter_memory: bool = False):
+    def __init__(self, stats: AskStats | WindowStats, device: torch.device, meter_memory: bool = False):
         self.stats = stats
         self.device = device
         self.meter_memory = meter_memory

@@ -19,15 +19,13 @@ import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import attend, forward
-from vidsight.engine.prefill import plan_video, video_rows
+from vidsight.engine.prompt import build_video_prompt, plan_video
 from vidsight.engine.refresh import Overlap, RefreshPolicy, refresh_policy
-from vidsight.engine.stats import AskStats, StageClock
+from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.errors import ConfigError
-from vidsight.ingest.feed import FrameFeed
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
 from vidsight.kv import KVCache, TokenTable
-from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, group_mask
 from vidsight.models.base import VLMAdapter
@@ -201,7 +199,7 @@ class Watcher:
     def judging(self, frames: list[SampledFrame], number: int = 0) -> Stepped[WindowVerdict]:
         """`judge` as stepped work: it yields the encoding of the window's new frames (`steps`)."""
         self.latest = frames[-1]
-        clock = StageClock(AskStats(), self.adapter.device)
+        clock = StageClock(WindowStats(), self.adapter.device)
         window = self._begin(frames, clock)
         with clock.stage("vision"):   # with other windows' frames too when a scheduler encodes them together
             new_embeds = yield window.encode
@@ -242,22 +240,15 @@ class Watcher:
     def _begin(self, frames: list[SampledFrame], clock: StageClock) -> "_Pending":
         """Everything before the vision encoder: the plan, pruning masks, the reused KV, pixels."""
         adapter, spec = self.adapter, self.adapter.vision
-        feed = FrameFeed.decoded(as_batch(frames))
-        plan = plan_video(adapter, len(feed), feed.height, feed.width)
+        batch = as_batch(frames)
+        plan = plan_video(adapter, len(frames), *batch.data.shape[1:3])
         with clock.stage("preprocess"):
             keep = self._keep(frames, plan.grid_thw)
-        kept = keep.reshape(-1) if keep is not None else torch.ones(plan.grid_thw[0] * plan.tokens_per_patch,
-                                                                    dtype=torch.bool)
+        prompt = build_video_prompt(adapter, self.query, plan, batch.indices, batch.pts_s, self.config.windows.fps,
+                                    keep.reshape(-1) if keep is not None else None)
+        ids, positions, rows, video_start = prompt.ids, prompt.positions, prompt.rows, prompt.video_start
+        kept = keep.reshape(-1) if keep is not None else torch.ones(plan.video_tokens, dtype=torch.bool)
         patch_tokens = kept.view(plan.grid_thw[0], -1).sum(dim=1).tolist()
-        layout = adapter.build_prompt(self.query, int(kept.sum()))
-        ids, video_start, n_video = layout.input_ids, layout.video_start, layout.video_tokens
-        # Kept tokens keep their true positions in the full grid.
-        grid_positions = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / self.config.windows.fps,
-                                                 video_start)
-        positions, _ = prompt_positions(len(ids), video_start, grid_positions[:, kept])
-        video = video_rows(feed, plan, spec, grid_positions)[kept]
-        rows = TokenTable.concat([TokenTable.text(positions[:, :video_start]), video,
-                                  TokenTable.text(positions[:, video_start + n_video:])])
         cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                         adapter.device)
         samples = [f.index for f in frames]
@@ -267,10 +258,10 @@ class Watcher:
             done, refreshed = self._reuse(cache, patches, positions, rows, video_start, clock)
         first_new = patches * spec.temporal_patch_size
         with clock.stage("preprocess"):
-            pixels = preprocess_video(feed.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
+            pixels = preprocess_video(batch.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
         encode = EncodeRequest(pixels.pixel_values, pixels.grid_thw, keep[patches:] if keep is not None else None)
-        return _Pending(encode, cache, ids, positions, rows, video_start, n_video, done, refreshed, patches, samples,
-                        [f.codec.gop_index for f in frames], patch_tokens, plan.grid_thw[0] * plan.tokens_per_patch)
+        return _Pending(encode, cache, ids, positions, rows, video_start, prompt.video_tokens, done, refreshed, patches,
+                        samples, [f.codec.gop_index for f in frames], patch_tokens, plan.video_tokens)
 
     @torch.inference_mode()
     def _finish(self, window: "_Pending", new_embeds: torch.Tensor, clock: StageClock):

@@ -8,7 +8,8 @@ import math
 from vidsight.errors import ConfigError
 
 KEY_NORM_SMALL, VALUE_NORM, ATTENTION = "key-norm-small", "value-norm", "attention"
-SCORERS = (KEY_NORM_SMALL, VALUE_NORM, ATTENTION)
+ATTENTION_RECEIVED = "attention-received"
+SCORERS = (KEY_NORM_SMALL, VALUE_NORM, ATTENTION, ATTENTION_RECEIVED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,10 @@ class PruneConfig:
 
     Attributes:
         rho: Retention ratio in (0, 1]; 1 keeps everything (exact).
-        scorer: ``key-norm-small`` (QuickVideo's default), ``value-norm`` or ``attention``.
+        scorer: ``key-norm-small`` (QuickVideo's default), ``value-norm``, ``attention`` (the
+            question's queries, from a pass over the text alone, against the group's keys) or
+            ``attention-received`` (the attention each key receives from the group's own queries
+            in the real pass, as H2O's heavy hitters; no question needed).
         start_layer: Layers below this keep all their KV.
         skip_pruned: Choose the kept tokens once, at ``start_layer``, and let the others skip the
             layers above it, so pruning saves their compute as well as their KV (the layers above

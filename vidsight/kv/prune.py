@@ -13,7 +13,7 @@ import torch
 
 from vidsight.errors import ConfigError
 from vidsight.kv.cache import VIDEO, TokenTable
-from vidsight.kv.config import ATTENTION, KEY_NORM_SMALL, VALUE_NORM, PruneConfig
+from vidsight.kv.config import ATTENTION, ATTENTION_RECEIVED, KEY_NORM_SMALL, VALUE_NORM, PruneConfig
 
 
 class LayerHook(Protocol):
@@ -49,37 +49,55 @@ class GroupPruner:
         chosen_below = self.skip_pruned and layer > self.config.start_layer
         if not self.config.active or layer < self.config.start_layer or chosen_below or len(video) == 0:
             return None
-        scores = self._score(layer, k[0, :, video], v[0, :, video])
+        own = q[0, :, video] if q is not None else None
+        scores = self._score(layer, own, k[0, :, video], v[0, :, video])
         top = torch.topk(scores.float(), self.config.kept(len(video))).indices.cpu()
         text = torch.nonzero(rows.kind != VIDEO).flatten()
         return torch.sort(torch.cat([text, video[top]])).values
 
-    def _score(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        queries = self.question_queries[layer] if self.question_queries is not None else None
-        return SCORES[self.config.scorer](k, v, queries)
+    def _score(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        question = self.question_queries[layer] if self.question_queries is not None else None
+        return SCORES[self.config.scorer](q, k, v, question)
 
 
-def small_key_norm(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None) -> torch.Tensor:
+def small_key_norm(q, k, v, question) -> torch.Tensor:
     """Key Norms (small), QuickVideo's default: keys with small norms draw attention."""
     return -k.float().norm(dim=-1).mean(0)
 
 
-def value_norm(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None) -> torch.Tensor:
+def value_norm(q, k, v, question) -> torch.Tensor:
     """Value Norms: large values move the output most."""
     return v.float().norm(dim=-1).mean(0)
 
 
-def question_attention(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+def question_attention(q, k, v, question: torch.Tensor) -> torch.Tensor:
     """Attention Scores: the question's queries ``(1, heads, n_q, head_dim)`` against the keys."""
-    queries = queries[0].float()
-    keys = k.float().repeat_interleave(queries.shape[0] // k.shape[0], dim=0)  # (heads, n, head_dim)
-    return (queries @ keys.transpose(1, 2)).mean(dim=(0, 1))
+    question = question[0].float()
+    keys = k.float().repeat_interleave(question.shape[0] // k.shape[0], dim=0)  # (heads, n, head_dim)
+    return (question @ keys.transpose(1, 2)).mean(dim=(0, 1))
 
 
-# Each score maps a group's ``(kv_heads, n, head_dim)`` video keys and values (and, for attention,
-# the question's queries) to ``(n,)`` importances; a new score is one function and one entry here
-# (its name in `config.SCORERS`, which the command line reads without torch).
-SCORES = {KEY_NORM_SMALL: small_key_norm, VALUE_NORM: value_norm, ATTENTION: question_attention}
+def attention_received(q, k, v, question, rows_per_block: int = 512) -> torch.Tensor:
+    """The attention each video key receives from the group's video queries in the real pass,
+    averaged over the heads and the queries that see it (causal; normalised within the group)."""
+    heads, n, dim = q.shape
+    keys = k.float().repeat_interleave(heads // k.shape[0], dim=0)  # (heads, n, head_dim)
+    received = torch.zeros(n, device=q.device)
+    for lo in range(0, n, rows_per_block):
+        hi = min(n, lo + rows_per_block)
+        logits = q[:, lo:hi].float() @ keys.transpose(1, 2) * dim**-0.5  # (heads, rows, n)
+        later = torch.arange(n, device=q.device)[None, :] > torch.arange(lo, hi, device=q.device)[:, None]
+        received += logits.masked_fill(later, float("-inf")).softmax(dim=-1).sum(dim=(0, 1))
+    seen_by = heads * torch.arange(n, 0, -1, device=q.device)
+    return received / seen_by
+
+
+# Each score maps a group's video tokens' ``(heads, n, head_dim)`` queries and ``(kv_heads, n,
+# head_dim)`` keys and values (and, for ``attention``, the question's queries) to ``(n,)``
+# importances; a new score is one function and one entry here (its name in `config.SCORERS`,
+# which the command line reads without torch).
+SCORES = {KEY_NORM_SMALL: small_key_norm, VALUE_NORM: value_norm, ATTENTION: question_attention,
+          ATTENTION_RECEIVED: attention_received}
 
 
 class QueryRecorder:
