@@ -3,6 +3,7 @@
 import errno
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -121,13 +122,15 @@ def test_a_block_is_readable_while_its_disk_write_is_in_flight(tmp_path, monkeyp
     cache = TieredKVCache(1, 2, 8, torch.float32, torch.device("cpu"),
                           TierConfig(device_tokens=3, host_tokens=1, disk_dir=tmp_path))
     chunks = [torch.randn(1, 2, 3, 8) for _ in range(3)]
-    _write_chunks(cache, chunks)
+    started = time.monotonic()
+    _write_chunks(cache, chunks)   # each chunk attends to the blocks whose writes hang
     assert cache.tokens_by_tier()["disk"] == 6 and not list(cache.directory.iterdir())  # written later
     keys, _ = cache.read(0)  # waits for nothing it does not need: the host copies serve
     assert torch.equal(keys, torch.cat(chunks, dim=2))
+    assert time.monotonic() - started < 5 and not release.is_set()   # no write was waited for
     release.set()
     cache.close()
-    assert not os.listdir(tmp_path)
+    assert not os.listdir(tmp_path)   # the files of blocks that went up before their writes ended are gone
 
 
 def test_a_full_disk_evicts_the_oldest_blocks_counted_with_one_warning(tmp_path, monkeypatch, caplog):

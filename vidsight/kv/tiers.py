@@ -107,6 +107,7 @@ class TieredKVCache:
         # Kept as blocks move rather than summed over every block: a stream holds thousands.
         self._tier_tokens = {DEVICE: 0, HOST: 0, DISK: 0}
         self._in_flight = 0
+        self._abandoned: list[tuple[Transfer, Path]] = []   # writes of blocks that went up first
         # Per layer, the index in `blocks` of the block holding each slot (-1: evicted); None: stale.
         self._owners: list[torch.Tensor | None] = [None] * num_layers
         self.evicted_tokens = 0
@@ -264,6 +265,7 @@ class TieredKVCache:
     def close(self) -> None:
         """Finish the writes in flight and remove the session's disk directory (unless kept)."""
         self.copies.close()
+        self._reap(wait=True)
         if self.directory is not None and not self.config.keep_files:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -289,7 +291,13 @@ class TieredKVCache:
         block.last_used = self._clock
         if block.tier == DEVICE:
             return block.data
-        self._settle(block)
+        transfer = block.transfer
+        if transfer is not None and not transfer.reads and block.data is not None:
+            # Still being written to disk: its host copy serves, and the file will not be needed.
+            self._abandoned.append((transfer, block.path))
+            block.transfer, block.path = None, None
+        else:
+            self._settle(block)
         if block.data is None:
             data = self.copies.load(block.path, self.dtype, (2, self.shape[0], block.length, self.shape[1]))
         else:
@@ -411,6 +419,18 @@ class TieredKVCache:
         for block in [b for layer in self.blocks for b in layer if b.transfer is not None]:
             if (wait or (block.transfer.done() and not block.transfer.reads)) and not self._settle(block):
                 self._evict(block)
+        still = []
+        for transfer, path in self._abandoned:
+            if wait or transfer.done():
+                self._in_flight -= 1
+                try:
+                    transfer.wait()
+                except OSError:
+                    pass   # the write failed; nobody needs its file
+                path.unlink(missing_ok=True)
+            else:
+                still.append((transfer, path))
+        self._abandoned = still
 
     def _evict(self, block: _Block) -> None:
         self.evicted_tokens += block.length
