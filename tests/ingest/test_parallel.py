@@ -39,6 +39,7 @@ def test_parallel_frames_equal_sequential(make_test_video, name, fps, strategy):
     assert_same(sequential, parallel, with_codec_info)
 
 
+@pytest.mark.slow   # a process pool per case: seconds each
 @pytest.mark.parametrize("name", list(VIDEOS))
 @pytest.mark.parametrize("trim_gops", [False, True])
 def test_decoding_processes_give_the_sequential_frames(make_test_video, name, trim_gops, monkeypatch):
@@ -66,6 +67,7 @@ def test_decoding_processes_give_the_sequential_frames(make_test_video, name, tr
         shared_memory.SharedMemory(created[0])
 
 
+@pytest.mark.slow
 def test_decoding_processes_lose_the_same_frames_as_threads_in_a_damaged_file(make_test_video, tmp_path):
     good, _ = make_test_video(duration_s=4.0, bframes=True)
     data = bytearray(good.read_bytes())
@@ -194,7 +196,7 @@ def test_bad_settings_are_refused(make_test_video):
         decode_parallel(path, strategy="fastest")
 
 
-@pytest.mark.parametrize("backend", [None, "threads", "processes"])
+@pytest.mark.parametrize("backend", [None, "threads", pytest.param("processes", marks=pytest.mark.slow)])
 def test_resizing_in_the_decoder_equals_resizing_the_decoded_frames(make_test_video, backend):
     from vidsight.vision import resize_frames  # the model's resize, as `ask` passes it
 

@@ -21,6 +21,7 @@ def write_part(path, spec, first, last):
     write_video(path, (render_frame(spec, bg, track[k]) for k in range(first, last)), times, spec.fps, gop=8)
 
 
+@pytest.mark.slow   # waits in real time for the file to grow
 def test_a_followed_file_is_read_as_it_grows(tmp_path):
     spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=4.0, gop=8)
     write_part(tmp_path / "a.ts", spec, 0, 16)
@@ -49,6 +50,7 @@ def two_parts(tmp_path):
     return (tmp_path / "a.ts").read_bytes(), (tmp_path / "b.ts").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_followed_file_may_start_empty(tmp_path):
     a, b = two_parts(tmp_path)
     growing = tmp_path / "live.ts"
