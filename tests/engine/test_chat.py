@@ -6,6 +6,7 @@ import torch
 from vidsight.engine import GenerationConfig, PrefillConfig
 from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.engine.prefill import prefill_video
+from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.generate import generate
 from vidsight.errors import ConfigError
@@ -43,7 +44,7 @@ def reference(adapter, batch: FrameBatch, count: int, question: str):
     """`ask` at full compute on the first ``count`` frames: first-token logits and greedy answer."""
     frames = FrameBatch(batch.data[:count], batch.pts_s[:count], batch.indices[:count])
     clock = StageClock(AskStats(), adapter.device)
-    state = prefill_video(adapter, FrameFeed.decoded(frames), question, FPS, PrefillConfig(), NEW_TOKENS, clock)
+    state = prefill_video(adapter, FrameFeed.decoded(frames), question, FPS, PrefillConfig(), NEW_TOKENS, Request(clock))
     ids = generate(adapter, state.cache, state.logits, state.next_position, GenerationConfig(max_new_tokens=NEW_TOKENS))
     return state.logits, ids
 

@@ -7,6 +7,7 @@ import torch
 
 from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
 from vidsight.engine.prompt import build_video_prompt, plan_video
+from vidsight.engine.request import Request
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO
@@ -52,7 +53,7 @@ def test_pruned_layers_keep_rho_of_each_group_at_their_true_positions(tiny_adapt
 
     def run(prefill):
         clock = StageClock(AskStats(), tiny_adapter.device)
-        return prefill_video(tiny_adapter, FrameFeed.decoded(batch), QUESTION, 2.0, prefill, 1, clock), clock.stats
+        return prefill_video(tiny_adapter, FrameFeed.decoded(batch), QUESTION, 2.0, prefill, 1, Request(clock)), clock.stats
 
     full, full_stats = run(PrefillConfig(group_frames=4))
     pruned, stats = run(PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.3, start_layer=1)))

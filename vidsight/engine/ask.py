@@ -16,6 +16,7 @@ from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, 
 from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prefill import Prefilled, prefill_video
 from vidsight.engine.prompt import plan_video
+from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
@@ -81,9 +82,9 @@ class Asker:
         pieces join to ``answer``).
         """
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
-        state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, clock, progress)
-        return self._generate(state, generation, clock, progress, on_text)
+        request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
+        state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, request)
+        return self._generate(state, generation, request, on_text)
 
     def ask_frames(
         self,
@@ -101,11 +102,11 @@ class Asker:
             fps: The rate the frames were sampled at (sets the model's temporal positions).
         """
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
-        clock.stats.frames, clock.stats.frames_lost = len(frames), frames.frames_lost
+        request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
+        request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
-                              generation.max_new_tokens, clock)
-        return self._generate(state, generation, clock, False)
+                              generation.max_new_tokens, request)
+        return self._generate(state, generation, request)
 
     def prefill_logits(
         self,
@@ -117,13 +118,14 @@ class Asker:
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
         _check_question(question)
-        clock = StageClock(AskStats(), self.adapter.device, self.meter_memory)
-        return self._prefill(video, question, sampling, prefill, feed, 1, clock, progress=False).logits
+        request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
+        return self._prefill(video, question, sampling, prefill, feed, 1, request).logits
 
-    def _generate(self, state: Prefilled, generation: GenerationConfig, clock: StageClock, progress: bool,
+    def _generate(self, state: Prefilled, generation: GenerationConfig, request: Request,
                   on_text: Callable[[str], None] | None = None) -> AskResult:
+        clock = request.clock
         with clock.stage("generate"):
-            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not progress,
+            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
                       leave=False) as bar:
                 stream = TextStream(self.adapter, on_text) if on_text is not None else None
 
@@ -140,8 +142,9 @@ class Asker:
         return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 
     def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
-                 max_new_tokens: int, clock: StageClock, progress: bool) -> Prefilled:
+                 max_new_tokens: int, request: Request) -> Prefilled:
         """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
+        clock = request.clock
         stats = clock.stats
         with clock.stage("decode"):
             info = probe(video)
@@ -157,8 +160,9 @@ class Asker:
         plan = plan_video(self.adapter, len(indices), info.height, info.width)
         if feed_config.resize_in_decoder:
             decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)
-        cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
-        with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not progress, leave=False) as bar:
+        request.cores = cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
+        with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not request.progress,
+                         leave=False) as bar:
             def on_frame(n):
                 bar.update(n - bar.n)
 
@@ -173,7 +177,7 @@ class Asker:
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
                 state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
-                                      max_new_tokens, clock, progress, cores, plan)
+                                      max_new_tokens, request, plan)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

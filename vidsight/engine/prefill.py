@@ -17,7 +17,7 @@ from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import PrefillConfig
 from vidsight.engine.forward import forward
 from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
-from vidsight.engine.stats import StageClock
+from vidsight.engine.request import Request
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
@@ -49,8 +49,7 @@ def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.T
 
 
 def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
-                  max_new_tokens: int, clock: StageClock, progress: bool = False,
-                  cores: CoreSplit | None = None, plan: VideoPlan | None = None) -> Prefilled:
+                  max_new_tokens: int, request: Request, plan: VideoPlan | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
 
     Args:
@@ -60,23 +59,22 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
         sampled_fps: The rate the frames were sampled at (sets the temporal positions).
         config: Group size and KV pruning.
         max_new_tokens: Room to leave in the cache for the answer.
-        clock: Charges waiting for frames to ``decode`` and the rest to its own stage.
-        progress: Show a progress bar over groups.
-        cores: Told before each group's vision and prefill stages whether ``feed`` is still decoding.
+        request: Its clock charges waiting for frames to ``decode`` and the rest to its own stage;
+            its progress flag shows a bar over groups; its core split is told before each group's
+            vision and prefill stages whether ``feed`` is still decoding.
         plan: The video's shape, when the caller planned it already (e.g. to resize in the decoder).
     """
     if config.prune.start_layer >= adapter.num_layers:
         raise ConfigError(f"prune start layer {config.prune.start_layer} is past the model's last layer "
                           f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
-    with clock.memory():
+    with request.clock.memory():
         plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
-        return _prefill_groups(adapter, feed, plan, question, sampled_fps, config, max_new_tokens, clock, progress,
-                               cores)
+        return _prefill_groups(adapter, feed, plan, question, sampled_fps, config, max_new_tokens, request)
 
 
 def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, question: str, sampled_fps: float,
-                    config: PrefillConfig, max_new_tokens: int, clock: StageClock, progress: bool,
-                    cores: CoreSplit | None) -> Prefilled:
+                    config: PrefillConfig, max_new_tokens: int, request: Request) -> Prefilled:
+    clock, progress, cores = request.clock, request.progress, request.cores
     spec, stats = adapter.vision, clock.stats
     prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
     ids, video_start, video_end, positions, rows = (prompt.ids, prompt.video_start, prompt.video_end,
