@@ -5,6 +5,7 @@ import collections
 import pytest
 
 from vidsight.bench.damage import DAMAGE, make_case, make_sources
+from vidsight.api.cli import main
 from vidsight.bench.fuzz import run_fuzz, summarise
 
 
@@ -14,7 +15,7 @@ def fuzz_root(tmp_path_factory):
 
 
 def test_a_fixed_seed_sample_exits_0_or_2_naming_the_input(fuzz_root, tiny_model_dir):
-    outcomes = run_fuzz(48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120)
+    outcomes = run_fuzz(main, 48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120)
     report = summarise(outcomes)
     assert report["runs"] == 96 and not report["failures"], report["failures"]
     kinds = collections.Counter(o.case.kind for o in outcomes)
@@ -52,6 +53,6 @@ def test_a_traceback_and_a_hang_are_caught(fuzz_root, tiny_model_dir, monkeypatc
     # The forked children inherit the patches; each parser names its command's function when built.
     monkeypatch.setattr(tools_cli, "run_probe", crash)
     monkeypatch.setattr(ask_cli, "run_ask", stall)
-    outcomes = run_fuzz(2, seed=1, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=3)
+    outcomes = run_fuzz(main, 2, seed=1, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=3)
     verdicts = {(o.command, o.verdict) for o in outcomes if o.case.kind in DAMAGE}
     assert verdicts <= {("probe", "traceback"), ("ask", "hang")} and verdicts

@@ -17,6 +17,7 @@ import resource
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,15 +64,13 @@ def command_line(command: str, path: str, model: str) -> list[str]:
     return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
 
 
-def _child(argv: list[str], log_path: str) -> None:
-    """Runs in the forked child: the command line as `vidsight` runs it, output to ``log_path``."""
+def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> None:
+    """Runs in the forked child: the command line as ``main`` (`vidsight`'s) runs it, output to ``log_path``."""
     import logging
     import sys
     import traceback
 
     import torch
-
-    from vidsight.api.cli import main
 
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
@@ -111,17 +110,17 @@ def _warm_imports() -> None:
     """Import what `ask` needs once in the parent, before forking (no torch work: forked OpenMP is unsafe)."""
     import importlib
 
-    for module in ("transformers", "vidsight.api.cli", "vidsight.engine.ask",
-                   "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"):
+    for module in ("transformers", "vidsight.engine.ask", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"):
         importlib.import_module(module)
 
 
-def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None = None, workers: int = 2,
-             commands: tuple[str, ...] = ("probe", "ask"), time_limit_s: float = TIME_LIMIT_S,
-             progress: bool = False) -> list[Outcome]:
+def run_fuzz(main: Callable[[list[str]], int], cases: int, seed: int, model: str | Path,
+             root: str | Path | None = None, workers: int = 2, commands: tuple[str, ...] = ("probe", "ask"),
+             time_limit_s: float = TIME_LIMIT_S, progress: bool = False) -> list[Outcome]:
     """Make ``cases`` inputs from ``seed`` and run each command on each, ``workers`` at a time.
 
     Args:
+        main: The command line's entry point (`vidsight.api.cli.main`), run in a forked child per command.
         cases: Inputs to make.
         seed: Seeds which damage, where and how much: the same seed makes the same inputs.
         model: The checkpoint `ask` loads (a small one keeps the run about damage, not compute).
@@ -149,7 +148,7 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
                     log_path = str(Path(scratch) / f"{case.name}-{command}.log")
                     pid = os.fork()
                     if pid == 0:
-                        _child(command_line(command, case.path, str(model)), log_path)
+                        _child(main, command_line(command, case.path, str(model)), log_path)
                     running[pid] = (case, command, time.monotonic(), log_path)
                 outcomes.extend(_reap(running, time_limit_s))
                 bar.update(len(outcomes) - bar.n)
