@@ -62,8 +62,8 @@ def test_greedy_answer_equals_transformers_generate(reference_adapter, make_test
     path, _ = make_test_video(**fields)
     sampling = SamplingConfig(fps=fps)
     adapter = reference_adapter
-    result = Asker(adapter).ask(path, QUESTION, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS),
-                                PrefillConfig(group_frames=2))
+    result = Asker(adapter).ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=NEW_TOKENS),
+                                prefill=PrefillConfig(group_frames=2))
     inputs, video = reference_inputs(adapter, path, sampling)
     assert result.stats.frames % 2 == (0 if "even" in name else 1)
     assert result.stats.visual_tokens == video.pixel_values.shape[0] // 4
@@ -81,7 +81,8 @@ def test_first_token_logits_match_transformers(tiny_adapter, make_test_video):
         reference = tiny_adapter.model(**inputs).logits[0, -1]
     asker = Asker(tiny_adapter)
     for group_frames in [0, 2]:
-        ours = asker.prefill_logits(path, QUESTION, SamplingConfig(fps=2.0), PrefillConfig(group_frames=group_frames))
+        ours = asker.prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=2.0),
+                                    prefill=PrefillConfig(group_frames=group_frames))
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -97,7 +98,7 @@ def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_
     positions, _ = prompt_positions(inputs["input_ids"].shape[1], layout_start, vpos)
     with torch.inference_mode():
         reference = tiny_adapter.model(**inputs, position_ids=positions[:, None, :]).logits[0, -1]
-    ours = Asker(tiny_adapter).prefill_logits(path, QUESTION, sampling, PrefillConfig(group_frames=4))
+    ours = Asker(tiny_adapter).prefill_logits(path, QUESTION, sampling=sampling, prefill=PrefillConfig(group_frames=4))
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -146,7 +147,7 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(model, tiny_model_dir, 
     tolerance = BF16_RELATIVE_TOLERANCE * reference.abs().max()
     asker = Asker(adapter)
     for group_frames in [0, 2]:
-        ours = asker.prefill_logits(path, QUESTION, sampling, PrefillConfig(group_frames=group_frames)).float()
+        ours = asker.prefill_logits(path, QUESTION, sampling=sampling, prefill=PrefillConfig(group_frames=group_frames)).float()
         assert (ours - reference).abs().max() <= tolerance
         best, second = torch.topk(reference, 2).values
         if best - second > 2 * tolerance:

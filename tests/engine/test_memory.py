@@ -24,7 +24,8 @@ def test_meter_counts_live_storages_created_inside_only():
 def test_grouped_pruned_prefill_needs_less_memory(tiny_adapter, make_test_video):
     path, _ = make_test_video(width=320, height=240, duration_s=8.0, fps=10, gop=10, seed=9)
     asker = Asker(tiny_adapter, meter_memory=True)
-    args = (path, "What?", SamplingConfig(fps=4.0), GenerationConfig(max_new_tokens=1))
-    full = asker.ask(*args, PrefillConfig(group_frames=0), FeedConfig(workers=0, overlap=False)).stats
-    grouped = asker.ask(*args, PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5))).stats
+    args = (path, "What?")
+    configs = dict(sampling=SamplingConfig(fps=4.0), generation=GenerationConfig(max_new_tokens=1))
+    full = asker.ask(*args, **configs, prefill=PrefillConfig(group_frames=0), feed=FeedConfig(workers=0, overlap=False)).stats
+    grouped = asker.ask(*args, **configs, prefill=PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5))).stats
     assert full.prefill_peak_bytes > 2 * grouped.prefill_peak_bytes > 0

@@ -35,13 +35,13 @@ def test_rho_one_group_prefill_answers_token_for_token_like_full_compute(tiny_ad
     asker = Asker(tiny_adapter)
     generation = GenerationConfig(max_new_tokens=10)
     sampling = SamplingConfig(fps=2.0)
-    full = asker.ask(long_video, QUESTION, sampling, generation, **FULL_COMPUTE)
-    grouped = asker.ask(long_video, QUESTION, sampling, generation, prefill, feed)
+    full = asker.ask(long_video, QUESTION, sampling=sampling, generation=generation, **FULL_COMPUTE)
+    grouped = asker.ask(long_video, QUESTION, sampling=sampling, generation=generation, prefill=prefill, feed=feed)
     assert grouped.token_ids == full.token_ids
     assert grouped.stats.groups > 1 and full.stats.groups == 1
     assert grouped.stats.kept_visual_tokens == full.stats.visual_tokens
-    assert torch.allclose(asker.prefill_logits(long_video, QUESTION, sampling, prefill, feed),
-                          asker.prefill_logits(long_video, QUESTION, sampling, **FULL_COMPUTE), atol=1e-4)
+    assert torch.allclose(asker.prefill_logits(long_video, QUESTION, sampling=sampling, prefill=prefill, feed=feed),
+                          asker.prefill_logits(long_video, QUESTION, sampling=sampling, **FULL_COMPUTE), atol=1e-4)
 
 
 def test_pruned_layers_keep_rho_of_each_group_at_their_true_positions(tiny_adapter, long_video):
@@ -83,8 +83,8 @@ def test_pruned_layers_keep_rho_of_each_group_at_their_true_positions(tiny_adapt
                                          ("key-norm-small", True), ("attention", True)])
 def test_pruned_ask_answers_with_a_smaller_cache(tiny_adapter, long_video, scorer, skip):
     prefill = PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5, scorer=scorer, skip_pruned=skip))
-    result = Asker(tiny_adapter).ask(long_video, QUESTION, SamplingConfig(fps=2.0), GenerationConfig(max_new_tokens=4),
-                                     prefill)
+    result = Asker(tiny_adapter).ask(long_video, QUESTION, sampling=SamplingConfig(fps=2.0),
+                                     generation=GenerationConfig(max_new_tokens=4), prefill=prefill)
     assert 0 < result.stats.kept_visual_tokens <= result.stats.visual_tokens // 2 + result.stats.groups
     assert len(result.token_ids) >= 1
 

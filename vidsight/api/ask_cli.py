@@ -39,9 +39,9 @@ def run_ask(args) -> int:
     sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed)
-    result = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None).ask(args.video, args.question, sampling, generation,
-                                                       prefill_config(args), feed_config(args),
-                                                       progress=sys.stderr.isatty() and not args.json)
+    asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None)
+    result = asker.ask(args.video, args.question, sampling=sampling, generation=generation, prefill=prefill_config(args),
+                       feed=feed_config(args), progress=sys.stderr.isatty() and not args.json)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -46,8 +46,8 @@ def run_demo(out: str | Path, family: str = "needle", seed: int = 7, model: str 
     video = write_video(out / f"{family}_{seed}.mp4", (sample.scene.render(t) for t in times), times, VIDEO_FPS, gop=8)
     (out / f"{family}_{seed}.json").write_text(json.dumps(
         {"question": sample.question, "answer": sample.answer, "scene": sample.scene.to_dict()}, indent=1))
-    result = Asker(model).ask(video, sample.question, SamplingConfig(fps=SAMPLE_FPS),
-                              GenerationConfig(max_new_tokens=8), progress=sys.stderr.isatty() and not as_json)
+    result = Asker(model).ask(video, sample.question, sampling=SamplingConfig(fps=SAMPLE_FPS),
+                              generation=GenerationConfig(max_new_tokens=8), progress=sys.stderr.isatty() and not as_json)
     info = probe(video)
     frames = decode_frames(video, sample_frames(info, SamplingConfig(fps=SAMPLE_FPS)), info=info)
     sheet = contact_sheet(frames.data.numpy(), frames.pts_s.numpy(), out / f"{family}_{seed}_frames.png")

@@ -66,7 +66,8 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
     families: dict[str, dict] = {}
     answers = []
     for clip in tqdm(manifest["clips"], desc="clips", disable=not progress):
-        got = asker.ask(directory / clip["video"], clip["question"], sampling, generation, prefill).answer
+        got = asker.ask(directory / clip["video"], clip["question"], sampling=sampling, generation=generation,
+                        prefill=prefill).answer
         ok = normalise(got) == normalise(clip["answer"])
         score = families.setdefault(clip["family"], {"correct": 0, "total": 0})
         score["correct"] += ok
@@ -83,8 +84,8 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
         frames = decode_frames(path, sample_frames(info, sampling), DecodeConfig(), info)
         verdicts = []
         for start, label in zip(window_starts(len(frames)), video["window_labels"]):
-            answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"], generation,
-                                      prefill)
+            answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"],
+                                      generation=generation, prefill=prefill)
             verdicts.append(normalise(answer.answer) == "yes")
             window_hits += verdicts[-1] == label
             window_total += 1

@@ -80,7 +80,8 @@ def run_ask_bench(video: str | Path, shape: str = "small", rhos=(0.5, 0.2), grou
               "machine": platform.processor() or platform.machine(), "device": str(adapter.device), "runs": {}}
     answers = {}
     for name, (prefill, feed) in _runs(tuple(rhos), group_frames, workers).items():
-        result = asker.ask(video, QUESTION, sampling, generation, prefill, feed, progress=progress)
+        result = asker.ask(video, QUESTION, sampling=sampling, generation=generation, prefill=prefill, feed=feed,
+                           progress=progress)
         report["runs"][name] = result.stats.to_dict()
         answers[name] = result.token_ids
     report["rho1_answer_identical"] = answers["overlap, rho=1"] == answers["full compute"]

@@ -69,6 +69,7 @@ class Asker:
         self,
         video: str | Path,
         question: str,
+        *,
         sampling: SamplingConfig = SamplingConfig(),
         generation: GenerationConfig = GenerationConfig(),
         prefill: PrefillConfig = PrefillConfig(),
@@ -91,6 +92,7 @@ class Asker:
         frames: FrameBatch,
         question: str,
         fps: float,
+        *,
         generation: GenerationConfig = GenerationConfig(),
         prefill: PrefillConfig = PrefillConfig(),
     ) -> AskResult:
@@ -112,6 +114,7 @@ class Asker:
         self,
         video: str | Path,
         question: str,
+        *,
         sampling: SamplingConfig = SamplingConfig(),
         prefill: PrefillConfig = PrefillConfig(),
         feed: FeedConfig = FeedConfig(),

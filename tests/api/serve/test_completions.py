@@ -19,8 +19,8 @@ def video_message(url: str, question: str = QUESTION) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def expected(tiny_adapter, media):
-    return Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, SamplingConfig(fps=4.0),
-                                   GenerationConfig(max_new_tokens=12))
+    return Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                   generation=GenerationConfig(max_new_tokens=12))
 
 
 def test_a_completion_answers_what_ask_answers_streamed_or_not(make_server, media, expected):

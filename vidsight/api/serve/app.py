@@ -115,7 +115,8 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, que
         exits.enter_context(server.admit())
         path = await exits.enter_async_context(video_file(video, server.config))
         work = asyncio.ensure_future(server.run_model(
-            lambda: server.asker.ask(path, question, sampling, generation, prefill, on_text=on_text)))
+            lambda: server.asker.ask(path, question, sampling=sampling, generation=generation, prefill=prefill,
+                                     on_text=on_text)))
         work.add_done_callback(lambda done: pieces.put_nowait(("done", None)))
         if not body.stream:
             result = await work
