@@ -118,10 +118,11 @@ def _served_video(args):
     """A server's settings over ``--model``, serving a generated anomaly video (or ``--video``'s
     folder), with a database of its own; and the video's name as the server knows it."""
     from vidsight.api.serve import ServeConfig
+    from vidsight.api.serve.config import absolute_model
     from vidsight.bench.watch import anomaly_videos
 
     video = Path(args.video) if args.video else Path(anomaly_videos(Path(args.out) / "videos", 1)[0]["video"])
-    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    model = absolute_model(args.model)
     with tempfile.TemporaryDirectory(prefix="vidsight-bench-serve-") as scratch:
         yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
                           db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency))), video.name

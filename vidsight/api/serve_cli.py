@@ -50,10 +50,10 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def serve_config(args):
-    from vidsight.api.serve.config import API_KEY_ENV, ServeConfig, default_db_path
+    from vidsight.api.serve.config import API_KEY_ENV, ServeConfig, absolute_model, default_db_path
 
     # Absolute paths: Ray's replicas run in other working directories, maybe on other hosts.
-    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    model = absolute_model(args.model)
     db = args.db if args.db and "://" in args.db else Path(args.db or default_db_path()).resolve()
     return ServeConfig(model=model, device=args.device, api_key=args.api_key or os.environ.get(API_KEY_ENV),
                        allowed_local_media_path=Path(args.allowed_local_media_path).resolve()

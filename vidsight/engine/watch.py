@@ -247,8 +247,8 @@ class Watcher:
         prompt = build_video_prompt(adapter, self.query, plan, batch.indices, batch.pts_s, self.config.windows.fps,
                                     keep.reshape(-1) if keep is not None else None)
         ids, positions, rows, video_start = prompt.ids, prompt.positions, prompt.rows, prompt.video_start
-        kept = keep.reshape(-1) if keep is not None else torch.ones(plan.video_tokens, dtype=torch.bool)
-        patch_tokens = kept.view(plan.grid_thw[0], -1).sum(dim=1).tolist()
+        patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None
+                        else [plan.tokens_per_patch] * plan.grid_thw[0])
         cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                         adapter.device)
         samples = [f.index for f in frames]

@@ -84,7 +84,7 @@ def test_streams_are_pinned_spread_and_survive_a_replica_death(make_ray_server, 
                                             (["--autoscale", "3", "1"], "1 <= MIN <= MAX"),
                                             (["--replica-gpus", "-1"], "must be non-negative"),
                                             (["--replica-timeout", "0.5"], "over a second")])
-def test_bad_ray_settings_are_refused_before_ray_starts(flags, message, capsys, tiny_model_dir):
+def test_bad_ray_settings_exit_2_naming_the_problem(flags, message, capsys, tiny_model_dir):
     from vidsight.api.cli import main
 
     assert main(["serve", "--ray", "--model", str(tiny_model_dir), *flags]) == 2

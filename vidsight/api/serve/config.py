@@ -23,6 +23,12 @@ def default_db_path() -> Path:
     return Path(root) / "vidsight" / "serve.db"
 
 
+def absolute_model(name: str) -> str:
+    """A local checkpoint directory as an absolute path (Ray's replicas run in other working
+    directories, maybe on other hosts); a Hugging Face id as it is."""
+    return str(Path(name).resolve()) if Path(name).exists() else name
+
+
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     """How the server runs.

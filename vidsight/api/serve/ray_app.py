@@ -182,24 +182,23 @@ class Gateway:
         return await self._relay(call, route)
 
     async def _relay(self, call: dict, route: dict):
-        pieces = self.replicas.options(stream=True).http.remote(call, **route)
         try:
-            status, headers = await pieces.__anext__()
+            status, headers, pieces = await self._start(call, route)
         except Exception as exc:   # the replica died under the request
             log.warning("%s %s: %s", call["method"], call["path"], exc)
             return _refusal(503, "the replica serving this request stopped; try again")
-
-        async def body():
-            async for piece in pieces:
-                yield piece
-
-        return StreamingResponse(body(), status_code=status, headers=dict(headers))
+        return StreamingResponse(pieces, status_code=status, headers=dict(headers))
 
     async def _answer(self, call: dict, route: dict) -> tuple[int, list, bytes]:
         """A replica's whole answer: status, headers, body."""
+        status, headers, pieces = await self._start(call, route)
+        return status, headers, b"".join([piece async for piece in pieces])
+
+    async def _start(self, call: dict, route: dict):
+        """Hand ``call`` to the replica ``route`` names: its status, headers and the body to come."""
         pieces = self.replicas.options(stream=True).http.remote(call, **route)
         status, headers = await pieces.__anext__()
-        return status, headers, b"".join([piece async for piece in pieces])
+        return status, headers, pieces
 
     async def _gather(self, call: dict, replicas: list[str]):
         """A request every live replica answers, the answers joined: ``GET /v1/sessions`` lists
