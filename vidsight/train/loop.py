@@ -16,7 +16,7 @@ from vidsight.errors import ConfigError
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import CLIP_MEAN, CLIP_STD, resolve_device
 from vidsight.tasks.chat import make_chat_stream
-from vidsight.tasks.families import DEFAULT_FRAMES, FAMILIES, FRAME, make_sample
+from vidsight.tasks.families import DEFAULT_FRAMES, FAMILIES, make_sample
 from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
