@@ -12,11 +12,11 @@ Names load their modules on first use, so ``import vidsight`` alone does not loa
 from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "vidsight.engine": ("AskResult", "AskStats", "Asker", "ChatAnswer", "ChatConfig", "ChatSession", "FeedConfig",
+    "vidsight.engine": ("AskResult", "AskStats", "Asker", "ChatAnswer", "ChatConfig", "ChatSession",
                         "GenerationConfig", "PrefillConfig", "PruneConfig", "WatchConfig", "Watcher", "WindowStats",
                         "WindowVerdict", "ask"),
     "vidsight.errors": ("ConfigError", "ModelError", "VideoError", "VidsightError"),
-    "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FrameBatch", "SamplingConfig", "SyntheticSpec", "VideoInfo",
-                        "decode_frames", "decode_parallel", "make_video", "probe", "sample_frames"),
+    "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FeedConfig", "FrameBatch", "SamplingConfig", "SyntheticSpec",
+                        "VideoInfo", "decode_frames", "decode_parallel", "make_video", "probe", "sample_frames"),
     "vidsight.models": ("load_model", "write_tiny_model"),
 })

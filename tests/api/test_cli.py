@@ -196,7 +196,7 @@ def test_watch_missing_source(tmp_path, capsys):
 def test_ask_decoding_flags_set_the_feed():
     from vidsight.api.cli import build_parser
     from vidsight.api.options import feed_config
-    from vidsight.engine import FeedConfig
+    from vidsight.ingest import FeedConfig
 
     assert feed_config(build_parser().parse_args(["ask", "v.mp4", "q"])) == FeedConfig()
     args = build_parser().parse_args(["ask", "v.mp4", "q", "--decode-workers", "3", "--decode-all-frames",

@@ -1,6 +1,7 @@
 import torch
 
-from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.ingest import FeedConfig
 from vidsight.engine.memory import TensorMemoryMeter
 from vidsight.ingest import SamplingConfig
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.ingest import FeedConfig
 from vidsight.engine.prompt import build_video_prompt, plan_video
 from vidsight.engine.request import Request
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames

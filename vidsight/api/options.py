@@ -14,7 +14,7 @@ def _float(text: str) -> float:
 
 
 def add_prefill_options(parser: argparse.ArgumentParser) -> None:
-    from vidsight.engine.config import PrefillConfig
+    from vidsight.engine.prefill.config import PrefillConfig
     from vidsight.kv.config import SCORERS, PruneConfig
 
     group = parser.add_argument_group("prefill (QuickPrefill)")
@@ -48,7 +48,7 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
 
 
 def prefill_config(args):
-    from vidsight.engine.config import PrefillConfig
+    from vidsight.engine.prefill.config import PrefillConfig
     from vidsight.kv.config import PruneConfig
 
     prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer,
@@ -57,7 +57,7 @@ def prefill_config(args):
 
 
 def feed_config(args):
-    from vidsight.engine.config import FeedConfig
+    from vidsight.ingest.feed.config import FeedConfig
 
     return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
                       trim_gops=not args.decode_all_frames, resize_in_decoder=not args.resize_after_decoding,

@@ -32,7 +32,8 @@ import numpy as np
 
 from vidsight.bench.decode import bench_video
 from vidsight.bench.report import save_figure, write_report
-from vidsight.engine import Asker, FeedConfig, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.ingest import FeedConfig
 from vidsight.engine.stats import STAGES
 from vidsight.ingest import SamplingConfig, SyntheticSpec, probe
 

@@ -5,7 +5,8 @@ from vidsight._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.ask": ("AskResult", "Asker", "ask"),
     "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
-    "vidsight.engine.config": ("DEFAULT_MODEL", "FeedConfig", "GenerationConfig", "PrefillConfig"),
+    "vidsight.engine.config": ("DEFAULT_MODEL", "GenerationConfig"),
+    "vidsight.engine.prefill.config": ("PrefillConfig",),
     "vidsight.engine.stats": ("AskStats", "WindowStats"),
     "vidsight.engine.watch": ("WatchConfig", "Watcher", "WindowVerdict"),
     "vidsight.kv.config": ("PruneConfig",),

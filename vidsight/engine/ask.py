@@ -12,16 +12,16 @@ import torch
 from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
-from vidsight.engine.config import DEFAULT_MODEL, FeedConfig, GenerationConfig, PrefillConfig
+from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.generate import TextStream, generate
-from vidsight.engine.prefill import Prefilled, prefill_video
+from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_video
 from vidsight.engine.prompt import plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
-from vidsight.ingest.feed import FrameFeed
+from vidsight.ingest.feed import FeedConfig, FrameFeed
 from vidsight.models import load_model
 from vidsight.vision import resize_frames
 

@@ -1,12 +1,11 @@
-"""The engine's settings, apart from the code that uses them, so the command line reads their
-defaults without loading torch."""
+"""Settings the command line reads without loading torch: the default model, generation, watch's refresh
+modes. Prefill's and the feed's settings live with them (`engine.prefill.config`, `ingest.feed.config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from vidsight.errors import ConfigError
-from vidsight.kv.config import PruneConfig
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # watch: how KV is reused between windows, and how many Yes windows in a row raise an alert.
@@ -37,56 +36,3 @@ class GenerationConfig:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefillConfig:
-    """How the prompt is fed.
-
-    Attributes:
-        group_frames: Video frames per prefill group (rounded up to whole temporal patches);
-            bounds activation memory by the group, not the video (QuickPrefill). 0 feeds the
-            whole prompt at once.
-        prune: Which of each group's video KV the layers keep afterwards (default: all).
-    """
-
-    group_frames: int = 32
-    prune: PruneConfig = PruneConfig()
-
-    def __post_init__(self):
-        if self.group_frames < 0:
-            raise ConfigError(f"group_frames must be 0 (one group) or positive, got {self.group_frames}")
-        if self.prune.active and self.group_frames == 0:
-            raise ConfigError("KV pruning works group by group; set group_frames > 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedConfig:
-    """How an ask's frames are decoded.
-
-    Attributes:
-        workers: Concurrent single-threaded decoders over keyframe-aligned spans (QuickCodec);
-            ``None`` uses every CPU; 0 runs one sequential decoder with FFmpeg's own threading.
-        overlap: Prefill each group as soon as its frames are decoded instead of after the
-            whole video (needs ``workers`` >= 1).
-        trim_gops: Decode only the packets the sampled frames depend on (`DecodeConfig.trim_gops`;
-            exact).
-        resize_in_decoder: Resize each frame to the model's input size in the decoding thread,
-            with the model's own resize, so the frame buffer holds model-size frames instead of
-            full-size ones (exact for a model on the CPU: the pixels its preprocessing gives; on
-            a GPU preprocessing resizes in float, which can differ by one intensity step).
-        split_cores: While overlapped decoders run, give a model on the CPU only the cores they
-            leave instead of oversubscribing them (`CoreSplit`; exact up to float rounding).
-    """
-
-    workers: int | None = None
-    overlap: bool = True
-    trim_gops: bool = True
-    resize_in_decoder: bool = True
-    split_cores: bool = True
-
-    def __post_init__(self):
-        if self.workers is not None and self.workers < 0:
-            raise ConfigError(f"workers must be 0 (sequential) or more, got {self.workers}")
-        if self.overlap and self.workers == 0:
-            raise ConfigError("overlapping decoding with prefill needs parallel decoding (workers >= 1)")

@@ -4,6 +4,8 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.ingest.decode": ("DecodeConfig", "decode_frames"),
+    "vidsight.ingest.feed.config": ("FeedConfig",),
+    "vidsight.ingest.feed.frames": ("FrameFeed",),
     "vidsight.ingest.parallel": ("decode_parallel",),
     "vidsight.ingest.probe": ("probe",),
     "vidsight.ingest.sampling": ("SamplingConfig", "sample_frames"),

@@ -98,7 +98,8 @@ class ChatCompletionRequest(BaseModel):
 
 def ask_configs(options: dict[str, Any]):
     """``(sampling, generation, prefill)`` configs from `ChatCompletionRequest.ask_options`."""
-    from vidsight.engine.config import GenerationConfig, PrefillConfig
+    from vidsight.engine.config import GenerationConfig
+    from vidsight.engine.prefill.config import PrefillConfig
     from vidsight.ingest import SamplingConfig
     from vidsight.kv.config import PruneConfig
 

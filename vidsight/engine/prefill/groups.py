@@ -14,12 +14,12 @@ import torch
 from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
-from vidsight.engine.config import PrefillConfig
+from vidsight.engine.prefill.config import PrefillConfig
 from vidsight.engine.forward import forward
 from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
 from vidsight.engine.request import Request
 from vidsight.errors import ConfigError
-from vidsight.ingest.feed import FrameFeed
+from vidsight.ingest.feed.frames import FrameFeed
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
 from vidsight.models.base import VLMAdapter

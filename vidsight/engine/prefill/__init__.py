@@ -1,0 +1,8 @@
+"""Group-wise prefill of a video prompt (QuickPrefill): its settings and the loop that applies them."""
+
+from vidsight._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "vidsight.engine.prefill.config": ("PrefillConfig",),
+    "vidsight.engine.prefill.groups": ("Prefilled", "chunk_bounds", "prefill_video"),
+})

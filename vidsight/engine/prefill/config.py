@@ -1,0 +1,29 @@
+"""How a prompt is prefilled, apart from the code so the command line reads its defaults without torch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vidsight.errors import ConfigError
+from vidsight.kv.config import PruneConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillConfig:
+    """How the prompt is fed.
+
+    Attributes:
+        group_frames: Video frames per prefill group (rounded up to whole temporal patches);
+            bounds activation memory by the group, not the video (QuickPrefill). 0 feeds the
+            whole prompt at once.
+        prune: Which of each group's video KV the layers keep afterwards (default: all).
+    """
+
+    group_frames: int = 32
+    prune: PruneConfig = PruneConfig()
+
+    def __post_init__(self):
+        if self.group_frames < 0:
+            raise ConfigError(f"group_frames must be 0 (one group) or positive, got {self.group_frames}")
+        if self.prune.active and self.group_frames == 0:
+            raise ConfigError("KV pruning works group by group; set group_frames > 0")
