@@ -25,13 +25,13 @@ ENCODERS = {
 }
 
 
-def _encoder_options(codec: str, gop: int, bframes: bool, crf: int) -> dict[str, str]:
+def _encoder_options(codec: str, gop: int, bframes: bool, crf: int, preset: str | None) -> dict[str, str]:
     if codec == "h264":
         return {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0",
-                "bf": "2" if bframes else "0", "preset": "veryfast", "crf": str(crf)}
+                "bf": "2" if bframes else "0", "preset": preset or "veryfast", "crf": str(crf)}
     if codec == "hevc":
         return {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:log-level=error",
-                "preset": "ultrafast", "crf": str(crf)}
+                "preset": preset or "ultrafast", "crf": str(crf)}
     if codec == "vp9":
         return {"g": str(gop), "crf": str(crf + 12), "b": "0", "deadline": "realtime", "cpu-used": "8"}
     if codec == "mjpeg":
@@ -43,7 +43,8 @@ def _encoder_options(codec: str, gop: int, bframes: bool, crf: int) -> dict[str,
 
 
 def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterable[float], fps: float,
-                gop: int = 16, bframes: bool = False, crf: int = 18, codec: str = "h264") -> Path:
+                gop: int = 16, bframes: bool = False, crf: int = 18, codec: str = "h264",
+                preset: str | None = None) -> Path:
     """Encode RGB frames to a video file; the container follows ``path``'s suffix (.mp4, .mkv, .ts, ...).
 
     Args:
@@ -56,6 +57,9 @@ def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterabl
         bframes: Allow up to two B-frames between references (codecs that have them).
         crf: x264 quality (lower is better; 18 is visually lossless); other codecs use a fixed quality.
         codec: One of `ENCODERS`' keys.
+        preset: x264/x265 speed preset (default: veryfast for H.264, ultrafast for HEVC, quick to
+            write; ``"medium"`` is x264's own default, what a camera-like encode with several
+            reference frames and sub-pixel motion search gives).
     """
     if codec not in ENCODERS:
         raise ConfigError(f"codec must be one of {', '.join(ENCODERS)}, got {codec!r}")
@@ -67,9 +71,9 @@ def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterabl
         stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
         stream.time_base = time_base
         stream.codec_context.time_base = time_base
-        stream.options = _encoder_options(codec, gop, bframes, crf)
+        stream.options = _encoder_options(codec, gop, bframes, crf, preset)
         for image, t in zip(frames, times_s):
-            if stream.width != image.shape[1]:
+            if (stream.height, stream.width) != image.shape[:2]:  # a 640-wide frame matches the default width
                 stream.width, stream.height = image.shape[1], image.shape[0]
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             frame.pts = round(t / time_base)
