@@ -28,7 +28,9 @@ def test_each_frame_is_decoded_once_however_many_windows_hold_it(stream_video):
 
 
 def test_sampled_frames_carry_the_motion_of_every_frame_since_the_last_sample(stream_video):
-    samples = list(StreamSource(stream_video, fps=2.0))
+    from vidsight.vision.motion import MotionPruneConfig
+
+    samples = list(StreamSource(stream_video, fps=2.0, motion=MotionPruneConfig()))
     moving = [s for s in samples[1:] if s.codec.frame_type != "I"]
     assert all(s.codec.motion is not None for s in samples)
     assert sum(float(s.codec.motion.max()) > 0 for s in moving) >= len(moving) * 0.8
@@ -90,7 +92,7 @@ def test_motion_pruning_drops_static_patches_and_keeps_the_moving_square(tiny_ad
                                   square_size=40)
     config = WatchConfig(WindowConfig(window_s=4.0, stride_fraction=0.5, fps=2.0), prune=MotionPruneConfig(tau=0.25))
     watcher = Watcher(tiny_adapter, QUERY, config)
-    frames = list(StreamSource(path, fps=2.0))
+    frames = list(config.open(path))
     windows = list(sliding_windows(iter(frames), config.windows))
     pruned_share = []
     for window in windows:
@@ -114,9 +116,10 @@ def test_pruning_with_every_token_refreshed_equals_pruned_full_comp(tiny_adapter
     from vidsight.vision.motion import MotionPruneConfig
 
     prune = MotionPruneConfig()
-    full = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, prune=prune)).watch(StreamSource(stream_video, 2.0)))
+    full = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, prune=prune)).watch(
+        StreamSource(stream_video, 2.0, motion=prune)))
     every = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh="all", prune=prune)).watch(
-        StreamSource(stream_video, 2.0)))
+        StreamSource(stream_video, 2.0, motion=prune)))
     assert any(v.kept_tokens < v.visual_tokens for v in full)
     assert any(v.reused_tokens > 0 for v in every)
     for a, b in zip(every, full):
@@ -131,12 +134,14 @@ def test_a_source_that_disagrees_with_the_watch_is_refused(tiny_adapter, stream_
     config = WatchConfig(WINDOWS, prune=MotionPruneConfig(tau=0.25))
     watcher = Watcher(tiny_adapter, QUERY, config)
     with pytest.raises(ConfigError, match="motion vectors"):
-        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps, with_motion=False))
+        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps))
+    with pytest.raises(ConfigError, match="motion vectors"):  # judged by another rule
+        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps, motion=MotionPruneConfig(tau=4.0)))
     with pytest.raises(ConfigError, match="fps"):
-        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps / 2))
+        watcher.watch(StreamSource(stream_video, fps=WINDOWS.fps / 2, motion=config.prune))
     source = config.open(stream_video)
-    assert source.with_motion and source.fps == WINDOWS.fps
-    assert not WatchConfig(WINDOWS).open(stream_video).with_motion
+    assert source.motion == config.prune and source.fps == WINDOWS.fps
+    assert WatchConfig(WINDOWS).open(stream_video).motion is None
 
 
 # With KV reuse a window's cache descends from every earlier window's; a resumed watch rebuilds

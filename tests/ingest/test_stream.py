@@ -6,6 +6,7 @@ import time
 import av
 import numpy as np
 import pytest
+import torch
 
 from vidsight.errors import VideoError
 from vidsight.ingest import SyntheticSpec
@@ -36,7 +37,7 @@ def test_a_followed_file_is_read_as_it_grows(tmp_path):
 
     writer = threading.Thread(target=recorder)
     writer.start()
-    source = StreamSource(growing, fps=2.0, with_motion=False, follow_idle_s=1.5)
+    source = StreamSource(growing, fps=2.0, follow_idle_s=1.5)
     samples = list(source)
     writer.join()
     assert [round(s.pts_s - samples[0].pts_s, 3) for s in samples] == [k / 2 for k in range(8)]
@@ -64,7 +65,7 @@ def test_a_followed_file_may_start_empty(tmp_path):
 
     writer = threading.Thread(target=recorder)
     writer.start()
-    source = StreamSource(growing, fps=2.0, with_motion=False, follow_idle_s=1.5)
+    source = StreamSource(growing, fps=2.0, follow_idle_s=1.5)
     samples = list(source)
     writer.join()
     assert len(samples) == 8 and source.frames_decoded == 32
@@ -85,7 +86,7 @@ def test_growth_while_a_pass_decodes_is_not_missed(tmp_path):
                 with open(growing, "ab") as f:
                     f.write(b)
 
-    source = AppendsDuringFirstPass(growing, fps=2.0, with_motion=False, follow_idle_s=0.3)
+    source = AppendsDuringFirstPass(growing, fps=2.0, follow_idle_s=0.3)
     assert len(list(source)) == 8 and source.frames_decoded == 32
 
 
@@ -127,7 +128,7 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
     monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
-    source = StreamSource("rtsp://camera.invalid/live", fps=2.0, with_motion=False)
+    source = StreamSource("rtsp://camera.invalid/live", fps=2.0)
     samples = list(source)
     assert len(opened) == 2
     assert [s.index for s in samples] == list(range(6))
@@ -154,6 +155,17 @@ def test_window_config_rejects_bad_values(bad):
 
 def test_sampling_counts_from_the_first_frame_when_the_stream_starts_late(make_test_video):
     path, truth = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8, start_time_s=1.25)
-    samples = list(StreamSource(path, fps=2.0, with_motion=False))
+    samples = list(StreamSource(path, fps=2.0))
     assert samples[0].pts_s == pytest.approx(1.25)
     assert [round(s.pts_s - 1.25, 3) for s in samples] == [k / 2 for k in range(6)]
+
+
+def test_residuals_keep_presentation_order_with_b_frames(make_test_video):
+    from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
+
+    path, _ = make_test_video(width=160, height=120, fps=12, duration_s=2.0, gop=12, bframes=True, seed=6)
+    plain = list(StreamSource(path, fps=12.0, motion=MotionPruneConfig()))
+    judged = list(StreamSource(path, fps=12.0, motion=MotionPruneConfig(alpha=SOFTWARE_ALPHA)))
+    assert [f.frame_index for f in judged] == [f.frame_index for f in plain] == list(range(24))
+    assert "B" in {f.codec.frame_type for f in judged}
+    assert all(torch.equal(a.rgb, b.rgb) for a, b in zip(plain, judged))

@@ -101,7 +101,7 @@ def run_chat(args) -> int:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     config = ChatConfig(fps=args.fps, keep_dialogue=args.keep_dialogue, batch_patches=args.batch_patches)
     policy = _policy(args)
-    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime, with_motion=False,
+    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime,
                           follow_idle_s=args.follow)
     with ChatSession(load_model(args.model, device=args.device), policy, config, tier_config(args)) as session:
         return _converse(args, session, source, scheduled, generation)

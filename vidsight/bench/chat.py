@@ -76,7 +76,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch; a fifth more covers the rest.
     frames_needed = int(1.2 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)
-    frames = iter(StreamSource(video, fps=STREAM_FPS, with_motion=False))
+    frames = iter(StreamSource(video, fps=STREAM_FPS))
     session = ChatSession(adapter, RecentPolicy(RecentConfig(window_tokens=HISTORY_WINDOW)), ChatConfig(fps=STREAM_FPS),
                           tiers)
     # A policy that organises memory as the stream arrives (Mosaic's clusters) cannot start from a

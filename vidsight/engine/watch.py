@@ -62,8 +62,9 @@ class WatchConfig:
 
     def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None) -> StreamSource:
         """Open ``source`` the way this watch needs it: at its sampling rate, with motion vectors
-        exactly when it prunes by motion (`StreamSource` explains the other arguments)."""
-        return StreamSource(source, fps=self.windows.fps, realtime=realtime, with_motion=self.prune is not None,
+        judged by its own motion rule exactly when it prunes by motion (`StreamSource` explains the
+        other arguments)."""
+        return StreamSource(source, fps=self.windows.fps, realtime=realtime, motion=self.prune,
                             follow_idle_s=follow_idle_s)
 
 
@@ -146,7 +147,7 @@ class Watcher:
         self.adapter, self.query, self.config, self._refresh = adapter, query, config, refresh
         self.yes_id = adapter.text_ids("Yes")[0]
         self._previous: _Window | None = None
-        self._masker = MotionMasker(config.prune, adapter.vision) if config.prune else None
+        self._masker = MotionMasker() if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
         self.latest: SampledFrame | None = None     # the last frame of the last window judged
 
@@ -165,15 +166,16 @@ class Watcher:
                 server's scheduler beside other windows (default: here, with `steps.drive`).
 
         Raises:
-            ConfigError: ``source`` samples at another rate than the windows, or lacks the motion
-                vectors motion pruning needs (open it with `WatchConfig.open`).
+            ConfigError: ``source`` samples at another rate than the windows, or judges motion by
+                another rule than this watch prunes by (open it with `WatchConfig.open`).
         """
         if source.fps != self.config.windows.fps:
             raise ConfigError(f"{source.source}: sampled at {source.fps:g} fps, but the windows count frames at "
                               f"{self.config.windows.fps:g} fps; open it with WatchConfig.open")
-        if self.config.prune is not None and not source.with_motion:
-            raise ConfigError(f"{source.source}: motion pruning needs the source's motion vectors, but it was "
-                              "opened without them; open it with WatchConfig.open")
+        if self.config.prune is not None and source.motion != self.config.prune:
+            raise ConfigError(f"{source.source}: motion pruning needs the source's motion vectors judged by its rule "
+                              f"({self.config.prune}), but the source was opened with {source.motion}; open it with "
+                              "WatchConfig.open")
         return self._verdicts(source, first_window, streak, run or (lambda steps: drive(steps, self.adapter)))
 
     def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:

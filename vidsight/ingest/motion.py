@@ -1,4 +1,4 @@
-"""H.264 motion vectors (FFmpeg's export_mvs side data) as a block-level magnitude map."""
+"""H.264 motion vectors (FFmpeg's export_mvs side data) as block-level maps."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int) -> np.ndarra
         return out
     magnitude = np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
     direction = (vectors["source"] > 0).astype(np.int64)
-    which, r, c = _destination_blocks(vectors, rows, cols)
+    which, r, c = destination_blocks(vectors, rows, cols)
     np.maximum.at(out, (direction[which], r, c), magnitude[which].astype(np.float32))
     return out
 
@@ -40,12 +40,24 @@ def intra_blocks(vectors: np.ndarray | None, height: int, width: int) -> np.ndar
     rows, cols = -(-height // BLOCK), -(-width // BLOCK)
     covered = np.zeros((rows, cols), dtype=bool)
     if vectors is not None and len(vectors):
-        _, r, c = _destination_blocks(vectors, rows, cols)
+        _, r, c = destination_blocks(vectors, rows, cols)
         covered[r, c] = True
     return ~covered
 
 
-def _destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def displacement(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per 4x4 block, where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
+    (FFmpeg: ``src = dst + motion / motion_scale``) and a bool map of the blocks a vector covers.
+    Pass one direction's vectors; where several cover a block, the last one stands."""
+    scale = np.maximum(vectors["motion_scale"], 1).astype(np.float32)
+    which, r, c = destination_blocks(vectors, rows, cols)
+    dx, dy = np.zeros((rows, cols), np.float32), np.zeros((rows, cols), np.float32)
+    covered = np.zeros((rows, cols), dtype=bool)
+    dx[r, c], dy[r, c], covered[r, c] = (vectors["motion_x"] / scale)[which], (vectors["motion_y"] / scale)[which], True
+    return dx, dy, covered
+
+
+def destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(vector index, block row, block column)`` of every block a vector's destination covers."""
     top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // BLOCK
     left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // BLOCK

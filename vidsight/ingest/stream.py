@@ -3,8 +3,9 @@
 A source is a video file (replayed as fast as possible or at its real rate, or followed while it
 grows, as a recorder writes MPEG-TS) or a network stream FFmpeg can open (RTSP, HTTP, ...),
 reopened with exponential back-off when it drops. Reopening resumes after the last frame seen. Frames are
-sampled at a fixed rate by presentation time; the motion between two sampled frames is the
-largest motion any decoded frame between them shows (CodecSight section 3.3).
+sampled at a fixed rate by presentation time; a sampled frame carries the codec signals of every
+frame decoded since the previous sample (CodecSight section 3.3): the largest motion, the
+intra-coded blocks, and the blocks the motion rule (`MotionPruneConfig`) found dynamic.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
+from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
 from vidsight.ingest.motion import intra_blocks, motion_map
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
@@ -74,7 +76,7 @@ class SampledFrame:
     frame_index: int      # decoded-frame number in the stream
     pts_s: float
     rgb: torch.Tensor     # (H, W, 3) uint8
-    codec: CodecInfo      # type, GOP; motion (max) and intra blocks (union) since the last sample
+    codec: CodecInfo      # type, GOP; motion (max), intra and dynamic blocks (union) since the last sample
 
 
 class StreamSource:
@@ -84,14 +86,15 @@ class StreamSource:
         source: A file path or a stream URL.
         fps: Sampling rate.
         realtime: Pace a file at its own frame rate, as a camera would deliver it.
-        with_motion: Collect H.264 motion vectors (for motion-guided pruning).
+        motion: Collect H.264 motion vectors and judge each frame's blocks by this rule (for
+            motion-guided pruning); None decodes without vectors.
         reconnect_tries: Reopen a network stream this many times after it drops (0 for files).
         follow_idle_s: Keep reading a file that grows; stop once it has not grown for this long
             (None: read it once). A followed file may start empty or with an incomplete header,
             as a recorder has just created it.
     """
 
-    def __init__(self, source: str | Path, fps: float, realtime: bool = False, with_motion: bool = True,
+    def __init__(self, source: str | Path, fps: float, realtime: bool = False, motion: MotionPruneConfig | None = None,
                  reconnect_tries: int = 5, follow_idle_s: float | None = None):
         self.source = str(source)
         self.network = self.source.startswith(NETWORK_SCHEMES)
@@ -99,27 +102,27 @@ class StreamSource:
             raise ConfigError(f"follow idle time must be positive seconds, got {follow_idle_s}")
         if not self.network:
             check_readable(self.source, allow_empty=follow_idle_s is not None)
-        self.fps, self.realtime, self.with_motion = fps, realtime, with_motion
+        self.fps, self.realtime, self.motion = fps, realtime, motion
         self.reconnect_tries = reconnect_tries if self.network else 0
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
-        attempt, sampled, resume_after, motion, intra = 0, 0, -math.inf, None, None
+        attempt, sampled, resume_after, signals = 0, 0, -math.inf, (None, None, None)
         origin = None  # the first frame's time: streams rarely start at 0
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
             try:
-                for frame, index, pts_s, kind, gop, (step, new) in self._decoded(resume_after):
-                    motion = step if motion is None or step is None else np.maximum(motion, step)
-                    intra = new if intra is None or new is None else intra | new
+                for frame, index, pts_s, kind, gop, step in self._judged(self._decoded(resume_after)):
+                    # A GOP's signals start at its I-frame: the previous GOP's do not carry over.
+                    signals = step if kind == "I" else tuple(_merge(a, b) for a, b in zip(signals, step))
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
-                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, motion, intra))
-                    sampled, motion, intra = sampled + 1, None, None
+                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals))
+                    sampled, signals = sampled + 1, (None, None, None)
                 if not self._grew(size):
                     return
             except (VideoError, OSError, *DEMUX_ERRORS) as exc:
@@ -151,8 +154,31 @@ class StreamSource:
                 return False
             time.sleep(min(0.1, self.follow_idle_s))
 
+    def _judged(self, decoded):
+        """Each decoded frame with its signals ``(motion, intra, dynamic)``, in presentation order.
+
+        With residuals, a B-frame waits for the next reference frame (its future reference: out
+        of the decoder later, though decoded earlier), then both go on in order.
+        """
+        if self.motion is None:
+            for item in decoded:
+                yield *item[:5], (None, None, None)
+            return
+        rule, waiting = BlockMotion(self.motion), []
+        for frame, index, pts_s, kind, gop in decoded:
+            luma = frame.to_ndarray(format="gray") if self.motion.residuals else None
+            if kind == "B" and luma is not None:
+                waiting.append((frame, index, pts_s, kind, gop, luma))
+                continue
+            for b_frame, *rest, b_luma in waiting:
+                yield b_frame, *rest, _signals(rule, b_frame, rest[2], b_luma, luma)
+            waiting = []
+            yield frame, index, pts_s, kind, gop, _signals(rule, frame, kind, luma, None)
+        for b_frame, *rest, b_luma in waiting:  # the stream ended before their future reference
+            yield b_frame, *rest, _signals(rule, b_frame, rest[2], b_luma, None)
+
     def _decoded(self, resume_after: float):
-        """``(frame, index, pts_s, type, gop, (motion, intra))`` of every frame after ``resume_after`` s."""
+        """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""
         try:
             container = av.open(self.source, mode="r", timeout=10.0 if self.network else None)
         except av.error.FFmpegError as exc:
@@ -163,7 +189,7 @@ class StreamSource:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
-            configure_decoder(stream, self.with_motion, "AUTO")
+            configure_decoder(stream, self.motion is not None, "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
             for frame in container.decode(stream):
@@ -178,12 +204,22 @@ class StreamSource:
                 start = pts_s if start is None else start
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
-                signals = (None, None)
-                if self.with_motion:
-                    vectors = frame_vectors(frame)
-                    intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
-                    signals = (motion_map(vectors, frame.height, frame.width), intra)
-                yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0), signals
+                yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
+
+
+def _signals(rule: BlockMotion, frame, kind: str, luma, future) -> tuple:
+    """``(motion, intra, dynamic)`` block maps of one decoded frame."""
+    vectors = frame_vectors(frame)
+    intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
+    dynamic = rule.update(kind, vectors, frame.height, frame.width, luma, future)
+    return motion_map(vectors, frame.height, frame.width), intra, dynamic
+
+
+def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:
+    """Signals since the last sample: the largest motion, the union of block sets."""
+    if before is None or now is None:
+        return now if before is None else before
+    return before | now if before.dtype == bool else np.maximum(before, now)
 
 
 def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:

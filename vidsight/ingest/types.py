@@ -98,12 +98,15 @@ class CodecInfo:
             when the codec exports no vectors (codecs other than H.264, or vectors not asked for).
         intra: ``(ceil(H/4), ceil(W/4))`` bool, blocks of an inter frame that no vector predicts
             (intra-coded: new content); ``None`` for I-frames or without vectors.
+        dynamic: ``(ceil(H/4), ceil(W/4))`` bool, blocks a motion rule (`MotionPruneConfig`)
+            judged dynamic; ``None`` for I-frames or when no rule was applied.
     """
 
     frame_type: str
     gop_index: int
     motion: np.ndarray | None = None
     intra: np.ndarray | None = None
+    dynamic: np.ndarray | None = None
 
 
 @dataclasses.dataclass

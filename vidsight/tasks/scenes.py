@@ -85,6 +85,11 @@ class Scene:
         zone: ``(x0, y0, x1, y1)`` marked zone, drawn as a dark outline, or None.
         objects: The objects, drawn in order.
         cuts: Times of scene changes, ascending: each starts a new background (a new shot).
+        noise: Sensor noise: Gaussian, this standard deviation in 8-bit levels, new every frame
+            (a real camera's picture; 0 for none).
+        drift: Lighting drift: the whole picture brightens by this many levels per second.
+        photo: An image file to use as the background instead of the generated texture (a real
+            photograph: a static camera's view), scaled to cover the frame.
     """
 
     width: int
@@ -95,6 +100,9 @@ class Scene:
     zone: tuple[int, int, int, int] | None = None
     objects: list[SceneObject] = dataclasses.field(default_factory=list)
     cuts: tuple[float, ...] = ()
+    noise: float = 0.0
+    drift: float = 0.0
+    photo: str | None = None
 
     def __post_init__(self):
         self._backgrounds: dict[int, np.ndarray] = {}
@@ -105,6 +113,9 @@ class Scene:
 
     def background(self, shot: int = 0) -> np.ndarray:
         """Muted smooth texture of one shot, wide enough for the pan."""
+        if shot not in self._backgrounds and self.photo is not None:
+            self._backgrounds[shot] = _photograph(self.photo, self.height, self.width + int(math.ceil(
+                abs(self.pan) * self.duration_s)) + 2)
         if shot not in self._backgrounds:
             rng = np.random.default_rng(self.seed if shot == 0 else [self.seed, shot])
             width = self.width + int(math.ceil(abs(self.pan) * self.duration_s)) + 2
@@ -128,6 +139,11 @@ class Scene:
         for obj in self.objects:
             if obj.visible(t):
                 self._draw(frame, obj, t)
+        if self.noise or self.drift:
+            light = frame + np.float32(self.drift * t)
+            if self.noise:
+                light += np.random.default_rng([self.seed, round(t * 1e6)]).normal(0, self.noise, frame.shape)
+            frame = np.clip(np.rint(light), 0, 255).astype(np.uint8)
         return frame
 
     def _draw(self, frame: np.ndarray, obj: SceneObject, t: float, value=None) -> None:
@@ -178,11 +194,25 @@ class Scene:
     def to_dict(self) -> dict:
         return {
             "width": self.width, "height": self.height, "duration_s": self.duration_s, "seed": self.seed,
-            "pan": self.pan, "zone": self.zone, "cuts": list(self.cuts),
+            "pan": self.pan, "zone": self.zone, "cuts": list(self.cuts), "noise": self.noise, "drift": self.drift,
+            "photo": self.photo,
             "objects": [dataclasses.asdict(o) | {"t_stop": _finite(o.t_stop), "recolour_at": _finite(o.recolour_at)}
                         for o in self.objects],
             "events": self.events(),
         }
+
+
+def _photograph(path: str, height: int, width: int) -> np.ndarray:
+    """The image at ``path`` as RGB, scaled to cover ``(height, width)`` and cropped to its centre."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        scale = max(height / image.height, width / image.width)
+        size = (math.ceil(image.width * scale), math.ceil(image.height * scale))
+        pixels = np.asarray(image.resize(size, Image.Resampling.BICUBIC))
+    top, left = (pixels.shape[0] - height) // 2, (pixels.shape[1] - width) // 2
+    return np.ascontiguousarray(pixels[top : top + height, left : left + width])
 
 
 def _touch(a: SceneObject, b: SceneObject, t: float) -> bool:

@@ -16,7 +16,7 @@ QUESTION = "What colour was the square?"
 
 def test_a_session_answers_as_a_chat_session_fed_the_same_stream(make_server, media, tiny_adapter):
     with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
-        chat.push(StreamSource(media / "clip.mp4", fps=2.0, with_motion=False))
+        chat.push(StreamSource(media / "clip.mp4", fps=2.0))
         expected = chat.ask(QUESTION, GenerationConfig(max_new_tokens=8))
     with make_server() as (url, _):
         opened = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0})

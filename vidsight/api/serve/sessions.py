@@ -59,7 +59,7 @@ class SessionManager:
         source = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))
         config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
-        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], with_motion=False)
+        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"])
         chat = ChatSession(self.adapter, policy, config)
         frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
         session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)

@@ -1,0 +1,166 @@
+"""Which 4x4 blocks of each decoded frame are dynamic: CodecSight's motion rule (section 3.3) and
+a variant that survives sensor noise.
+
+CodecSight marks a block dynamic when ``M = V + alpha * R > tau`` (eqs. 1-4: V the motion-vector
+magnitude in pixels, R the residual's SAD), and the dynamic set grows through the GOP. On a real
+camera's noisy picture the encoder spends quarter-pixel vectors on the noise: few per frame, but
+a GOP's union of a few hundred frames marks every token. Noise vectors are independent from one
+frame to the next and small; real motion persists and is larger. So the default rule asks a
+block to move in two consecutive frames (in the frame before, where its vector says it came
+from, so an object's leading edge counts), above a threshold raised to the noise floor the GOP
+itself shows (the magnitude most transient vectors stay under, once transients are common
+enough to be noise rather than an object's leading edge).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from vidsight.errors import ConfigError
+from vidsight.ingest.motion import BLOCK, displacement, intra_blocks, motion_map
+from vidsight.ingest.residual import residual_map
+
+RULES = ("persistent", "paper", "max")
+# alpha for software decoders: a 4x4 block whose pixels differ from their prediction by four 8-bit
+# levels on average (a SAD of 64, beyond what a CRF-23 encode leaves of sensor noise of sigma 5)
+# weighs as much as a quarter-pixel motion, CodecSight's tau.
+SOFTWARE_ALPHA = 0.25 / 64
+# The noise floor: transient moving blocks (moving now, not in the frame before) on more than this
+# share of a frame are noise; the floor is the magnitude this quantile of them stays under.
+NOISE_SHARE = 0.01
+NOISE_QUANTILE = 0.95
+# A large residual counts only inside a cluster of them: at least this many of the 3x3 blocks around
+# it (a recoloured or appearing object changes a region at once; noise outliers stand alone).
+RESIDUAL_CLUSTER = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class MotionPruneConfig:
+    """Motion-guided pruning settings; one object configures both the source and the pruner.
+
+    Attributes:
+        tau: Motion threshold in pixels (CodecSight's 0.25 px).
+        alpha: Weight of the residual term per SAD level (CodecSight's default 0, its hardware
+            decoders export no residuals; `SOFTWARE_ALPHA` weighs a one-level change like tau).
+            Above 0 the source recomputes residuals from decoded pixels.
+        rule: ``persistent`` (default): motion above ``max(tau, the GOP's noise floor)`` in two
+            consecutive frames, or ``alpha`` times the residual above that in a cluster of blocks;
+            ``paper``: eqs. 3-4 as written, ``V + alpha * R > tau`` on each block; ``max``: the
+            first rule vidsight shipped, any vector above tau or any intra-coded block.
+        dilate_blocks: For ``persistent`` and ``max``: also mark this many blocks around each
+            dynamic one (an object's edge that clips a block moves it less than its vector says).
+    """
+
+    tau: float = 0.25
+    alpha: float = 0.0
+    rule: str = "persistent"
+    dilate_blocks: int = 1
+
+    def __post_init__(self):
+        if self.tau < 0:
+            raise ConfigError(f"tau must be non-negative, got {self.tau}")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha must be non-negative, got {self.alpha}")
+        if self.rule not in RULES:
+            raise ConfigError(f"unknown motion rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        if self.dilate_blocks < 0:
+            raise ConfigError(f"dilate_blocks must be non-negative, got {self.dilate_blocks}")
+
+    @property
+    def residuals(self) -> bool:
+        """Whether the rule needs each frame's residual (and so its pixels and references)."""
+        return self.alpha > 0 and self.rule != "max"
+
+
+class BlockMotion:
+    """The dynamic blocks of each decoded frame of one stream, fed in presentation order.
+
+    State (the previous frame's motion, the GOP's noise floor, the past reference) starts over at
+    every I-frame, so an interval that starts at a keyframe is judged as in the whole stream.
+    """
+
+    def __init__(self, config: MotionPruneConfig):
+        self.config = config
+        self._previous: np.ndarray | None = None   # last frame's motion magnitude per block
+        self._floors: list[float] = []              # this GOP's per-frame noise floors
+        self._reference: np.ndarray | None = None  # luma of the last I- or P-frame
+
+    def update(self, kind: str, vectors: np.ndarray | None, height: int, width: int,
+               luma: np.ndarray | None = None, future: np.ndarray | None = None) -> np.ndarray | None:
+        """``(ceil(height/4), ceil(width/4))`` bool dynamic blocks of this frame; None for an I-frame
+        (kept whole). ``luma`` and ``future`` (the next reference, for B-frames) are needed when
+        `MotionPruneConfig.residuals`."""
+        config = self.config
+        past = self._reference
+        if kind != "B" and luma is not None:
+            self._reference = luma
+        if kind == "I":
+            self._previous, self._floors = None, []
+            return None
+        magnitude = motion_map(vectors, height, width).max(axis=0)
+        residual = None
+        if config.residuals:
+            if luma is None or past is None:
+                raise ConfigError("the residual term needs each frame's luma and its reference")
+            residual = residual_map(luma, vectors, past, future)
+        if config.rule == "paper":
+            energy = config.alpha * residual if residual is not None else 0.0
+            return magnitude + energy > config.tau
+        if config.rule == "max":
+            dynamic = (magnitude > config.tau) | intra_blocks(vectors, height, width)
+        else:
+            dynamic = self._persistent(magnitude, residual, vectors)
+        return _widen(dynamic, config.dilate_blocks)
+
+    def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None
+                    ) -> np.ndarray:
+        tau = self.config.tau
+        previous, self._previous = self._previous, magnitude
+        before = None
+        if previous is not None:
+            before = _at_source(previous, vectors)
+            transient = (magnitude > tau) & (before <= tau)
+            self._floors.append(float(np.quantile(magnitude[transient], NOISE_QUANTILE))
+                                if transient.mean() > NOISE_SHARE else 0.0)
+        threshold = max(tau, float(np.median(self._floors))) if self._floors else tau
+        # The first frame after an I-frame has no motion to persist from: its own counts from the next.
+        dynamic = (magnitude > threshold) & (before > threshold) if before is not None else magnitude < 0
+        if residual is not None:
+            large = self.config.alpha * (residual - float(np.median(residual))) > threshold
+            dynamic |= large & (_neighbours(large) >= RESIDUAL_CLUSTER)
+        return dynamic
+
+
+def _at_source(previous: np.ndarray, vectors: np.ndarray | None) -> np.ndarray:
+    """Per block, the larger of ``previous`` (last frame's per-block map) at the block itself and at
+    the block its past-reference vector comes from."""
+    if vectors is None or len(vectors) == 0:
+        return previous
+    rows, cols = previous.shape
+    dx, dy, _ = displacement(vectors[vectors["source"] < 0], rows, cols)
+    r, c = np.mgrid[0:rows, 0:cols]
+    source_r = np.clip(r + np.rint(dy / BLOCK).astype(np.int64), 0, rows - 1)
+    source_c = np.clip(c + np.rint(dx / BLOCK).astype(np.int64), 0, cols - 1)
+    return np.maximum(previous, previous[source_r, source_c])
+
+
+def _neighbours(blocks: np.ndarray) -> np.ndarray:
+    """Per block, how many of the 3x3 blocks centred on it are set."""
+    padded = np.pad(blocks.astype(np.int16), 1)
+    rows, cols = blocks.shape
+    return sum(padded[dy : dy + rows, dx : dx + cols] for dy in range(3) for dx in range(3))
+
+
+def _widen(blocks: np.ndarray, by: int) -> np.ndarray:
+    """``blocks`` dilated by ``by`` blocks in every direction (a square neighbourhood)."""
+    if by == 0:
+        return blocks
+    padded = np.pad(blocks, by)
+    out = np.zeros_like(blocks)
+    rows, cols = blocks.shape
+    for dy in range(2 * by + 1):
+        for dx in range(2 * by + 1):
+            out |= padded[dy : dy + rows, dx : dx + cols]
+    return out
