@@ -166,7 +166,7 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
     path, _ = make_test_video(width=224, height=168, duration_s=6.0, fps=8, gop=16, seed=6)
     code = main(["watch", str(path), "--query", "Is there a red object in the zone? Answer Yes or No.",
                  "--model", str(tiny_model_dir), "--window", "4", "--stride", "0.25", "--refresh", "anchors",
-                 "--alert-after", "1", "--prune-tau", "0.25", "--json"])
+                 "--alert-after", "1", "--prune-tau", "0.25", "--prune-alpha", "0.004", "--json"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
     windows = [line for line in lines if line["type"] == "window"]
@@ -180,6 +180,7 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
 
 @pytest.mark.parametrize("flags,message", [(["--window", "0.1"], "fewer than 2 frames"), (["--stride", "2"], "stride"),
                                            (["--alert-after", "0"], "alert_after"), (["--prune-tau", "-1"], "tau"),
+                                           (["--prune-tau", "0.25", "--prune-alpha", "-1"], "alpha"),
                                            (["--window", "8", "--refresh", "anchors"], "whole temporal patches")])
 def test_watch_rejects_bad_flags(make_test_video, tiny_model_dir, capsys, flags, message):
     path, _ = make_test_video(duration_s=1.0)

@@ -10,6 +10,7 @@ from vidsight.api.options import _float
 
 def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES
+    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 
     watch = commands.add_parser("watch", parents=parents,
                                 help="a standing Yes/No query over sliding windows of a file or stream")
@@ -27,6 +28,13 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--prune-tau", type=_float, default=None,
                        help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
                             "default: off, lossless)")
+    watch.add_argument("--prune-alpha", type=_float, default=MotionPruneConfig.alpha,
+                       help="weight of the residual term per SAD level (default: 0, CodecSight's; "
+                            f"{SOFTWARE_ALPHA:g} weighs a change of 4 levels per pixel like tau; residuals are "
+                            "recomputed from decoded pixels)")
+    watch.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
+                       help="persistent (default): motion must persist over two frames above the stream's noise "
+                            "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
     watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
                        help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
@@ -35,14 +43,15 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def watch_config(window_s: float, stride: float, fps: float, refresh: str, alert_after: int,
-                 prune_tau: float | None):
-    """A `WatchConfig` from the settings the CLI and the server take."""
+                 prune_tau: float | None, prune_alpha: float = 0.0, prune_rule: str = "persistent"):
+    """A `WatchConfig` from the settings the CLI and the server take (pruning is on when
+    ``prune_tau`` is given)."""
     from vidsight.engine.watch import WatchConfig
+    from vidsight.ingest.dynamic import MotionPruneConfig
     from vidsight.ingest.stream import WindowConfig
-    from vidsight.vision.motion import MotionPruneConfig
 
     windows = WindowConfig(window_s=window_s, stride_fraction=stride, fps=fps)
-    prune = MotionPruneConfig(tau=prune_tau) if prune_tau is not None else None
+    prune = MotionPruneConfig(tau=prune_tau, alpha=prune_alpha, rule=prune_rule) if prune_tau is not None else None
     return WatchConfig(windows=windows, refresh=refresh, alert_after=alert_after, prune=prune)
 
 
@@ -63,7 +72,8 @@ def run_watch(args) -> int:
     from vidsight.engine.watch import Watcher
     from vidsight.models import load_model
 
-    config = watch_config(args.window, args.stride, args.fps, args.refresh, args.alert_after, args.prune_tau)
+    config = watch_config(args.window, args.stride, args.fps, args.refresh, args.alert_after, args.prune_tau,
+                          args.prune_alpha, args.prune_rule)
     source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):

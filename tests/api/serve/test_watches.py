@@ -15,7 +15,8 @@ from vidsight.api.cli import main
 from vidsight.bench.serve import sse_events
 
 pytestmark = pytest.mark.slow
-SETTINGS = {"window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1}
+SETTINGS = {"window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1, "prune_tau": 0.25, "prune_alpha": 0.004,
+            "prune_rule": "persistent"}
 
 
 def read_events(url: str, watch_id: str, last: int | None = None) -> list[dict]:
@@ -32,7 +33,8 @@ def without_timing(record: dict) -> dict:
 
 def cli_lines(capsys, source, tiny_model_dir) -> list[dict]:
     code = main(["watch", str(source), "--query", QUERY, "--model", str(tiny_model_dir), "--window", "4",
-                 "--stride", "0.25", "--fps", "2", "--alert-after", "1", "--json", "--device", "cpu"])
+                 "--stride", "0.25", "--fps", "2", "--alert-after", "1", "--prune-tau", "0.25", "--prune-alpha", "0.004",
+                 "--prune-rule", "persistent", "--json", "--device", "cpu"])
     assert code == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
@@ -52,6 +54,9 @@ def test_sse_events_equal_the_cli_and_resume_from_last_event_id(make_server, med
         assert [e["id"] for e in again] == [e["id"] for e in events[2:]]
         assert httpx.get(f"{url}/v1/watches/{watch_id}").json()["state"] == "done"
         assert httpx.get(f"{url}/v1/watches/{watch_id}/frame.jpg").content[:2] == b"\xff\xd8"
+        refused = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS,
+                                                        "prune_rule": "median"})
+        assert refused.status_code == 422 and "motion rule" in refused.text
 
 
 def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(make_local_server, long_video, capsys,

@@ -30,6 +30,8 @@ class WatchRequest(BaseModel):
     fps: float = Field(default=2.0, gt=0)
     refresh: str = "full-comp"
     prune_tau: float | None = Field(default=None, ge=0)
+    prune_alpha: float = Field(default=0.0, ge=0)
+    prune_rule: str = "persistent"
     alert_after: int = Field(default=2, ge=1)
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
     realtime: bool = False
