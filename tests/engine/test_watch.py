@@ -193,11 +193,38 @@ def test_every_refresh_mode_has_a_policy():
     assert [mode for mode, policy in policies.items() if not policy.reuses] == ["full-comp"]
 
 
-def test_anchor_refresh_picks_each_gops_first_frame_and_the_overlaps_first():
+def test_anchor_refresh_picks_the_patches_of_gop_starts_only():
     from vidsight.engine.refresh import Overlap, refresh_policy
 
     # Three reused patches of two frames; a GOP starts at the overlap's fourth frame.
-    overlap = Overlap(patch_tokens=[3, 2, 3], gops=[0, 0, 0, 1, 1, 1], temporal_patch=2)
-    assert refresh_policy("anchors", 0.15).choose(overlap).tolist() == [0, 1, 2, 3, 4]
+    overlap = Overlap(patch_tokens=[3, 2, 3], gop_starts=[False, False, False, True, False, False], temporal_patch=2)
+    assert refresh_policy("anchors", 0.15).choose(overlap).tolist() == [3, 4]
     assert refresh_policy("all", 0.15).choose(overlap).tolist() == list(range(8))
     assert refresh_policy("reuse", 0.15).choose(overlap).tolist() == []
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_refreshed_tokens_are_those_of_the_overlaps_keyframes(tiny_adapter, make_test_video, align):
+    # 8 fps, a keyframe every 12 frames; sampled at 2 fps (every 4th frame): samples 0, 3, 6, ...
+    # start GOPs. Windows of 8 samples every 4, so an overlap holds 4 samples.
+    path, _ = make_test_video(width=160, height=120, duration_s=10.0, fps=8, gop=12, bframes=False, seed=2)
+    windows = WindowConfig(window_s=4.0, stride_fraction=0.5, fps=2.0, align_keyframes=align)
+    config = WatchConfig(windows, refresh="anchors")
+    frames = list(config.open(path))
+    assert [f.index for f in frames if f.gop_start] == list(range(0, 20, 3))
+    assert all(f.codec.frame_type == "I" for f in frames if f.gop_start)  # the sampled I-frames themselves
+    starts = [w[0].index for w in sliding_windows(iter(frames), windows)]
+    assert starts == ([0, 6, 9, 12] if align else [0, 4, 8, 12])  # aligned: the GOP start within a stride
+    verdicts = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(path)))
+    checked = 0
+    for start, end, verdict in zip(starts, starts[1:], verdicts[1:]):
+        overlap = [f for f in frames if end <= f.index < start + windows.window_frames]
+        if not verdict.reused_tokens:  # a shift of an odd number of samples cuts temporal patches
+            assert align and (end - start) % 2
+            continue
+        expected = {overlap[k - k % 2].frame_index for k, f in enumerate(overlap) if f.gop_start}
+        assert expected and set(verdict.refreshed_frames) == expected
+        if align:
+            assert overlap[0].gop_start and overlap[0].frame_index in verdict.refreshed_frames
+        checked += 1
+    assert checked == (1 if align else 3)

@@ -21,6 +21,10 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--window", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
     watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
     watch.add_argument("--fps", type=_float, default=2.0, help="frames sampled per second (default: 2)")
+    watch.add_argument("--align-windows", action="store_true",
+                       help="start each window at a GOP's first sampled frame when one falls within a stride of "
+                            "its nominal start, so the overlap with the window before starts at a keyframe "
+                            "(CodecSight's; KV is reused only when the shift is whole temporal patches)")
     watch.add_argument("--refresh", default="full-comp", choices=REFRESH_MODES,
                        help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
     watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
@@ -42,17 +46,29 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
 
 
-def watch_config(window_s: float, stride: float, fps: float, refresh: str, alert_after: int,
-                 prune_tau: float | None, prune_alpha: float = 0.0, prune_rule: str = "persistent"):
-    """A `WatchConfig` from the settings the CLI and the server take (pruning is on when
-    ``prune_tau`` is given)."""
+# A watch's settings by the names the server's requests use -> (config, its field); the CLI's
+# flags map onto the same names. A setting left out takes its config's default.
+WATCH_SETTINGS = {
+    "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),
+    "align_windows": ("windows", "align_keyframes"), "refresh": ("watch", "refresh"),
+    "alert_after": ("watch", "alert_after"), "prune_tau": ("prune", "tau"), "prune_alpha": ("prune", "alpha"),
+    "prune_rule": ("prune", "rule"),
+}
+
+
+def watch_config(settings: dict):
+    """A `WatchConfig` from named settings (`WATCH_SETTINGS`); pruning is on when ``prune_tau`` is set."""
     from vidsight.engine.watch import WatchConfig
     from vidsight.ingest.dynamic import MotionPruneConfig
     from vidsight.ingest.stream import WindowConfig
 
-    windows = WindowConfig(window_s=window_s, stride_fraction=stride, fps=fps)
-    prune = MotionPruneConfig(tau=prune_tau, alpha=prune_alpha, rule=prune_rule) if prune_tau is not None else None
-    return WatchConfig(windows=windows, refresh=refresh, alert_after=alert_after, prune=prune)
+    fields = {"windows": {}, "watch": {}, "prune": {}}
+    for name, value in settings.items():
+        if name in WATCH_SETTINGS and value is not None:
+            config, field = WATCH_SETTINGS[name]
+            fields[config][field] = value
+    prune = MotionPruneConfig(**fields["prune"]) if "tau" in fields["prune"] else None
+    return WatchConfig(windows=WindowConfig(**fields["windows"]), prune=prune, **fields["watch"])
 
 
 def verdict_records(verdict, query: str) -> list[dict]:
@@ -72,8 +88,9 @@ def run_watch(args) -> int:
     from vidsight.engine.watch import Watcher
     from vidsight.models import load_model
 
-    config = watch_config(args.window, args.stride, args.fps, args.refresh, args.alert_after, args.prune_tau,
-                          args.prune_alpha, args.prune_rule)
+    config = watch_config({"window_s": args.window, "stride": args.stride, "fps": args.fps,
+                           "align_windows": args.align_windows, "refresh": args.refresh, "alert_after": args.alert_after,
+                           "prune_tau": args.prune_tau, "prune_alpha": args.prune_alpha, "prune_rule": args.prune_rule})
     source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):

@@ -12,19 +12,18 @@ import dataclasses
 import torch
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Overlap:
     """The reused temporal patches of a window.
 
     Attributes:
         patch_tokens: Kept tokens of each reused patch, in order.
-        gops: GOP index of each reused frame, in order.
+        gop_starts: Each reused frame: whether it is the first sampled frame of its GOP.
         temporal_patch: Frames per temporal patch.
     """
 
     patch_tokens: list[int]
-    gops: list[int]
+    gop_starts: list[bool]
     temporal_patch: int
 
     @property
@@ -72,12 +71,12 @@ class RefreshAll(RefreshPolicy):
 
 
 class Anchors(RefreshPolicy):
-    """CodecSight: recompute the tokens of the first sampled frame of each GOP in the overlap and of
-    the overlap's first frame (their temporal patches)."""
+    """CodecSight: recompute the tokens of the overlap's I-frames (their temporal patches). At a
+    sampling rate that skips an I-frame, its GOP's first sampled frame stands for it; an overlap
+    without a GOP start refreshes nothing (`WindowConfig.align_keyframes` starts overlaps at one)."""
 
     def choose(self, overlap: Overlap) -> torch.Tensor:
-        gops = overlap.gops
-        anchor_frames = [k for k in range(len(gops)) if k == 0 or gops[k] != gops[k - 1]]
+        anchor_frames = [k for k, start in enumerate(overlap.gop_starts) if start]
         return overlap.patch_offsets(sorted({k // overlap.temporal_patch for k in anchor_frames}))
 
 

@@ -83,6 +83,7 @@ class WindowVerdict:
     kept_tokens: int            # after pruning: what the language model sees
     reused_tokens: int
     refreshed_tokens: int
+    refreshed_frames: list[int]  # stream frame index of the first frame of each refreshed temporal patch
     stages_s: dict[str, float]
     logits: torch.Tensor = dataclasses.field(repr=False)
 
@@ -98,7 +99,7 @@ class _Window:
 
     cache: KVCache
     samples: list[int]          # stream sample number of each frame
-    gops: list[int]             # GOP of each frame
+    gop_starts: list[bool]      # each frame: the first sampled frame of its GOP
     video_embeds: torch.Tensor  # (video tokens, hidden)
     video_start: int
     patch_tokens: list[int]     # tokens of each temporal patch (after pruning)
@@ -116,10 +117,10 @@ class _Pending:
     video_start: int
     n_video: int
     done: int              # tokens already in the cache (the prefix and the reused patches)
-    refreshed: int
+    refreshed: torch.Tensor  # slots of the refreshed tokens
     patches: int           # reused temporal patches
     samples: list[int]
-    gops: list[int]
+    gop_starts: list[bool]
     patch_tokens: list[int]
     visual_tokens: int     # before pruning
 
@@ -206,6 +207,7 @@ class Watcher:
         with clock.stage("vision"):   # with other windows' frames too when a scheduler encodes them together
             new_embeds = yield window.encode
         logits, reused, refreshed, tokens, kept = self._finish(window, new_embeds, clock)
+        refreshed_frames = window.cache.tokens.frame_index[refreshed].unique().tolist()
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
         # A window spans one sample interval per frame, from its first frame on (its last frame
@@ -213,7 +215,8 @@ class Watcher:
         end_s = frames[0].pts_s + len(frames) / self.config.windows.fps
         return WindowVerdict(window=number, start_s=frames[0].pts_s, end_s=end_s, answer=answer,
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
-                             visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused, refreshed_tokens=refreshed,
+                             visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused,
+                             refreshed_tokens=len(refreshed), refreshed_frames=refreshed_frames,
                              stages_s=dict(clock.stats.stages_s), logits=logits)
 
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
@@ -255,7 +258,7 @@ class Watcher:
                         adapter.device)
         samples = [f.index for f in frames]
         patches = self._reusable_patches(samples, patch_tokens, video_start)
-        done, refreshed = 0, 0
+        done, refreshed = 0, torch.empty(0, dtype=torch.long)
         if patches:
             done, refreshed = self._reuse(cache, patches, positions, rows, video_start, clock)
         first_new = patches * spec.temporal_patch_size
@@ -263,7 +266,7 @@ class Watcher:
             pixels = preprocess_video(batch.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
         encode = EncodeRequest(pixels.pixel_values, pixels.grid_thw, keep[patches:] if keep is not None else None)
         return _Pending(encode, cache, ids, positions, rows, video_start, prompt.video_tokens, done, refreshed, patches,
-                        samples, [f.codec.gop_index for f in frames], patch_tokens, plan.video_tokens)
+                        samples, [f.gop_start for f in frames], patch_tokens, plan.video_tokens)
 
     @torch.inference_mode()
     def _finish(self, window: "_Pending", new_embeds: torch.Tensor, clock: StageClock):
@@ -280,7 +283,7 @@ class Watcher:
         if self._refresh.reuses:
             old = self._previous.video_embeds[self._previous.video_embeds.shape[0] - reused:] if reused else \
                 new_embeds[:0]
-            self._previous = _Window(cache, window.samples, window.gops, torch.cat([old, new_embeds]), video_start,
+            self._previous = _Window(cache, window.samples, window.gop_starts, torch.cat([old, new_embeds]), video_start,
                                      window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, window.n_video
 
@@ -300,7 +303,7 @@ class Watcher:
 
     def _reuse(self, cache: KVCache, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int,
                clock: StageClock) -> tuple[int, int]:
-        """Fill ``cache`` with the prefix and the reused patches; returns (tokens filled, tokens refreshed)."""
+        """Fill ``cache`` with the prefix and the reused patches; returns (tokens filled, slots refreshed)."""
         previous, tp = self._previous, self.adapter.vision.temporal_patch_size
         old = previous.cache
         count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
@@ -315,7 +318,7 @@ class Watcher:
                 cache.keep(layer, done)
             cache.commit(rows[:done])
             overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
-                              previous.gops[len(previous.gops) - patches * tp:], tp)
+                              previous.gop_starts[len(previous.gop_starts) - patches * tp:], tp)
             picked = self._refresh.choose(overlap)
             refreshed = _refresh(self.adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
                                  positions[:, picked + video_start], self._refresh)
@@ -323,11 +326,11 @@ class Watcher:
 
 
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-             policy: RefreshPolicy) -> int:
+             policy: RefreshPolicy) -> torch.Tensor:
     """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
-    attending to every cached token before it. Returns how many tokens the last layer refreshed."""
+    attending to every cached token before it. Returns the slots the last layer refreshed."""
     if len(slots) == 0:
-        return 0
+        return slots
     hidden = embeds[None].to(adapter.dtype)
     cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
     for layer in range(adapter.num_layers):
@@ -339,7 +342,7 @@ def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: t
         cache.overwrite(layer, slots, k, v)
         keys, values = cache.read(layer)
         hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, 0, query_slots=slots))
-    return len(slots)
+    return slots
 
 
 def _nearest_strides(windows, temporal_patch: int) -> str:

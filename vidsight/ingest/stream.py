@@ -45,11 +45,15 @@ class WindowConfig:
         window_s: Window length in seconds.
         stride_fraction: Stride as a share of the window.
         fps: Sampling rate.
+        align_keyframes: Start each window (and so the overlap with the window before) at the
+            first sampled frame of a GOP when one falls within a stride of its nominal start
+            (CodecSight: "we ensure that the I-frame is the first frame in the overlapped region").
     """
 
     window_s: float = 40.0
     stride_fraction: float = 0.2
     fps: float = 2.0
+    align_keyframes: bool = False
 
     def __post_init__(self):
         if not 0 < self.fps <= 120:
@@ -77,6 +81,7 @@ class SampledFrame:
     pts_s: float
     rgb: torch.Tensor     # (H, W, 3) uint8
     codec: CodecInfo      # type, GOP; motion (max), intra and dynamic blocks (union) since the last sample
+    gop_start: bool = False  # the first sampled frame at or after a keyframe (the I-frame itself when sampled)
 
 
 class StreamSource:
@@ -108,7 +113,7 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
-        attempt, sampled, resume_after, signals = 0, 0, -math.inf, (None, None, None)
+        attempt, sampled, resume_after, signals, keyframe = 0, 0, -math.inf, (None, None, None), False
         origin = None  # the first frame's time: streams rarely start at 0
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
@@ -116,13 +121,14 @@ class StreamSource:
                 for frame, index, pts_s, kind, gop, step in self._judged(self._decoded(resume_after)):
                     # A GOP's signals start at its I-frame: the previous GOP's do not carry over.
                     signals = step if kind == "I" else tuple(_merge(a, b) for a, b in zip(signals, step))
+                    keyframe |= kind == "I"
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
-                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals))
-                    sampled, signals = sampled + 1, (None, None, None)
+                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals), keyframe)
+                    sampled, signals, keyframe = sampled + 1, (None, None, None), False
                 if not self._grew(size):
                     return
             except (VideoError, OSError, *DEMUX_ERRORS) as exc:
@@ -223,18 +229,34 @@ def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | No
 
 
 def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:
-    """Windows of ``config.window_frames`` sampled frames every ``config.stride_frames``; a
-    stream shorter than one window yields what it had, once."""
-    buffer: deque[SampledFrame] = deque(maxlen=config.window_frames)
-    emitted = False
+    """Windows of ``config.window_frames`` sampled frames, the k-th starting at ``k * stride_frames``
+    (or, aligned, at the GOP start within a stride after it); a stream shorter than one window
+    yields what it had, once."""
+    size, stride = config.window_frames, config.stride_frames
+    history: deque[SampledFrame] = deque(maxlen=size + stride)
+    emitted, number, start = False, 0, None
     for frame in frames:
-        buffer.append(frame)
-        first = frame.index - config.window_frames + 1
-        if first >= 0 and first % config.stride_frames == 0:
+        history.append(frame)
+        while True:
+            if start is None:
+                start = _window_start(history, number * stride, stride, config.align_keyframes)
+            if start is None or history[-1].index < start + size - 1:
+                break
             emitted = True
-            yield list(buffer)
-    if not emitted and buffer:
-        yield list(buffer)
+            yield [f for f in history if start <= f.index < start + size]
+            number, start = number + 1, None
+    if not emitted and history:
+        yield list(history)[-size:]
+
+
+def _window_start(history: deque[SampledFrame], nominal: int, stride: int, align: bool) -> int | None:
+    """Where the window due at sample ``nominal`` starts; None until the frames seen decide it."""
+    if not align:
+        return nominal if history[-1].index >= nominal else None
+    for frame in history:
+        if nominal <= frame.index < nominal + stride and frame.gop_start:
+            return frame.index
+    return nominal if history[-1].index >= nominal + stride - 1 else None
 
 
 def as_batch(frames: list[SampledFrame]) -> FrameBatch:

@@ -28,6 +28,7 @@ class WatchRequest(BaseModel):
     window_s: float = Field(default=40.0, gt=0)
     stride: float = Field(default=0.2, gt=0, le=1)
     fps: float = Field(default=2.0, gt=0)
+    align_windows: bool = False
     refresh: str = "full-comp"
     prune_tau: float | None = Field(default=None, ge=0)
     prune_alpha: float = Field(default=0.0, ge=0)

@@ -105,7 +105,7 @@ class WatchManager:
 
     def _check(self, spec: dict) -> None:
         stream_source(spec["source"], self.serve_config)   # refuses a path outside the allow-list
-        config = _config(spec)
+        config = watch_config(spec)
         from vidsight.engine.watch import Watcher
 
         Watcher(self.adapter, spec["query"], config)   # refuses a bad query or stride now, not in the thread
@@ -123,7 +123,7 @@ class WatchManager:
         from vidsight.engine.watch import Watcher
 
         try:
-            config = _config(spec)
+            config = watch_config(spec)
             source = config.open(stream_source(spec["source"], self.serve_config), realtime=spec.get("realtime", False))
             first, streak = self.store.resume_point(watch_id)
             # A file is read again from its start and its judged windows passed over; a live
@@ -199,9 +199,3 @@ def deliver_webhook(url: str, payload: dict, tries: int = WEBHOOK_TRIES, backoff
     log.warning("webhook %s: not delivered after %d tries", url, tries)
     return False
 
-
-def _config(spec: dict):
-    """The stored request's `WatchConfig` (watches stored before the motion rule had settings get
-    CodecSight's alpha and the default rule)."""
-    return watch_config(spec["window_s"], spec["stride"], spec["fps"], spec["refresh"], spec["alert_after"],
-                        spec["prune_tau"], spec.get("prune_alpha", 0.0), spec.get("prune_rule", "persistent"))
