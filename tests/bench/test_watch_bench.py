@@ -13,6 +13,9 @@ def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
     assert results["pruning"]["mean_per_window"]["kept"] < full["mean_per_window"]["kept"]
     assert results["refresh"]["mean_per_window"]["reused"] > 0 and full["mean_per_window"]["reused"] == 0
     assert both["flops_reduction"] > 1
+    vision = {name: r["mean_per_window"]["vision_flops"] for name, r in results.items()}
+    assert vision["pruning"] < vision["full-comp"] and vision["refresh"] < vision["full-comp"]
+    assert all(0 < r["mean_per_window"]["vision_flops"] < r["mean_per_window"]["flops"] for r in results.values())
     assert 0 <= both["f1"] <= 1 and {"precision", "recall"} <= set(both)
 
 

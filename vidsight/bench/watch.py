@@ -4,8 +4,9 @@ Every configuration watches the same labelled videos through `Watcher`: the gene
 videos (rendered from their scenes at a chosen GOP length, so GOP sweeps are possible) or a
 UCF-Crime-style folder with a labels CSV (``video,label`` with label 0/1). Per configuration it
 reports the mean per-window stage latency, tokens (visual, kept after pruning, reused, refreshed),
-FLOPs estimated from those token counts, and video-level precision/recall/F1 with CodecSight's
-rule (positive after two consecutive Yes windows).
+FLOPs of the vision encoder and of everything (`bench.flops`: measured on the operations run, in
+a second pass so the count's overhead stays out of the timings), and video-level
+precision/recall/F1 with CodecSight's rule (positive after two consecutive Yes windows).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
+from vidsight.bench.flops import drive_counting
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
 from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS
@@ -72,34 +74,34 @@ def labelled_folder(folder: str | Path, labels_csv: str | Path, query: str) -> l
     return videos
 
 
-def _flop_counter(adapter):
-    """``verdict -> FLOPs`` of one window's prefill and encoder, estimated from what it computed."""
-    text = adapter.model.config.text_config
-    attention = 4 * text.num_hidden_layers * text.hidden_size  # per token and context token
-    per_token = 2 * sum(p.numel() for p in adapter.model.model.language_model.layers.parameters())
-    per_patch = 2 * sum(p.numel() for p in adapter.model.model.visual.parameters())
-    patches_per_token = adapter.vision.merge_size ** 2
+def _measured_flops(adapter: VLMAdapter, video: dict, config: WatchConfig) -> list[tuple[int, int]]:
+    """``(vision, all)`` FLOPs of each window of ``video``, counted on a watch of its own."""
+    flops = []
 
-    def flops(verdict) -> float:
-        computed = verdict.kept_tokens - verdict.reused_tokens + verdict.refreshed_tokens
-        encoded = (verdict.kept_tokens - verdict.reused_tokens) * patches_per_token
-        return computed * (per_token + attention * verdict.kept_tokens) + per_patch * encoded
+    def counted(steps):
+        verdict, vision, total = drive_counting(steps, adapter)
+        flops.append((vision, total))
+        return verdict
 
+    for _ in Watcher(adapter, video["query"], config).watch(config.open(video["video"]), run=counted):
+        pass
     return flops
 
 
 def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
     """Watch every video under every configuration; the report described in the module docstring."""
-    results, flops = {}, _flop_counter(adapter)
+    results = {}
     for name, config in configs.items():
         windows, predicted, actual = [], [], []
         for video in tqdm(videos, desc=name, disable=not progress, leave=False):
             verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
+            flops = _measured_flops(adapter, video, config)
             predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
             actual.append(video["label"])
             windows += [{**{s: v.stages_s.get(s, 0.0) for s in WINDOW_STAGES}, "visual": v.visual_tokens,
                          "kept": v.kept_tokens, "reused": v.reused_tokens, "refreshed": v.refreshed_tokens,
-                         "flops": flops(v)} for v in verdicts[1:]]  # the first window has nothing to reuse
+                         "vision_flops": vision, "flops": total}
+                        for v, (vision, total) in list(zip(verdicts, flops, strict=True))[1:]]  # the first reuses nothing
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
