@@ -6,12 +6,11 @@ group the moving object covers is kept; a recoloured object that does not move i
 the residual term.
 """
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
+from vidsight.bench.motion import groups_covered
 from vidsight.engine.prompt import plan_video
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
@@ -27,20 +26,6 @@ def record(path, scene: Scene):
     times = np.arange(int(scene.duration_s * FPS)) / FPS
     write_video(path, (scene.render(t) for t in times), times, FPS, gop=int(GOP_S * FPS), crf=23, preset="medium")
     return path
-
-
-def groups_covered(scene: Scene, t: float, grid_hw) -> set[tuple[int, int]]:
-    """Merge groups ``(row, col)`` any visible object overlaps at time ``t``."""
-    rows, cols = grid_hw
-    out = set()
-    for obj in scene.objects:
-        if not obj.visible(t):
-            continue
-        x0, y0, x1, y1 = obj.box(t)
-        for r in range(max(0, y0 * rows // scene.height), min(rows, math.ceil(y1 * rows / scene.height))):
-            for c in range(max(0, x0 * cols // scene.width), min(cols, math.ceil(x1 * cols / scene.width))):
-                out.add((r, c))
-    return out
 
 
 def kept_groups(path, prune: MotionPruneConfig, adapter):

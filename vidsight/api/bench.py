@@ -63,7 +63,10 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_watch.add_argument("--videos", type=int, default=20, help="generated anomaly videos (default: 20)")
     bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
     bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
-    bench_watch.add_argument("--sweeps", action="store_true", help="also sweep stride, tau and GOP length")
+    bench_watch.add_argument("--sweeps", action="store_true",
+                             help="also sweep tau, alpha, motion rule, refresh mode, window alignment, stride and GOP length")
+    bench_watch.add_argument("--static-scenes", action="store_true",
+                             help="also measure the motion rules on noisy static-camera scenes (kept share, recall)")
     bench_watch.add_argument("--folder", default=None, help="a folder of videos to use instead (UCF-Crime style)")
     bench_watch.add_argument("--labels", default=None, help="with --folder: CSV with video,label columns")
     bench_watch.add_argument("--query", default=None, help="with --folder: the standing query")
@@ -165,7 +168,7 @@ def _run_bench_watch(args) -> int:
             raise ConfigError("--videos and --gop must be positive")
         videos = anomaly_videos(args.root, args.videos, args.gop)
     adapter = build_shape(args.shape) if args.shape else load_model(args.model)
-    report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root,
+    report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root, args.static_scenes,
                              progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")

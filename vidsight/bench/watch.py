@@ -12,6 +12,7 @@ precision/recall/F1 with CodecSight's rule (positive after two consecutive Yes w
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import platform
 from pathlib import Path
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.flops import drive_counting
+from vidsight.bench.motion import format_motion_report, run_motion_bench
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
 from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS
@@ -29,7 +31,7 @@ from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import WindowConfig
 from vidsight.models.base import VLMAdapter
-from vidsight.vision.motion import MotionPruneConfig
+from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 
 # The anomaly suite's windows: 10 s at 2 fps, stride 20 %.
 SUITE_WINDOWS = WindowConfig(window_s=WINDOW_FRAMES / SAMPLE_FPS, stride_fraction=STRIDE_FRAMES / WINDOW_FRAMES,
@@ -88,8 +90,10 @@ def _measured_flops(adapter: VLMAdapter, video: dict, config: WatchConfig) -> li
     return flops
 
 
-def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False) -> dict:
-    """Watch every video under every configuration; the report described in the module docstring."""
+def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False,
+              base: dict | None = None) -> dict:
+    """Watch every video under every configuration; the report described in the module docstring.
+    Ratios are against ``base`` (a Full-Comp result) or the ``full-comp`` configuration."""
     results = {}
     for name, config in configs.items():
         windows, predicted, actual = [], [], []
@@ -106,7 +110,7 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
                          **precision_recall_f1(predicted, actual)}
-    base = results["full-comp"] if "full-comp" in results else None
+    base = base or results.get("full-comp")
     for result in results.values():
         if base:
             result["speedup_vision_prefill"] = base["vision_prefill_s"] / max(result["vision_prefill_s"], 1e-9)
@@ -115,28 +119,47 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
     return results
 
 
-def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, sweeps: bool = False, root: str | Path = "",
-                    progress: bool = False) -> dict:
-    """The four configurations, and optionally sweeps of stride, tau and GOP for pruning+refresh."""
+def sweeps(tau: float) -> dict[str, dict]:
+    """Pruning+refresh with one setting changed at a time, on the suite's windows: axis -> value -> config."""
+    both = configurations(tau)["pruning+refresh"]
+    prune, windows = both.prune, both.windows
+    return {
+        "tau": {value: dataclasses.replace(both, prune=dataclasses.replace(prune, tau=value))
+                for value in (0.25, 1.0, 4.0, 16.0)},
+        "alpha": {value: dataclasses.replace(both, prune=dataclasses.replace(prune, alpha=value))
+                  for value in (0.0, SOFTWARE_ALPHA)},
+        "rule": {rule: dataclasses.replace(both, prune=dataclasses.replace(prune, rule=rule)) for rule in RULES},
+        "refresh": {mode: dataclasses.replace(both, refresh=mode) for mode in ("anchors", "deviation", "reuse")},
+        "align": {align: dataclasses.replace(both, windows=dataclasses.replace(windows, align_keyframes=align))
+                  for align in (False, True)},
+    }
+
+
+def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, sweep: bool = False,
+                    root: str | Path = "", static_scenes: bool = False, progress: bool = False) -> dict:
+    """The four configurations; optionally sweeps of one setting at a time for pruning+refresh
+    (stride and GOP length against their own Full-Comp, the rest against the suite's), and the
+    motion rules on noisy static-camera scenes (`bench.motion`)."""
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": SUITE_WINDOWS.window_s,
               "stride_fraction": SUITE_WINDOWS.stride_fraction, "fps": SUITE_WINDOWS.fps, "tau": tau,
               "configs": run_watch(adapter, videos, configurations(tau), progress)}
-    if sweeps:
-        both = configurations(tau)["pruning+refresh"]
-        report["sweeps"] = {"stride": {}, "tau": {}, "gop": {}}
+    if sweep:
+        both, base = configurations(tau)["pruning+refresh"], report["configs"]["full-comp"]
+        report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
+                                   for value, config in values.items()} for axis, values in sweeps(tau).items()}
+        report["sweeps"]["stride"] = {}
         for stride in (0.1, 0.2, 0.4):
             windows = WindowConfig(SUITE_WINDOWS.window_s, stride, SUITE_WINDOWS.fps)
-            configs = {"full-comp": WatchConfig(windows), "both": WatchConfig(windows, "anchors", prune=both.prune)}
+            configs = {"full-comp": WatchConfig(windows), "both": dataclasses.replace(both, windows=windows)}
             report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress)["both"]
-        for value in (0.25, 1.0, 5.0):
-            configs = {"full-comp": WatchConfig(SUITE_WINDOWS),
-                       "both": WatchConfig(SUITE_WINDOWS, "anchors", prune=MotionPruneConfig(tau=value))}
-            report["sweeps"]["tau"][value] = run_watch(adapter, videos, configs, progress)["both"]
+        report["sweeps"]["gop"] = {}
         for gop in (8, 32, 64):
             regop = anomaly_videos(root, len(videos), gop)
             report["sweeps"]["gop"][gop] = run_watch(adapter, regop, {"full-comp": WatchConfig(SUITE_WINDOWS),
                                                                     "both": both}, progress)["both"]
+    if static_scenes:
+        report["static_scenes"] = run_motion_bench(adapter, root)
     return report
 
 
@@ -154,7 +177,10 @@ def format_watch_report(report: dict) -> str:
                      f"{r['precision']:5.2f} {r['recall']:5.2f} {r['f1']:5.2f}")
     for axis, runs in report.get("sweeps", {}).items():
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
-            f"{value}: {r['speedup_vision_prefill']:.2f}x, F1 {r['f1']:.2f}" for value, r in runs.items()))
+            f"{value}: {r['speedup_vision_prefill']:.2f}x, {r['flops_reduction']:.2f}x FLOP, kept "
+            f"{r['mean_per_window']['kept']:.0f}, F1 {r['f1']:.2f}" for value, r in runs.items()))
+    if "static_scenes" in report:
+        lines += ["", format_motion_report(report["static_scenes"])]
     return "\n".join(lines)
 
 
@@ -168,7 +194,12 @@ def plot_watch_report(report: dict, path: str | Path) -> Path:
     configs = report["configs"]
     names = list(configs)
     sweeps = report.get("sweeps", {})
-    fig, axes = plt.subplots(1, 3 + len(sweeps), figsize=(5 * (3 + len(sweeps)), 4))
+    columns = min(4, 3 + len(sweeps))
+    rows = -(-(3 + len(sweeps)) // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(5 * columns, 4 * rows), squeeze=False)
+    axes = grid.ravel()
+    for ax in axes[3 + len(sweeps):]:
+        ax.axis("off")
     left = np.zeros(len(names))
     for stage in ("preprocess", "vision", "prefill"):
         values = np.array([configs[n]["mean_per_window"][stage] for n in names])

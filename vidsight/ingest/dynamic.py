@@ -33,7 +33,7 @@ NOISE_SHARE = 0.01
 NOISE_QUANTILE = 0.95
 # A large residual counts only inside a cluster of them: at least this many of the 3x3 blocks around
 # it (a recoloured or appearing object changes a region at once; noise outliers stand alone).
-RESIDUAL_CLUSTER = 5
+RESIDUAL_CLUSTER = 7
 
 
 @dataclasses.dataclass(frozen=True)
