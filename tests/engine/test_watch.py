@@ -228,3 +228,21 @@ def test_refreshed_tokens_are_those_of_the_overlaps_keyframes(tiny_adapter, make
             assert overlap[0].gop_start and overlap[0].frame_index in verdict.refreshed_frames
         checked += 1
     assert checked == (1 if align else 3)
+
+
+@pytest.mark.parametrize("refresh,tau", [("anchors", None), ("anchors", 0.25), ("deviation", None), ("reuse", 0.25)])
+def test_reuse_in_place_equals_reuse_by_copy(tiny_adapter, stream_video, refresh, tau):
+    import dataclasses
+
+    from vidsight.vision.motion import MotionPruneConfig
+
+    prune = MotionPruneConfig(tau=tau) if tau is not None else None
+    in_place = WatchConfig(WINDOWS, refresh=refresh, prune=prune)
+    by_copy = dataclasses.replace(in_place, reuse_in_place=False)
+    a = list(Watcher(tiny_adapter, QUERY, in_place).watch(in_place.open(stream_video)))
+    b = list(Watcher(tiny_adapter, QUERY, by_copy).watch(by_copy.open(stream_video)))
+    assert sum(v.reused_tokens for v in a) > 0
+    for x, y in zip(a, b, strict=True):
+        assert (x.answer, x.kept_tokens, x.reused_tokens, x.refreshed_frames) == \
+               (y.answer, y.kept_tokens, y.reused_tokens, y.refreshed_frames)
+        assert torch.allclose(x.logits, y.logits, atol=1e-4)

@@ -74,3 +74,22 @@ def test_a_cache_grows_keeping_its_contents_and_truncates_to_a_prefix():
     assert cache.filled == [2, 2] and cache.length == 2
     with pytest.raises(Exception, match="truncate"):
         cache.truncate(3)
+
+
+def test_retain_keeps_chosen_tokens_in_place_in_every_layer():
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32,
+                    device=torch.device("cpu"))
+    keys = torch.arange(12.0).reshape(1, 1, 6, 2)
+    for layer, kept in [(0, None), (1, torch.tensor([1, 3, 4]))]:  # layer 1 dropped tokens 0, 2, 5
+        cache.write(layer, keys, -keys)
+        cache.keep(layer, 6, kept)
+    cache.commit(TokenTable.text(torch.arange(6).expand(3, -1)))
+    cache.retain(torch.tensor([0, 3, 4, 5]), TokenTable.text(torch.arange(20, 24).expand(3, -1)))
+    assert cache.filled == [4, 2] and cache.length == 4
+    assert torch.equal(cache.keys[0, 0, 0, :4], keys[0, 0, [0, 3, 4, 5]])
+    assert torch.equal(cache.values[1, 0, 0, :2], -keys[0, 0, [3, 4]])
+    # Each layer's slots now point at the new table's rows: layer 1 holds rows 1 and 2 (tokens 3, 4).
+    assert cache.layer_tokens(1).position[:, 0].tolist() == [21, 22]
+    assert cache.layer_tokens(0).position[:, 0].tolist() == [20, 21, 22, 23]
+    with pytest.raises(ConfigError, match="described"):
+        cache.retain(torch.tensor([0, 1]), TokenTable.text(torch.arange(3).expand(3, -1)))

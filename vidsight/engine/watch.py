@@ -44,6 +44,9 @@ class WatchConfig:
         deviation_ratio: Share of reused tokens the ``deviation`` mode recomputes (CacheBlend's 15 %).
         alert_after: Consecutive Yes windows that raise an alert (CodecSight's rule: 2).
         prune: Motion-vector patch pruning before the encoder (off when None; lossy).
+        reuse_in_place: With KV reuse, update the previous window's cache where it lies (CodecSight:
+            drop what left the window, re-rotate the kept keys, refresh, append); False copies the
+            reused KV into a new cache per window (vidsight's first implementation, for comparison).
     """
 
     windows: WindowConfig = WindowConfig()
@@ -51,6 +54,7 @@ class WatchConfig:
     deviation_ratio: float = 0.15
     alert_after: int = ALERT_AFTER
     prune: MotionPruneConfig | None = None
+    reuse_in_place: bool = True
 
     def __post_init__(self):
         if self.refresh not in REFRESH_MODES:
@@ -254,13 +258,14 @@ class Watcher:
         ids, positions, rows, video_start = prompt.ids, prompt.positions, prompt.rows, prompt.video_start
         patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None
                         else [plan.tokens_per_patch] * plan.grid_thw[0])
-        cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
-                        adapter.device)
         samples = [f.index for f in frames]
         patches = self._reusable_patches(samples, patch_tokens, video_start)
         done, refreshed = 0, torch.empty(0, dtype=torch.long)
         if patches:
-            done, refreshed = self._reuse(cache, patches, positions, rows, video_start, clock)
+            cache, done, refreshed = self._reuse(patches, positions, rows, video_start, len(ids) + 1, clock)
+        else:
+            cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
+                            adapter.device)
         first_new = patches * spec.temporal_patch_size
         with clock.stage("preprocess"):
             pixels = preprocess_video(batch.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
@@ -301,10 +306,11 @@ class Watcher:
             return 0
         return patches
 
-    def _reuse(self, cache: KVCache, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int,
-               clock: StageClock) -> tuple[int, int]:
-        """Fill ``cache`` with the prefix and the reused patches; returns (tokens filled, slots refreshed)."""
-        previous, tp = self._previous, self.adapter.vision.temporal_patch_size
+    def _reuse(self, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int, capacity: int,
+               clock: StageClock) -> tuple[KVCache, int, torch.Tensor]:
+        """The window's cache holding the prefix and the reused patches, re-rotated to their new
+        positions and refreshed; returns (cache, tokens filled, slots refreshed)."""
+        adapter, previous, tp = self.adapter, self._previous, self.adapter.vision.temporal_patch_size
         old = previous.cache
         count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
         first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
@@ -312,17 +318,29 @@ class Watcher:
         with clock.stage("prefill"):
             source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
             old_positions = old.tokens.position[source].T
-            for layer in range(self.adapter.num_layers):
-                keys, values = old.read(layer, source)
-                cache.write(layer, self.adapter.rerotate_keys(keys, old_positions, positions[:, :done]), values)
-                cache.keep(layer, done)
-            cache.commit(rows[:done])
+            new_positions = positions[:, :done]
+            if self.config.reuse_in_place:
+                cache = old
+                cache.retain(source, rows[:done])
+                cache.reserve(capacity - done)
+                for layer in range(adapter.num_layers):
+                    keys, values = cache.read(layer)
+                    cache.overwrite(layer, torch.arange(done), adapter.rerotate_keys(keys, old_positions, new_positions),
+                                    values)
+            else:
+                cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
+                                adapter.device)
+                for layer in range(adapter.num_layers):
+                    keys, values = old.read(layer, source)
+                    cache.write(layer, adapter.rerotate_keys(keys, old_positions, new_positions), values)
+                    cache.keep(layer, done)
+                cache.commit(rows[:done])
             overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
                               previous.gop_starts[len(previous.gop_starts) - patches * tp:], tp)
             picked = self._refresh.choose(overlap)
-            refreshed = _refresh(self.adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
+            refreshed = _refresh(adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
                                  positions[:, picked + video_start], self._refresh)
-        return done, refreshed
+        return cache, done, refreshed
 
 
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,

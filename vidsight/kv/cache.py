@@ -228,6 +228,26 @@ class KVCache:
             self.slot_rows[layer, self.filled[layer] :] = -1
         self.tokens = self.tokens[:length]
 
+    def retain(self, rows: torch.Tensor, table: TokenTable) -> None:
+        """Keep only the tokens of ``rows`` (ascending), moved to the front of every layer in place,
+        and describe them by ``table`` from now on (e.g. their new positions once their keys are
+        re-rotated with `overwrite`). A layer that dropped one of them keeps the others."""
+        if len(table) != len(rows):
+            raise ConfigError(f"{len(rows)} tokens retained but {len(table)} described")
+        kept = torch.zeros(len(self.tokens), dtype=torch.bool)
+        kept[rows] = True
+        renumber = torch.cumsum(kept, 0) - 1
+        for layer in range(len(self.filled)):
+            slot_rows = self.rows(layer)
+            slots = torch.nonzero(kept[slot_rows]).flatten()
+            index = slots.to(self.keys.device)
+            for buffer in (self.keys, self.values):
+                buffer[layer, :, :, : len(slots)] = buffer[layer, :, :, index]
+            self.slot_rows[layer, : len(slots)] = renumber[slot_rows[slots]]
+            self.slot_rows[layer, len(slots) :] = -1
+            self.filled[layer] = len(slots)
+        self.tokens = table
+
     def commit(self, rows: TokenTable) -> None:
         """Record what the chunk's tokens are, once every layer has settled it with `keep`."""
         self.tokens = TokenTable.concat([self.tokens, rows])
