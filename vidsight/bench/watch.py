@@ -132,6 +132,7 @@ def sweeps(tau: float) -> dict[str, dict]:
         "refresh": {mode: dataclasses.replace(both, refresh=mode) for mode in ("anchors", "deviation", "reuse")},
         "align": {align: dataclasses.replace(both, windows=dataclasses.replace(windows, align_keyframes=align))
                   for align in (False, True)},
+        "reuse_in_place": {in_place: dataclasses.replace(both, reuse_in_place=in_place) for in_place in (True, False)},
     }
 
 

@@ -61,7 +61,8 @@ def destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.nd
     """``(vector index, block row, block column)`` of every block a vector's destination covers."""
     top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // BLOCK
     left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // BLOCK
-    which, r, c = [], [], []
+    empty = np.empty(0, dtype=np.int64)
+    which, r, c = [empty], [empty], [empty]  # a direction may have no vectors (a B-frame predicted forward only)
     # Partitions come in a handful of sizes; one vectorised pass per block offset inside them.
     for bh, bw in {(int(h), int(w)) for h, w in zip(vectors["h"], vectors["w"])}:
         sel = np.flatnonzero((vectors["h"] == bh) & (vectors["w"] == bw))

@@ -1,0 +1,42 @@
+"""The motion rules on hand-made vector records: persistence, the noise floor, widening, edge cases."""
+
+import numpy as np
+
+from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
+
+H, W = 32, 32  # 8x8 blocks
+
+
+def vectors(*moves, source=-1):
+    """One 4x4 vector per ``(block row, block col, dx, dy)``."""
+    dtype = np.dtype([("source", "i4"), ("w", "u1"), ("h", "u1"), ("src_x", "i2"), ("src_y", "i2"), ("dst_x", "i2"),
+                      ("dst_y", "i2"), ("flags", "u8"), ("motion_x", "i4"), ("motion_y", "i4"), ("motion_scale", "u2")])
+    out = np.zeros(len(moves), dtype=dtype)
+    for k, (r, c, dx, dy) in enumerate(moves):
+        out[k] = (source, 4, 4, 0, 0, 4 * c + 2, 4 * r + 2, 0, round(dx * 4), round(dy * 4), 4)
+    return out
+
+
+def test_motion_counts_once_it_persists_from_where_the_block_came_from():
+    rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))
+    assert rule.update("I", None, H, W) is None
+    assert not rule.update("P", vectors((2, 2, -4.0, 0.0)), H, W).any()     # nothing to persist from yet
+    # The object moved one block right: block (2, 3) came from (2, 2), which moved last frame.
+    now = rule.update("P", vectors((2, 3, -4.0, 0.0)), H, W)
+    assert np.argwhere(now).tolist() == [[2, 3]]
+    assert not rule.update("P", vectors((6, 6, 0.5, 0.0)), H, W).any()       # a lone jitter vector
+
+
+def test_a_frame_predicted_only_from_the_future_has_no_past_to_persist_from():
+    rule = BlockMotion(MotionPruneConfig())
+    rule.update("I", None, H, W)
+    rule.update("P", vectors((2, 2, 3.0, 0.0)), H, W)
+    assert rule.update("B", vectors((2, 2, 3.0, 0.0), source=1), H, W).shape == (8, 8)
+
+
+def test_the_first_rule_marks_vectors_and_intra_blocks_widened():
+    rule = BlockMotion(MotionPruneConfig(rule="max", dilate_blocks=1))
+    rule.update("I", None, H, W)
+    dynamic = rule.update("P", vectors(*[(r, c, 0.0, 0.0) for r in range(8) for c in range(8) if (r, c) != (0, 0)]),
+                          H, W)
+    assert np.argwhere(dynamic).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]  # intra (0, 0), widened
