@@ -59,14 +59,11 @@ class MotionPruneConfig:
     dilate_blocks: int = 1
 
     def __post_init__(self):
-        if self.tau < 0:
-            raise ConfigError(f"tau must be non-negative, got {self.tau}")
-        if self.alpha < 0:
-            raise ConfigError(f"alpha must be non-negative, got {self.alpha}")
+        for name in ("tau", "alpha", "dilate_blocks"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be non-negative, got {getattr(self, name)}")
         if self.rule not in RULES:
             raise ConfigError(f"unknown motion rule {self.rule!r}; choose one of {', '.join(RULES)}")
-        if self.dilate_blocks < 0:
-            raise ConfigError(f"dilate_blocks must be non-negative, got {self.dilate_blocks}")
 
     @property
     def residuals(self) -> bool:
