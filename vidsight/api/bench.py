@@ -60,7 +60,11 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                                             help="Full-Comp vs motion pruning vs KV refresh vs both on labelled videos")
     bench_watch.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
     bench_watch.add_argument("--shape", default=None, help="time a random-weight model shape instead of --model")
-    bench_watch.add_argument("--videos", type=int, default=20, help="generated anomaly videos (default: 20)")
+    bench_watch.add_argument("--suite", default="anomaly", choices=("anomaly", "hard"),
+                             help="anomaly: the task model's anomaly videos (default); hard: families where motion "
+                                  "vectors miss events (recolour, appear, creep, brief, pan, lighting, noise)")
+    bench_watch.add_argument("--videos", type=int, default=20,
+                             help="generated anomaly videos, or videos per family with --suite hard (default: 20)")
     bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
     bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
     bench_watch.add_argument("--sweeps", action="store_true",
@@ -154,8 +158,8 @@ def _run_bench_ask(args) -> int:
 
 
 def _run_bench_watch(args) -> int:
-    from vidsight.bench.watch import (anomaly_videos, format_watch_report, labelled_folder, run_watch_bench,
-                                      write_watch_report)
+    from vidsight.bench.watch import (anomaly_videos, format_watch_report, hard_videos, labelled_folder,
+                                      run_watch_bench, write_watch_report)
     from vidsight.models import load_model
     from vidsight.models.shapes import build_shape
 
@@ -166,10 +170,12 @@ def _run_bench_watch(args) -> int:
     else:
         if args.videos < 1 or args.gop < 1:
             raise ConfigError("--videos and --gop must be positive")
-        videos = anomaly_videos(args.root, args.videos, args.gop)
+        suite = hard_videos if args.suite == "hard" else anomaly_videos
+        videos = suite(args.root, args.videos, args.gop)
     adapter = build_shape(args.shape) if args.shape else load_model(args.model)
     report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root, args.static_scenes,
-                             progress=sys.stderr.isatty() and not args.json)
+                             progress=sys.stderr.isatty() and not args.json,
+                             videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop))
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,10 @@ from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.flops import drive_counting
 from vidsight.bench.motion import format_motion_report, run_motion_bench
 from vidsight.bench.report import save_figure, write_report
-from vidsight.bench.suite import ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene, write_scene
+from vidsight.bench.suite import (ANOMALY_VIDEO_S, STRIDE_FRAMES, SUITE_SEED, WINDOW_FRAMES, anomaly_video_scene,
+                                  write_scene)
 from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS
+from vidsight.tasks.watch_scenes import FAMILIES as WATCH_FAMILIES, watch_scene
 from vidsight.engine.stats import WINDOW_STAGES
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
@@ -59,6 +62,25 @@ def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP) -> list
         if not path.exists():
             write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop)
         videos.append({"video": str(path), "label": any(labels), "query": ANOMALY_QUERY})
+    return videos
+
+
+def hard_videos(root: str | Path, per_family: int, gop: int = 64) -> list[dict]:
+    """``per_family`` videos of each harder family (`tasks.watch_scenes`), written with GOPs of
+    ``gop`` frames (cached); even-numbered ones hold a red object in the zone."""
+    directory = Path(root) / f"watch_hard_gop{gop}"
+    directory.mkdir(parents=True, exist_ok=True)
+    sampled = np.arange(int(ANOMALY_VIDEO_S * SAMPLE_FPS)) / SAMPLE_FPS
+    videos = []
+    for f, family in enumerate(WATCH_FAMILIES):
+        for number in range(per_family):
+            seed = SUITE_SEED + 700_000 + 1000 * f + number
+            path = directory / f"{family}_{number:03d}.mp4"
+            want = number % 2 == 0
+            if not path.exists():
+                scene = watch_scene(family, np.random.default_rng(seed), seed, ANOMALY_VIDEO_S, want, sampled)
+                write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop)
+            videos.append({"video": str(path), "label": want, "query": ANOMALY_QUERY, "family": family})
     return videos
 
 
@@ -96,12 +118,13 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
     Ratios are against ``base`` (a Full-Comp result) or the ``full-comp`` configuration."""
     results = {}
     for name, config in configs.items():
-        windows, predicted, actual = [], [], []
+        windows, predicted, actual, right = [], [], [], {}
         for video in tqdm(videos, desc=name, disable=not progress, leave=False):
             verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
             flops = _measured_flops(adapter, video, config)
             predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
             actual.append(video["label"])
+            right.setdefault(video.get("family", "all"), []).append(predicted[-1] == actual[-1])
             windows += [{**{s: v.stages_s.get(s, 0.0) for s in WINDOW_STAGES}, "visual": v.visual_tokens,
                          "kept": v.kept_tokens, "reused": v.reused_tokens, "refreshed": v.refreshed_tokens,
                          "vision_flops": vision, "flops": total}
@@ -109,7 +132,8 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
-                         **precision_recall_f1(predicted, actual)}
+                         **precision_recall_f1(predicted, actual),
+                         "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()}}
     base = base or results.get("full-comp")
     for result in results.values():
         if base:
@@ -137,10 +161,12 @@ def sweeps(tau: float) -> dict[str, dict]:
 
 
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, sweep: bool = False,
-                    root: str | Path = "", static_scenes: bool = False, progress: bool = False) -> dict:
+                    root: str | Path = "", static_scenes: bool = False, progress: bool = False,
+                    videos_at: Callable[[int], list[dict]] | None = None) -> dict:
     """The four configurations; optionally sweeps of one setting at a time for pruning+refresh
-    (stride and GOP length against their own Full-Comp, the rest against the suite's), and the
-    motion rules on noisy static-camera scenes (`bench.motion`)."""
+    (stride and GOP length against their own Full-Comp, the rest against the suite's; GOP length
+    only when ``videos_at`` rewrites the videos with another GOP), and the motion rules on noisy
+    static-camera scenes (`bench.motion`)."""
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": SUITE_WINDOWS.window_s,
               "stride_fraction": SUITE_WINDOWS.stride_fraction, "fps": SUITE_WINDOWS.fps, "tau": tau,
@@ -154,11 +180,10 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
             windows = WindowConfig(SUITE_WINDOWS.window_s, stride, SUITE_WINDOWS.fps)
             configs = {"full-comp": WatchConfig(windows), "both": dataclasses.replace(both, windows=windows)}
             report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress)["both"]
-        report["sweeps"]["gop"] = {}
-        for gop in (8, 32, 64):
-            regop = anomaly_videos(root, len(videos), gop)
-            report["sweeps"]["gop"][gop] = run_watch(adapter, regop, {"full-comp": WatchConfig(SUITE_WINDOWS),
-                                                                    "both": both}, progress)["both"]
+        if videos_at is not None:
+            report["sweeps"]["gop"] = {gop: run_watch(adapter, videos_at(gop), {"full-comp": WatchConfig(SUITE_WINDOWS),
+                                                                               "both": both}, progress)["both"]
+                                       for gop in (8, 32, 64)}
     if static_scenes:
         report["static_scenes"] = run_motion_bench(adapter, root)
     return report
@@ -176,6 +201,11 @@ def format_watch_report(report: dict) -> str:
                      f"{m['flops'] / 1e9:8.2f} {r.get('flops_reduction', 1):6.2f}x "
                      f"{m['kept']:5.0f}/{m['visual']:<6.0f} {m['reused']:7.0f} {m['refreshed']:7.0f} "
                      f"{r['precision']:5.2f} {r['recall']:5.2f} {r['f1']:5.2f}")
+    families = report["configs"]["full-comp"].get("accuracy_per_family", {})
+    if len(families) > 1:
+        lines.append("\nvideo-level accuracy per family: " + "; ".join(
+            f"{name}: " + " ".join(f"{family} {r['accuracy_per_family'][family]:.2f}" for family in families)
+            for name, r in report["configs"].items()))
     for axis, runs in report.get("sweeps", {}).items():
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
             f"{value}: {r['speedup_vision_prefill']:.2f}x, {r['flops_reduction']:.2f}x FLOP, kept "
