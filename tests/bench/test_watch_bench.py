@@ -1,7 +1,7 @@
 import json
 
 from vidsight.api.cli import main
-from vidsight.bench.watch import anomaly_videos, configurations, run_watch
+from vidsight.bench.watch import anomaly_videos, configurations, hard_videos, run_watch
 
 
 def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
@@ -34,3 +34,13 @@ def test_bench_watch_cli_with_a_labelled_folder(tmp_path, tiny_model_dir, make_t
 def test_bench_watch_folder_needs_labels(tmp_path, capsys):
     assert main(["bench", "watch", "--folder", str(tmp_path)]) == 2
     assert "--labels" in capsys.readouterr().err
+
+
+def test_the_hard_suite_writes_each_family_with_long_gops(tmp_path):
+    from vidsight.ingest import probe
+    from vidsight.tasks.watch_scenes import FAMILIES
+
+    videos = hard_videos(tmp_path, per_family=1, gop=64)
+    assert [v["family"] for v in videos] == list(FAMILIES) and all(v["label"] for v in videos)
+    info = probe(videos[0]["video"])
+    assert info.duration_s >= 39 and len(info.keyframe_indices) == 3  # 160 frames: I-frames at 0, 64, 128
