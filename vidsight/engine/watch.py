@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
-from vidsight.engine.forward import attend, forward
+from vidsight.engine.forward import forward
 from vidsight.engine.prompt import build_video_prompt, plan_video
-from vidsight.engine.refresh import Overlap, RefreshPolicy, refresh_policy
+from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
+from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
 from vidsight.kv import KVCache, TokenTable
@@ -98,18 +99,6 @@ class WindowVerdict:
 
 
 @dataclasses.dataclass
-class _Window:
-    """What the next window reuses: the cache and the visual embeddings behind it."""
-
-    cache: KVCache
-    samples: list[int]          # stream sample number of each frame
-    gop_starts: list[bool]      # each frame: the first sampled frame of its GOP
-    video_embeds: torch.Tensor  # (video tokens, hidden)
-    video_start: int
-    patch_tokens: list[int]     # tokens of each temporal patch (after pruning)
-
-
-@dataclasses.dataclass
 class _Pending:
     """A window half judged: what `Watcher._finish` needs once its new frames are encoded."""
 
@@ -149,9 +138,9 @@ class Watcher:
                               f"{windows.window_s:g} s window at {windows.fps:g} fps with stride "
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
-        self.adapter, self.query, self.config, self._refresh = adapter, query, config, refresh
+        self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.text_ids("Yes")[0]
-        self._previous: _Window | None = None
+        self._kv = WindowKV(adapter, refresh, config.reuse_in_place)
         self._masker = MotionMasker() if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
         self.latest: SampledFrame | None = None     # the last frame of the last window judged
@@ -226,7 +215,7 @@ class Watcher:
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
         """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the
         cache the next window reuses."""
-        if rebuild and self._refresh.reuses:
+        if rebuild and self._kv.policy.reuses:
             self.judge(frames, number)
         elif self._masker is not None:
             self._keep(frames, plan_video(self.adapter, len(frames), *frames[0].rgb.shape[:2]).grid_thw)
@@ -259,10 +248,10 @@ class Watcher:
         patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None
                         else [plan.tokens_per_patch] * plan.grid_thw[0])
         samples = [f.index for f in frames]
-        patches = self._reusable_patches(samples, patch_tokens, video_start)
+        patches = self._kv.reusable_patches(samples, patch_tokens, video_start)
         done, refreshed = 0, torch.empty(0, dtype=torch.long)
         if patches:
-            cache, done, refreshed = self._reuse(patches, positions, rows, video_start, len(ids) + 1, clock)
+            cache, done, refreshed = self._kv.reuse(patches, positions, rows, video_start, len(ids) + 1, clock)
         else:
             cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                             adapter.device)
@@ -285,83 +274,8 @@ class Watcher:
             hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
             logits = adapter.logits(hidden[0, -1])
         reused = done - video_start if patches else 0
-        if self._refresh.reuses:
-            old = self._previous.video_embeds[self._previous.video_embeds.shape[0] - reused:] if reused else \
-                new_embeds[:0]
-            self._previous = _Window(cache, window.samples, window.gop_starts, torch.cat([old, new_embeds]), video_start,
-                                     window.patch_tokens)
+        self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, window.n_video
-
-    def _reusable_patches(self, samples: list[int], patch_tokens: list[int], video_start: int) -> int:
-        """Temporal patches at the start of this window that the previous window also held."""
-        previous, tp = self._previous, self.adapter.vision.temporal_patch_size
-        if previous is None or previous.video_start != video_start or samples[0] not in previous.samples:
-            return 0
-        shift = previous.samples.index(samples[0])
-        overlap = len(previous.samples) - shift
-        if shift % tp or overlap % tp or samples[:overlap] != previous.samples[shift:]:
-            return 0
-        patches = overlap // tp
-        if previous.patch_tokens[shift // tp :] != patch_tokens[:patches]:
-            return 0
-        return patches
-
-    def _reuse(self, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int, capacity: int,
-               clock: StageClock) -> tuple[KVCache, int, torch.Tensor]:
-        """The window's cache holding the prefix and the reused patches, re-rotated to their new
-        positions and refreshed; returns (cache, tokens filled, slots refreshed)."""
-        adapter, previous, tp = self.adapter, self._previous, self.adapter.vision.temporal_patch_size
-        old = previous.cache
-        count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
-        first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
-        done = video_start + count
-        with clock.stage("prefill"):
-            source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
-            old_positions = old.tokens.position[source].T
-            new_positions = positions[:, :done]
-            if self.config.reuse_in_place:
-                cache = old
-                cache.retain(source, rows[:done])
-                cache.reserve(capacity - done)
-                for layer in range(adapter.num_layers):
-                    keys, values = cache.read(layer)
-                    cache.overwrite(layer, torch.arange(done), adapter.rerotate_keys(keys, old_positions, new_positions),
-                                    values)
-            else:
-                cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
-                                adapter.device)
-                for layer in range(adapter.num_layers):
-                    keys, values = old.read(layer, source)
-                    cache.write(layer, adapter.rerotate_keys(keys, old_positions, new_positions), values)
-                    cache.keep(layer, done)
-                cache.commit(rows[:done])
-            overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
-                              previous.gop_starts[len(previous.gop_starts) - patches * tp:], tp)
-            picked = self._refresh.choose(overlap)
-            refreshed = _refresh(adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
-                                 positions[:, picked + video_start], self._refresh)
-        return cache, done, refreshed
-
-
-def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-             policy: RefreshPolicy) -> torch.Tensor:
-    """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
-    attending to every cached token before it. Returns the slots the last layer refreshed."""
-    if len(slots) == 0:
-        return slots
-    hidden = embeds[None].to(adapter.dtype)
-    cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
-    for layer in range(adapter.num_layers):
-        q, k, v = adapter.qkv(layer, hidden, (cos, sin))
-        if layer == policy.narrow_layer:
-            keep = policy.narrow(v, cache.read(layer, slots)[1])
-            slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
-                                                q[:, :, keep], k[:, :, keep], v[:, :, keep])
-        cache.overwrite(layer, slots, k, v)
-        keys, values = cache.read(layer)
-        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, 0, query_slots=slots))
-    return slots
-
 
 def _nearest_strides(windows, temporal_patch: int) -> str:
     """The workable stride fractions nearest the requested one, as advice for an error message."""
