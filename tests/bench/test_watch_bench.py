@@ -44,3 +44,9 @@ def test_the_hard_suite_writes_each_family_with_long_gops(tmp_path):
     assert [v["family"] for v in videos] == list(FAMILIES) and all(v["label"] for v in videos)
     info = probe(videos[0]["video"])
     assert info.duration_s >= 39 and len(info.keyframe_indices) == 3  # 160 frames: I-frames at 0, 64, 128
+
+
+def test_an_unknown_sweep_axis_is_refused(tmp_path, capsys):
+    code = main(["bench", "watch", "--videos", "1", "--root", str(tmp_path), "--sweeps", "colour"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown sweep axis colour" in err and "Traceback" not in err

@@ -67,8 +67,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              help="generated anomaly videos, or videos per family with --suite hard (default: 20)")
     bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
     bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
-    bench_watch.add_argument("--sweeps", action="store_true",
-                             help="also sweep tau, alpha, motion rule, refresh mode, window alignment, stride and GOP length")
+    bench_watch.add_argument("--sweeps", nargs="*", default=None, metavar="AXIS",
+                             help="also sweep pruning+refresh along these axes, one setting at a time: tau, alpha, rule, "
+                                  "refresh, align, reuse_in_place, stride, gop (no axis named: all of them)")
     bench_watch.add_argument("--static-scenes", action="store_true",
                              help="also measure the motion rules on noisy static-camera scenes (kept share, recall)")
     bench_watch.add_argument("--folder", default=None, help="a folder of videos to use instead (UCF-Crime style)")
@@ -158,11 +159,15 @@ def _run_bench_ask(args) -> int:
 
 
 def _run_bench_watch(args) -> int:
-    from vidsight.bench.watch import (anomaly_videos, format_watch_report, hard_videos, labelled_folder,
+    from vidsight.bench.watch import (SWEEP_AXES, anomaly_videos, format_watch_report, hard_videos, labelled_folder,
                                       run_watch_bench, write_watch_report)
     from vidsight.models import load_model
     from vidsight.models.shapes import build_shape
 
+    axes = () if args.sweeps is None else tuple(args.sweeps) or SWEEP_AXES
+    unknown = set(axes) - set(SWEEP_AXES)
+    if unknown:
+        raise ConfigError(f"unknown sweep axis {', '.join(sorted(unknown))}; choose from {', '.join(SWEEP_AXES)}")
     if args.folder:
         if not args.labels or not args.query:
             raise ConfigError("--folder needs --labels and --query")
@@ -173,7 +178,7 @@ def _run_bench_watch(args) -> int:
         suite = hard_videos if args.suite == "hard" else anomaly_videos
         videos = suite(args.root, args.videos, args.gop)
     adapter = build_shape(args.shape) if args.shape else load_model(args.model)
-    report = run_watch_bench(adapter, videos, args.tau, args.sweeps, args.root, args.static_scenes,
+    report = run_watch_bench(adapter, videos, args.tau, axes, args.root, args.static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop))
     json_path, png_path = write_watch_report(report, args.out)

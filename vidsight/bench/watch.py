@@ -166,30 +166,34 @@ def sweeps(tau: float) -> dict[str, dict]:
     }
 
 
-def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, sweep: bool = False,
+SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "stride", "gop")
+
+
+def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
                     root: str | Path = "", static_scenes: bool = False, progress: bool = False,
                     videos_at: Callable[[int], list[dict]] | None = None) -> dict:
-    """The four configurations; optionally sweeps of one setting at a time for pruning+refresh
-    (stride and GOP length against their own Full-Comp, the rest against the suite's; GOP length
-    only when ``videos_at`` rewrites the videos with another GOP), and the motion rules on noisy
-    static-camera scenes (`bench.motion`)."""
+    """The four configurations; sweeps of one setting at a time for pruning+refresh along ``axes``
+    (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against the
+    suite's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
+    optionally the motion rules on noisy static-camera scenes (`bench.motion`)."""
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": SUITE_WINDOWS.window_s,
               "stride_fraction": SUITE_WINDOWS.stride_fraction, "fps": SUITE_WINDOWS.fps, "tau": tau,
               "configs": run_watch(adapter, videos, configurations(tau), progress)}
-    if sweep:
-        both, base = configurations(tau)["pruning+refresh"], report["configs"]["full-comp"]
-        report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
-                                   for value, config in values.items()} for axis, values in sweeps(tau).items()}
+    both, base = configurations(tau)["pruning+refresh"], report["configs"]["full-comp"]
+    report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
+                               for value, config in values.items()}
+                        for axis, values in sweeps(tau).items() if axis in axes}
+    if "stride" in axes:
         report["sweeps"]["stride"] = {}
         for stride in (0.1, 0.2, 0.4):
             windows = WindowConfig(SUITE_WINDOWS.window_s, stride, SUITE_WINDOWS.fps)
             configs = {"full-comp": WatchConfig(windows), "both": dataclasses.replace(both, windows=windows)}
             report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress)["both"]
-        if videos_at is not None:
-            report["sweeps"]["gop"] = {gop: run_watch(adapter, videos_at(gop), {"full-comp": WatchConfig(SUITE_WINDOWS),
-                                                                               "both": both}, progress)["both"]
-                                       for gop in (8, 32, 64)}
+    if "gop" in axes and videos_at is not None:
+        report["sweeps"]["gop"] = {gop: run_watch(adapter, videos_at(gop), {"full-comp": WatchConfig(SUITE_WINDOWS),
+                                                                           "both": both}, progress)["both"]
+                                   for gop in (8, 32, 64)}
     if static_scenes:
         report["static_scenes"] = run_motion_bench(adapter, root)
     return report
