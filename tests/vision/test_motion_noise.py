@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from vidsight.bench.motion import groups_covered
-from vidsight.engine.prompt import plan_video
+from vidsight.bench.motion import QWEN_VIDEO, groups_covered
+from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 from vidsight.ingest.writer import write_video
@@ -28,11 +28,11 @@ def record(path, scene: Scene):
     return path
 
 
-def kept_groups(path, prune: MotionPruneConfig, adapter):
-    """Per window: its frames and its kept merge groups ``(T, H/m, W/m)``."""
-    masker, spec, out = MotionMasker(), adapter.vision, []
+def kept_groups(path, prune: MotionPruneConfig, spec=QWEN_VIDEO):
+    """Per window: its frames and its kept merge groups ``(T, H/m, W/m)`` on Qwen2.5-VL's video grid."""
+    masker, out = MotionMasker(), []
     for window in sliding_windows(iter(StreamSource(path, fps=WINDOWS.fps, motion=prune)), WINDOWS):
-        plan = plan_video(adapter, len(window), *window[0].rgb.shape[:2])
+        plan = plan_for(spec, len(window), *window[0].rgb.shape[:2])
         masks = [masker.frame_mask(f.codec, plan.grid_thw[1:]) for f in window]
         out.append((window, group_mask(masks, spec)))
     return out
@@ -55,10 +55,10 @@ def noisy(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sigma", [2.0, 5.0])
-def test_noisy_static_camera_is_pruned_and_the_moving_object_kept(tiny_adapter, noisy, sigma):
+def test_noisy_static_camera_is_pruned_and_the_moving_object_kept(noisy, sigma):
     path, scene = noisy(sigma)
-    windows = kept_groups(path, MotionPruneConfig(), tiny_adapter)
-    tp = tiny_adapter.vision.temporal_patch_size
+    windows = kept_groups(path, MotionPruneConfig())
+    tp = QWEN_VIDEO.temporal_patch_size
     for window, keep in windows:
         for k, frame in enumerate(window):
             missing = {g for g in groups_covered(scene, frame.pts_s, keep.shape[1:]) if not keep[k // tp][g]}
@@ -72,15 +72,15 @@ def test_noisy_static_camera_is_pruned_and_the_moving_object_kept(tiny_adapter, 
 
 
 @pytest.mark.slow
-def test_the_first_rule_keeps_nearly_everything_under_noise(tiny_adapter, noisy):
+def test_the_first_rule_keeps_nearly_everything_under_noise(noisy):
     path, _ = noisy(5.0)
-    windows = kept_groups(path, MotionPruneConfig(rule="max"), tiny_adapter)
+    windows = kept_groups(path, MotionPruneConfig(rule="max"))
     late = [keep.float().mean().item() for window, keep in windows if window[0].pts_s >= 4.0 and
             all(f.codec.gop_index == 0 for f in window)]
     assert late and min(late) > 0.9  # what the issue found: the union of sparse noise vectors marks every token
 
 
-def test_a_static_object_changing_colour_is_found_by_the_residual_only(tmp_path, tiny_adapter):
+def test_a_static_object_changing_colour_is_found_by_the_residual_only(tmp_path):
     scene = Scene(320, 240, duration_s=4.0, seed=2, noise=2.0, objects=[
         SceneObject("square", "blue", 48, t_in=0.0, t_out=4.0, start=(136.0, 96.0), recolour_at=2.05,
                     new_colour="yellow")])
@@ -103,9 +103,9 @@ def test_a_static_object_changing_colour_is_found_by_the_residual_only(tmp_path,
         assert not unchanged.codec.dynamic[object_blocks].any(), rule  # alpha 0: vectors alone miss it
     # ... so its tokens are pruned in the frame that shows the new colour.
     masker = MotionMasker()
-    plan = plan_video(tiny_adapter, len(frames), 240, 320)
+    plan = plan_for(QWEN_VIDEO, len(frames), 240, 320)
     masks = {f.index: masker.frame_mask(f.codec, plan.grid_thw[1:]) for f in frames}
-    group = group_mask([masks[unchanged.index]] * 2, tiny_adapter.vision)[0]
+    group = group_mask([masks[unchanged.index]] * 2, QWEN_VIDEO)[0]
     shown = groups_covered(scene, unchanged.pts_s, group.shape)
     assert shown and not any(group[g] for g in shown)
 

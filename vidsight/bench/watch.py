@@ -195,7 +195,8 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
                                                                            "both": both}, progress)["both"]
                                    for gop in (8, 32, 64)}
     if static_scenes:
-        report["static_scenes"] = run_motion_bench(adapter, root)
+        report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root),
+                                   "this model's grid": run_motion_bench(root, spec=adapter.vision)}
     return report
 
 
@@ -220,8 +221,8 @@ def format_watch_report(report: dict) -> str:
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
             f"{value}: {r['speedup_vision_prefill']:.2f}x, {r['flops_reduction']:.2f}x FLOP, kept "
             f"{r['mean_per_window']['kept']:.0f}, F1 {r['f1']:.2f}" for value, r in runs.items()))
-    if "static_scenes" in report:
-        lines += ["", format_motion_report(report["static_scenes"])]
+    for grid, scenes in report.get("static_scenes", {}).items():
+        lines += ["", f"static scenes, {grid}:", format_motion_report(scenes)]
     return "\n".join(lines)
 
 

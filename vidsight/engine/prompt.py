@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from vidsight.kv import VIDEO, TokenTable
-from vidsight.models.base import VLMAdapter
+from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import video_size
 
@@ -30,7 +30,11 @@ class VideoPlan:
 
 def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
     """The plan of ``frames`` frames of ``height`` x ``width`` pixels for ``adapter``'s model."""
-    spec = adapter.vision
+    return plan_for(adapter.vision, frames, height, width)
+
+
+def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPlan:
+    """`plan_video` for a vision tower's preprocessing alone (no model needed)."""
     padded = -(-frames // spec.temporal_patch_size) * spec.temporal_patch_size
     size = video_size(spec, padded, height, width)
     grid = (padded // spec.temporal_patch_size, size[0] // spec.patch_size, size[1] // spec.patch_size)
