@@ -72,12 +72,16 @@ def test_noisy_static_camera_is_pruned_and_the_moving_object_kept(noisy, sigma):
 
 
 @pytest.mark.slow
-def test_the_first_rule_keeps_nearly_everything_under_noise(noisy):
+def test_the_first_rule_keeps_most_tokens_under_noise_the_default_far_fewer(noisy):
     path, _ = noisy(5.0)
-    windows = kept_groups(path, MotionPruneConfig(rule="max"))
-    late = [keep.float().mean().item() for window, keep in windows if window[0].pts_s >= 4.0 and
-            all(f.codec.gop_index == 0 for f in window)]
-    assert late and min(late) > 0.9  # what the issue found: the union of sparse noise vectors marks every token
+
+    def late_kept(rule: str) -> list[float]:
+        return [keep.float().mean().item() for window, keep in kept_groups(path, MotionPruneConfig(rule=rule))
+                if window[0].pts_s >= 4.0 and all(f.codec.gop_index == 0 for f in window)]
+
+    first, default = late_kept("max"), late_kept("persistent")
+    # What the issue found: the union of sparse noise vectors marks most tokens.
+    assert first and min(first) > 0.7 and max(default) < 0.5 * min(first)
 
 
 def test_a_static_object_changing_colour_is_found_by_the_residual_only(tmp_path):
