@@ -9,12 +9,11 @@ import httpx
 import pytest
 
 from tests.api.serve.conftest import QUERY
-from tests.api.serve.test_watches import cli_lines, without_timing
+from tests.api.serve.test_watches import SETTINGS, cli_lines, without_timing
 from vidsight.api.serve.ray_app import REPLICA_HEADER
 
 pytestmark = pytest.mark.slow
-SPEC = {"source": "long.mp4", "query": QUERY, "window_s": 4.0, "stride": 0.25, "fps": 2.0, "alert_after": 1,
-        "realtime": True}
+SPEC = {"source": "long.mp4", "query": QUERY, **SETTINGS, "realtime": True}   # the settings `cli_lines` runs
 
 
 def wait_for(condition, timeout_s: float = 120.0) -> None:
