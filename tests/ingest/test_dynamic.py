@@ -40,3 +40,12 @@ def test_the_first_rule_marks_vectors_and_intra_blocks_widened():
     dynamic = rule.update("P", vectors(*[(r, c, 0.0, 0.0) for r in range(8) for c in range(8) if (r, c) != (0, 0)]),
                           H, W)
     assert np.argwhere(dynamic).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]  # intra (0, 0), widened
+
+
+def test_a_stream_joined_after_its_i_frame_goes_without_residuals_until_it_has_a_reference():
+    from vidsight.ingest.dynamic import SOFTWARE_ALPHA
+
+    rule = BlockMotion(MotionPruneConfig(alpha=SOFTWARE_ALPHA))
+    luma = np.zeros((H, W), dtype=np.uint8)
+    assert not rule.update("P", vectors((1, 1, 2.0, 0.0)), H, W, luma).any()   # no reference: motion only
+    assert rule.update("P", vectors((1, 1, 2.0, 0.0)), H, W, luma + 90).any()  # now both

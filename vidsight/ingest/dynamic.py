@@ -99,9 +99,10 @@ class BlockMotion:
         magnitude = motion_map(vectors, height, width).max(axis=0)
         residual = None
         if config.residuals:
-            if luma is None or past is None:
-                raise ConfigError("the residual term needs each frame's luma and its reference")
-            residual = residual_map(luma, vectors, past, future)
+            if luma is None:
+                raise ConfigError("the residual term needs each frame's luma")
+            # A stream joined after its I-frame has no reference yet: its first frames go without.
+            residual = residual_map(luma, vectors, past, future) if past is not None else None
         if config.rule == "paper":
             energy = config.alpha * residual if residual is not None else 0.0
             return magnitude + energy > config.tau
@@ -123,7 +124,8 @@ class BlockMotion:
                                 if transient.mean() > NOISE_SHARE else 0.0)
         threshold = max(tau, float(np.median(self._floors))) if self._floors else tau
         # The first frame after an I-frame has no motion to persist from: its own counts from the next.
-        dynamic = (magnitude > threshold) & (before > threshold) if before is not None else magnitude < 0
+        dynamic = ((magnitude > threshold) & (before > threshold) if before is not None
+                   else np.zeros(magnitude.shape, dtype=bool))
         if residual is not None:
             large = self.config.alpha * (residual - float(np.median(residual))) > threshold
             dynamic |= large & (_neighbours(large) >= RESIDUAL_CLUSTER)
