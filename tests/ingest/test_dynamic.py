@@ -3,6 +3,7 @@
 import numpy as np
 
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
+from vidsight.ingest.motion import intra_blocks, motion_map
 
 H, W = 32, 32  # 8x8 blocks
 
@@ -17,28 +18,33 @@ def vectors(*moves, source=-1):
     return out
 
 
+def judge(rule: BlockMotion, kind: str, records, luma=None):
+    """The rule's verdict on one frame of ``H`` x ``W`` with these vector records."""
+    intra = intra_blocks(records, H, W) if kind != "I" else None
+    return rule.update(kind, records, motion_map(records, H, W), intra, luma)
+
+
 def test_motion_counts_once_it_persists_from_where_the_block_came_from():
     rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))
-    assert rule.update("I", None, H, W) is None
-    assert not rule.update("P", vectors((2, 2, -4.0, 0.0)), H, W).any()     # nothing to persist from yet
+    assert judge(rule, "I", None) is None
+    assert not judge(rule, "P", vectors((2, 2, -4.0, 0.0))).any()     # nothing to persist from yet
     # The object moved one block right: block (2, 3) came from (2, 2), which moved last frame.
-    now = rule.update("P", vectors((2, 3, -4.0, 0.0)), H, W)
+    now = judge(rule, "P", vectors((2, 3, -4.0, 0.0)))
     assert np.argwhere(now).tolist() == [[2, 3]]
-    assert not rule.update("P", vectors((6, 6, 0.5, 0.0)), H, W).any()       # a lone jitter vector
+    assert not judge(rule, "P", vectors((6, 6, 0.5, 0.0))).any()       # a lone jitter vector
 
 
 def test_a_frame_predicted_only_from_the_future_has_no_past_to_persist_from():
     rule = BlockMotion(MotionPruneConfig())
-    rule.update("I", None, H, W)
-    rule.update("P", vectors((2, 2, 3.0, 0.0)), H, W)
-    assert rule.update("B", vectors((2, 2, 3.0, 0.0), source=1), H, W).shape == (8, 8)
+    judge(rule, "I", None)
+    judge(rule, "P", vectors((2, 2, 3.0, 0.0)))
+    assert judge(rule, "B", vectors((2, 2, 3.0, 0.0), source=1)).shape == (8, 8)
 
 
 def test_the_first_rule_marks_vectors_and_intra_blocks_widened():
     rule = BlockMotion(MotionPruneConfig(rule="max", dilate_blocks=1))
-    rule.update("I", None, H, W)
-    dynamic = rule.update("P", vectors(*[(r, c, 0.0, 0.0) for r in range(8) for c in range(8) if (r, c) != (0, 0)]),
-                          H, W)
+    judge(rule, "I", None)
+    dynamic = judge(rule, "P", vectors(*[(r, c, 0.0, 0.0) for r in range(8) for c in range(8) if (r, c) != (0, 0)]))
     assert np.argwhere(dynamic).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]  # intra (0, 0), widened
 
 
@@ -47,5 +53,5 @@ def test_a_stream_joined_after_its_i_frame_goes_without_residuals_until_it_has_a
 
     rule = BlockMotion(MotionPruneConfig(alpha=SOFTWARE_ALPHA))
     luma = np.zeros((H, W), dtype=np.uint8)
-    assert not rule.update("P", vectors((1, 1, 2.0, 0.0)), H, W, luma).any()   # no reference: motion only
-    assert rule.update("P", vectors((1, 1, 2.0, 0.0)), H, W, luma + 90).any()  # now both
+    assert not judge(rule, "P", vectors((1, 1, 2.0, 0.0)), luma).any()   # no reference: motion only
+    assert judge(rule, "P", vectors((1, 1, 2.0, 0.0)), luma + 90).any()  # now both

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.motion import BLOCK, displacement, intra_blocks, motion_map
+from vidsight.ingest.motion import BLOCK, displacement
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
@@ -84,11 +84,18 @@ class BlockMotion:
         self._floors: list[float] = []              # this GOP's per-frame noise floors
         self._reference: np.ndarray | None = None  # luma of the last I- or P-frame
 
-    def update(self, kind: str, vectors: np.ndarray | None, height: int, width: int,
+    def update(self, kind: str, vectors: np.ndarray | None, motion: np.ndarray, intra: np.ndarray | None,
                luma: np.ndarray | None = None, future: np.ndarray | None = None) -> np.ndarray | None:
-        """``(ceil(height/4), ceil(width/4))`` bool dynamic blocks of this frame; None for an I-frame
-        (kept whole). ``luma`` and ``future`` (the next reference, for B-frames) are needed when
-        `MotionPruneConfig.residuals`."""
+        """``(ceil(H/4), ceil(W/4))`` bool dynamic blocks of this frame; None for an I-frame (kept whole).
+
+        Args:
+            kind: The frame's type.
+            vectors: Its motion vectors, as exported.
+            motion: Their `motion_map`; intra: their `intra_blocks` (None for an I-frame), both
+                computed once by the caller, which reports them too.
+            luma: The frame's luma, needed when `MotionPruneConfig.residuals`.
+            future: The next reference frame's luma (B-frames), likewise.
+        """
         config = self.config
         past = self._reference
         if kind != "B" and luma is not None:
@@ -96,7 +103,7 @@ class BlockMotion:
         if kind == "I":
             self._previous, self._floors = None, []
             return None
-        magnitude = motion_map(vectors, height, width).max(axis=0)
+        magnitude = motion.max(axis=0)
         residual = None
         if config.residuals:
             if luma is None:
@@ -107,7 +114,7 @@ class BlockMotion:
             energy = config.alpha * residual if residual is not None else 0.0
             return magnitude + energy > config.tau
         if config.rule == "max":
-            dynamic = (magnitude > config.tau) | intra_blocks(vectors, height, width)
+            dynamic = (magnitude > config.tau) | intra
         else:
             dynamic = self._persistent(magnitude, residual, vectors)
         return _widen(dynamic, config.dilate_blocks)

@@ -216,9 +216,9 @@ class StreamSource:
 def _signals(rule: BlockMotion, frame, kind: str, luma, future) -> tuple:
     """``(motion, intra, dynamic)`` block maps of one decoded frame."""
     vectors = frame_vectors(frame)
+    motion = motion_map(vectors, frame.height, frame.width)
     intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
-    dynamic = rule.update(kind, vectors, frame.height, frame.width, luma, future)
-    return motion_map(vectors, frame.height, frame.width), intra, dynamic
+    return motion, intra, rule.update(kind, vectors, motion, intra, luma, future)
 
 
 def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:

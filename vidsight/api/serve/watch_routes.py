@@ -28,11 +28,11 @@ class WatchRequest(BaseModel):
     window_s: float = Field(default=40.0, gt=0)
     stride: float = Field(default=0.2, gt=0, le=1)
     fps: float = Field(default=2.0, gt=0)
-    align_windows: bool = False
+    align_windows: bool | None = None       # None: the config's default, as for the two below
     refresh: str = "full-comp"
     prune_tau: float | None = Field(default=None, ge=0)
-    prune_alpha: float = Field(default=0.0, ge=0)
-    prune_rule: str = "persistent"
+    prune_alpha: float | None = Field(default=None, ge=0)
+    prune_rule: str | None = None
     alert_after: int = Field(default=2, ge=1)
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
     realtime: bool = False
