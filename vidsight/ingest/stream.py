@@ -168,7 +168,7 @@ class StreamSource:
         """
         if self.motion is None:
             for item in decoded:
-                yield *item[:5], (None, None, None)
+                yield *item, (None, None, None)
             return
         rule, waiting = BlockMotion(self.motion), []
         for frame, index, pts_s, kind, gop in decoded:
