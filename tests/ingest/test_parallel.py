@@ -6,7 +6,10 @@ import torch
 
 from vidsight.errors import ConfigError
 from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.parallel import choose_strategy, decode_parallel, gop_spans, plan_spans
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.types import FrameBatch
 
 VIDEOS = {
     "b-frames": dict(duration_s=5.0, gop=10, bframes=True),
@@ -218,3 +221,34 @@ def test_a_resize_function_needs_a_size():
 
     with pytest.raises(ConfigError, match="size"):
         DecodeConfig(resize=resize_frames)
+
+
+def _same_signals(a, b):
+    for x, y in zip(a.codec, b.codec, strict=True):
+        assert (x.frame_type, x.gop_index) == (y.frame_type, y.gop_index)
+        for name in ("motion", "intra", "dynamic"):
+            got, want = getattr(x, name), getattr(y, name)
+            assert (got is None) == (want is None), name
+            if want is not None:
+                np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("alpha", [0.0, SOFTWARE_ALPHA])
+@pytest.mark.parametrize("video", ["b-frames", "last gop cut short"])
+def test_decoders_judge_motion_as_the_live_source_does(make_test_video, alpha, video):
+    """Each sampled frame's signals (vectors, intra blocks, the rule's dynamic blocks since the
+    sample before) are the same from the live source, one sequential decoder, interval decoders
+    and per-GOP seeks, with GOP trimming on or off."""
+    path, _ = make_test_video(**VIDEOS[video])
+    info = probe(path)
+    motion = MotionPruneConfig(alpha=alpha)
+    streamed = list(StreamSource(path, fps=info.average_fps / 5, motion=motion))
+    indices = np.array([f.frame_index for f in streamed])
+    assert any(f.codec.dynamic is not None and f.codec.dynamic.any() for f in streamed)
+    expected = FrameBatch(torch.stack([f.rgb for f in streamed]), torch.tensor([f.pts_s for f in streamed]),
+                          torch.from_numpy(indices), [f.codec for f in streamed])
+    for trim_gops in (False, True):
+        config = DecodeConfig(motion=motion, trim_gops=trim_gops)
+        _same_signals(decode_frames(path, indices, config, info), expected)
+        for strategy in ("intervals", "seek"):
+            _same_signals(decode_parallel(path, indices, config, info, workers=3, strategy=strategy), expected)

@@ -6,7 +6,8 @@ import av
 import numpy as np
 import pytest
 
-from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
+from vidsight.ingest.decode import configure_decoder
+from vidsight.ingest.judge import frame_type, frame_vectors
 from vidsight.ingest.residual import residual_map
 
 

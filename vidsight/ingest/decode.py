@@ -15,6 +15,8 @@ import torch
 
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import MAX_FRAME_SIDE, open_video
+from vidsight.ingest.dynamic import MotionPruneConfig
+from vidsight.ingest.judge import FrameJudge, SampleSignals, Signals, frame_type, frame_vectors
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.probe import probe
@@ -23,7 +25,6 @@ from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
 
-_FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
 # Codecs whose FFmpeg decoder honours export_mvs.
 MOTION_VECTOR_CODECS = frozenset({"h264"})
 THREAD_MODES = ("AUTO", "FRAME", "SLICE", "NONE")
@@ -43,6 +44,11 @@ class DecodeConfig:
         with_codec_info: Return per-frame frame types, GOP indices and (H.264) motion vectors.
             Vectors need FFmpeg's export_mvs with slice threading or none: frame threading returns
             wrong, run-to-run different B-frame vectors.
+        motion: Judge every decoded H.264 frame's blocks by this rule (motion-guided pruning);
+            each returned frame's codec information then holds the signals of its GOP's frames
+            since the previous returned frame, as a `StreamSource` sampling the same frames gives
+            them (implies ``with_codec_info``). Each GOP is then decoded from its keyframe through
+            its last wanted frame whatever ``trim_gops`` says, since the rule reads every frame.
         threads: FFmpeg's threading for a sequential decode: ``"AUTO"`` (frame and slice threads),
             ``"FRAME"``, ``"SLICE"`` or ``"NONE"`` (one thread). Parallel decoding runs each of its
             decoders single-threaded whatever this says.
@@ -59,6 +65,7 @@ class DecodeConfig:
     with_codec_info: bool = False
     threads: str = "AUTO"
     trim_gops: bool = False
+    motion: MotionPruneConfig | None = None
 
     def __post_init__(self):
         if self.threads not in THREAD_MODES:
@@ -69,17 +76,8 @@ class DecodeConfig:
                 raise ConfigError(f"decode size {self.size} must be between 1 and {MAX_FRAME_SIDE} per side")
         if self.resize is not None and self.size is None:
             raise ConfigError("a resize function needs the size to resize to")
-
-
-def frame_type(frame: av.VideoFrame) -> str:
-    """``"I"``, ``"P"``, ``"B"`` or ``"?"``."""
-    return _FRAME_TYPES.get(int(frame.pict_type), "?")
-
-
-def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:
-    """The frame's exported motion vectors (``export_mvs``), or None when it has none."""
-    side = frame.side_data.get("MOTION_VECTORS")
-    return side.to_ndarray() if side is not None else None
+        if self.motion is not None:
+            object.__setattr__(self, "with_codec_info", True)
 
 
 def configure_decoder(stream: av.video.stream.VideoStream, with_motion: bool, threads: str) -> None:
@@ -116,12 +114,16 @@ class FrameSink:
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
+        # The motion rule, where the codec exports vectors to judge.
+        self.judging = config.motion if self.with_motion else None
         self.bad_packets = 0
         self._restarted = False  # a span was decoded from the start (said once)
         self.on_frame = on_frame
         self._lock = threading.Lock()
 
-    def store(self, index: int, frame: av.VideoFrame) -> None:
+    def store(self, index: int, frame: av.VideoFrame, signals: tuple[Signals, bool] | None = None) -> None:
+        """Keep ``frame`` if ``index`` is wanted; ``signals``: what the motion rule gathered since
+        the previous wanted frame (`SampleSignals.take`), when the sink judges motion."""
         slot = self.slot_of.get(index)
         if slot is None or self.got[slot]:
             return
@@ -132,12 +134,12 @@ class FrameSink:
             coded = torch.from_numpy(frame.to_ndarray(format="rgb24"))[None]
             self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
         if self.config.with_codec_info:
-            self.codec[slot] = CodecInfo(
-                frame_type=frame_type(frame),
-                gop_index=int(self.info.gop_index_of(np.array([index]))[0]),
-                motion=motion_map(frame_vectors(frame), self.info.height, self.info.width) if self.with_motion
-                else None,
-            )
+            gop = int(self.info.gop_index_of(np.array([index]))[0])
+            if signals is not None:
+                self.codec[slot] = CodecInfo(frame_type(frame), gop, *signals[0])
+            else:
+                motion = motion_map(frame_vectors(frame), self.info.height, self.info.width) if self.with_motion else None
+                self.codec[slot] = CodecInfo(frame_type(frame), gop, motion)
         with self._lock:
             self.got[slot] = True
             if self.on_frame is not None:
@@ -223,7 +225,9 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
     """Decode ``packets`` into ``sink`` until presentation index ``last`` is out (see `decode_span`)."""
     info = sink.info
     time_base = float(stream.time_base)
-    gops = _GopTrimmer(info, sink.wanted, first, last, stream) if sink.config.trim_gops else None
+    judge = _SpanJudge(sink, first, last) if sink.judging is not None else None
+    gops = (_GopTrimmer(info, sink.wanted, first, last, stream, every_frame=judge is not None)
+            if sink.config.trim_gops else None)
 
     def index_of(pts: int) -> int:
         return info.frame_at(pts * time_base)
@@ -233,6 +237,8 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
         if frame.pts is None:
             return False
         index = index_of(frame.pts)
+        if judge is not None:
+            return judge.take(frame, index)
         if first <= index <= last:
             sink.store(index, frame)
         return index >= last
@@ -250,14 +256,17 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
             sink.count_bad_packet()
             frames = []
         if any([take(f) for f in frames]):
-            return
+            break
         if gops and gops.sent(index):
             # Nothing later in this GOP is needed: drain what the decoder holds back for
             # reordering, then restart it clean for the next needed keyframe.
             if _drain(stream, take, sink):
-                return
+                break
             stream.codec_context.flush_buffers()
-    _drain(stream, take, sink)
+    else:
+        _drain(stream, take, sink)
+    if judge is not None:
+        judge.finish()
 
 
 def _drain(stream: av.video.stream.VideoStream, take: Callable[[av.VideoFrame], bool], sink: FrameSink) -> bool:
@@ -269,6 +278,34 @@ def _drain(stream: av.video.stream.VideoStream, take: Callable[[av.VideoFrame], 
         return False
 
 
+class _SpanJudge:
+    """The motion rule over one span's decoded frames (`DecodeConfig.motion`).
+
+    Every frame from the span's keyframe on is judged in presentation order, the previous span's
+    open-GOP leading pictures excepted (the rule starts over at the keyframe anyway); a wanted
+    frame is stored with the signals gathered since the previous one. The span is complete once
+    its last frame is out and judged (a B-frame judged with residuals waits for its future reference).
+    """
+
+    def __init__(self, sink: FrameSink, first: int, last: int):
+        self.sink, self.first, self.last = sink, first, last
+        self.judge, self.since = FrameJudge(sink.judging), SampleSignals()
+
+    def take(self, frame: av.VideoFrame, index: int) -> bool:
+        if index >= self.first:
+            self._record(self.judge.push(frame, frame_type(frame), (frame, index)))
+        return index >= self.last and not self.judge.waiting
+
+    def finish(self) -> None:
+        self._record(self.judge.finish())
+
+    def _record(self, judged) -> None:
+        for (frame, index), signals in judged:
+            self.since.add(frame_type(frame), signals)
+            if index <= self.last and index in self.sink.slot_of:
+                self.sink.store(index, frame, self.since.take())
+
+
 class _GopTrimmer:
     """Which packets of a span the wanted frames need (`DecodeConfig.trim_gops`).
 
@@ -277,14 +314,23 @@ class _GopTrimmer:
     drained and the packets up to the next GOP with a wanted frame are skipped. Within a needed
     GOP, an H.264 packet of an unwanted non-reference picture is not needed either. Wanted frames
     are tracked by presentation index, so an open GOP's leading pictures (presented before their
-    keyframe, sent after it) keep the previous GOP going until they are sent.
+    keyframe, sent after it) keep the previous GOP going until they are sent. With
+    ``every_frame`` (a motion rule reads every frame), a GOP needs all its frames up to its last
+    wanted one.
     """
 
     def __init__(self, info: VideoInfo, wanted: np.ndarray, first: int, last: int,
-                 stream: av.video.stream.VideoStream):
+                 stream: av.video.stream.VideoStream, every_frame: bool = False):
         self.keyframes = info.keyframe_indices
-        self.unsent = sorted(int(i) for i in wanted[(wanted >= first) & (wanted <= last)])
-        self.wanted = set(self.unsent)
+        needed = wanted[(wanted >= first) & (wanted <= last)]
+        if every_frame and len(needed):
+            gops = info.gop_index_of(needed)
+            ends = needed[np.append(np.flatnonzero(np.diff(gops)), len(needed) - 1)]
+            needed = np.concatenate([np.arange(self.keyframes[g], end + 1) for g, end in zip(np.unique(gops), ends)])
+        self.wanted = {int(i) for i in needed}
+        self.unsent = set(self.wanted)
+        self._order = sorted(self.wanted)  # the smallest unsent index is the first of these still unsent
+        self._smallest = 0
         self.gop_end = np.iinfo(np.int64).max  # unknown until the first keyframe's packet
         self.skipping = False
         self.h264 = stream.codec_context.name == "h264"
@@ -302,14 +348,16 @@ class _GopTrimmer:
 
     def sent(self, index: int | None) -> bool:
         """The packet at ``index`` went to the decoder; True when that completes the GOP's wanted frames."""
-        if index in self.wanted and index in self.unsent:
+        if index in self.unsent:
             self.unsent.remove(index)
             self.skipping = not self._needed()
             return self.skipping
         return False
 
     def _needed(self) -> bool:
-        return bool(self.unsent) and self.unsent[0] < self.gop_end
+        while self._smallest < len(self._order) and self._order[self._smallest] not in self.unsent:
+            self._smallest += 1
+        return self._smallest < len(self._order) and self._order[self._smallest] < self.gop_end
 
 
 def decode_frames(

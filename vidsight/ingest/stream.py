@@ -19,14 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
-import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, open_error
-from vidsight.ingest.decode import configure_decoder, frame_type, frame_vectors
-from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
-from vidsight.ingest.motion import intra_blocks, motion_map
+from vidsight.ingest.decode import configure_decoder
+from vidsight.ingest.dynamic import MotionPruneConfig
+from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -113,22 +112,21 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
-        attempt, sampled, resume_after, signals, keyframe = 0, 0, -math.inf, (None, None, None), False
+        attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
         origin = None  # the first frame's time: streams rarely start at 0
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
             try:
-                for frame, index, pts_s, kind, gop, step in self._judged(self._decoded(resume_after)):
-                    # A GOP's signals start at its I-frame: the previous GOP's do not carry over.
-                    signals = step if kind == "I" else tuple(_merge(a, b) for a, b in zip(signals, step))
-                    keyframe |= kind == "I"
+                for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after)):
+                    since.add(kind, step)
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
+                    signals, keyframe = since.take()
                     yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals), keyframe)
-                    sampled, signals, keyframe = sampled + 1, (None, None, None), False
+                    sampled += 1
                 if not self._grew(size):
                     return
             except (VideoError, OSError, *DEMUX_ERRORS) as exc:
@@ -161,27 +159,15 @@ class StreamSource:
             time.sleep(min(0.1, self.follow_idle_s))
 
     def _judged(self, decoded):
-        """Each decoded frame with its signals ``(motion, intra, dynamic)``, in presentation order.
-
-        With residuals, a B-frame waits for the next reference frame (its future reference: out
-        of the decoder later, though decoded earlier), then both go on in order.
-        """
+        """``(decoded item, signals)`` of each decoded frame, in presentation order (`FrameJudge`)."""
         if self.motion is None:
             for item in decoded:
-                yield *item, (None, None, None)
+                yield item, NO_SIGNALS
             return
-        rule, waiting = BlockMotion(self.motion), []
-        for frame, index, pts_s, kind, gop in decoded:
-            luma = frame.to_ndarray(format="gray") if self.motion.residuals else None
-            if kind == "B" and luma is not None:
-                waiting.append((frame, index, pts_s, kind, gop, luma))
-                continue
-            for b_frame, *rest, b_luma in waiting:
-                yield b_frame, *rest, _signals(rule, b_frame, rest[2], b_luma, luma)
-            waiting = []
-            yield frame, index, pts_s, kind, gop, _signals(rule, frame, kind, luma, None)
-        for b_frame, *rest, b_luma in waiting:  # the stream ended before their future reference
-            yield b_frame, *rest, _signals(rule, b_frame, rest[2], b_luma, None)
+        judge = FrameJudge(self.motion)
+        for item in decoded:
+            yield from judge.push(item[0], item[3], item)
+        yield from judge.finish()
 
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""
@@ -211,21 +197,6 @@ class StreamSource:
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
-
-
-def _signals(rule: BlockMotion, frame, kind: str, luma, future) -> tuple:
-    """``(motion, intra, dynamic)`` block maps of one decoded frame."""
-    vectors = frame_vectors(frame)
-    motion = motion_map(vectors, frame.height, frame.width)
-    intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
-    return motion, intra, rule.update(kind, vectors, motion, intra, luma, future)
-
-
-def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:
-    """Signals since the last sample: the largest motion, the union of block sets."""
-    if before is None or now is None:
-        return now if before is None else before
-    return before | now if before.dtype == bool else np.maximum(before, now)
 
 
 def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:

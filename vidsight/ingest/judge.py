@@ -1,0 +1,100 @@
+"""Decoded frames judged by a motion rule, and the signals a sampled frame carries.
+
+Shared by the live source (watch) and the file decoders (ask), so a frame sampled from the same
+GOP gets the same signals whichever path decoded it: both feed every decoded frame of the GOP,
+in presentation order, through one `BlockMotion`, and a sampled frame carries what its GOP's
+frames since the previous sample showed (CodecSight section 3.3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import av
+import numpy as np
+
+from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
+from vidsight.ingest.motion import intra_blocks, motion_map
+
+Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
+NO_SIGNALS: Signals = (None, None, None)
+_FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
+
+
+def frame_type(frame: av.VideoFrame) -> str:
+    """``"I"``, ``"P"``, ``"B"`` or ``"?"``."""
+    return _FRAME_TYPES.get(int(frame.pict_type), "?")
+
+
+def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:
+    """The frame's exported motion vectors (``export_mvs``), or None when it has none."""
+    side = frame.side_data.get("MOTION_VECTORS")
+    return side.to_ndarray() if side is not None else None
+
+
+class FrameJudge:
+    """Runs one decoder's frames, in presentation order, through a motion rule.
+
+    With residuals a B-frame waits for the next reference frame (its future reference: out of the
+    decoder later, though decoded earlier); frames come back in the order they went in.
+    """
+
+    def __init__(self, motion: MotionPruneConfig):
+        self._rule = BlockMotion(motion)
+        self._residuals = motion.residuals
+        self._waiting: list[tuple[av.VideoFrame, str, Any, np.ndarray]] = []
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a B-frame still waits for its future reference."""
+        return bool(self._waiting)
+
+    def push(self, frame: av.VideoFrame, kind: str, item: Any) -> list[tuple[Any, Signals]]:
+        """Judge ``frame`` (of type ``kind``); ``(item, signals)`` of every frame judged now, in order."""
+        luma = frame.to_ndarray(format="gray") if self._residuals else None
+        if kind == "B" and luma is not None:
+            self._waiting.append((frame, kind, item, luma))
+            return []
+        judged = self._release(luma)
+        judged.append((item, self._signals(frame, kind, luma, None)))
+        return judged
+
+    def finish(self) -> list[tuple[Any, Signals]]:
+        """The frames still waiting, judged without a future reference (the stream ended first)."""
+        return self._release(None)
+
+    def _release(self, future: np.ndarray | None) -> list[tuple[Any, Signals]]:
+        judged = [(item, self._signals(frame, kind, luma, future)) for frame, kind, item, luma in self._waiting]
+        self._waiting = []
+        return judged
+
+    def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
+        vectors = frame_vectors(frame)
+        motion = motion_map(vectors, frame.height, frame.width)
+        intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
+        return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future)
+
+
+class SampleSignals:
+    """What the frames decoded since the last sample showed: the largest motion and the union of
+    block sets, starting over at each I-frame (a GOP's signals do not carry into the next)."""
+
+    def __init__(self):
+        self._signals: Signals = NO_SIGNALS
+        self._keyframe = False
+
+    def add(self, kind: str, signals: Signals) -> None:
+        self._signals = signals if kind == "I" else tuple(_merge(a, b) for a, b in zip(self._signals, signals))
+        self._keyframe |= kind == "I"
+
+    def take(self) -> tuple[Signals, bool]:
+        """The signals gathered, and whether an I-frame was among the frames; then start over."""
+        taken = self._signals, self._keyframe
+        self._signals, self._keyframe = NO_SIGNALS, False
+        return taken
+
+
+def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:
+    if before is None or now is None:
+        return now if before is None else before
+    return before | now if before.dtype == bool else np.maximum(before, now)
