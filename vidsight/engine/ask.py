@@ -159,7 +159,7 @@ class Asker:
             log.warning("%d decoders asked for on %d CPUs; using %d", workers, cpus, cpus)
             workers = cpus
         decoders = cpus if workers is None else workers
-        decoding = DecodeConfig(trim_gops=feed_config.trim_gops)
+        decoding = DecodeConfig(trim_gops=feed_config.trim_gops, motion=prefill.motion)
         plan = plan_video(self.adapter, len(indices), info.height, info.width)
         if feed_config.resize_in_decoder:
             decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)

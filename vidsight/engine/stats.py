@@ -39,6 +39,8 @@ class AskStats:
         visual_tokens: Video tokens in the prompt.
         prompt_tokens: All prompt tokens.
         generated_tokens: Answer tokens, including the end token when one was produced.
+        encoded_visual_tokens: Video tokens the vision encoder produced: all of them, or those
+            motion pruning kept (`PrefillConfig.motion`).
         kept_visual_tokens: Video tokens the last layer's KV cache kept after pruning.
         groups: Prefill groups.
         decode_strategy: ``sequential``, ``intervals`` or ``seek``.
@@ -64,6 +66,7 @@ class AskStats:
     visual_tokens: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    encoded_visual_tokens: int = 0
     kept_visual_tokens: int = 0
     groups: int = 0
     decode_strategy: str = "sequential"

@@ -189,6 +189,7 @@ class FrameSink:
             codec=[c for c, ok in zip(self.codec, got) if ok] if self.config.with_codec_info else [],
             frames_lost=lost,
             strategy=strategy,
+            motion=self.judging,
         )
 
 

@@ -12,6 +12,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class VideoInfo:
@@ -120,6 +122,7 @@ class FrameBatch:
         codec: Per-frame codec information, same length as ``data`` (empty if not asked for).
         frames_lost: Requested frames the decoder could not produce (corrupt data).
         strategy: How the frames were decoded: ``"sequential"``, ``"intervals"`` or ``"seek"``.
+        motion: The rule ``codec``'s dynamic blocks were judged by (None: not judged).
     """
 
     data: torch.Tensor
@@ -128,6 +131,7 @@ class FrameBatch:
     codec: list[CodecInfo] = dataclasses.field(default_factory=list)
     frames_lost: int = 0
     strategy: str = "sequential"
+    motion: MotionPruneConfig | None = None
 
     def __len__(self) -> int:
         return self.data.shape[0]

@@ -35,8 +35,12 @@ class MotionMasker:
         self._gop: int | None = None
         self._accumulated: torch.Tensor | None = None
 
-    def frame_mask(self, codec: CodecInfo, grid_hw: tuple[int, int]) -> torch.Tensor:
-        """``(grid_h, grid_w)`` bool: the frame's kept patches."""
+    def frame_mask(self, codec: CodecInfo | None, grid_hw: tuple[int, int]) -> torch.Tensor:
+        """``(grid_h, grid_w)`` bool: the frame's kept patches. A frame without codec signals (one
+        the decoder lost and another stands in for) is kept whole and starts the set over."""
+        if codec is None:
+            self._gop = self._accumulated = None
+            return torch.ones(grid_hw, dtype=torch.bool)
         if (codec.gop_index != self._gop or codec.frame_type == "I" or self._accumulated is None
                 or self._accumulated.shape != grid_hw):
             self._gop = codec.gop_index

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from vidsight.errors import ConfigError
+from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.kv.config import PruneConfig
 
 
@@ -17,10 +18,16 @@ class PrefillConfig:
             bounds activation memory by the group, not the video (QuickPrefill). 0 feeds the
             whole prompt at once.
         prune: Which of each group's video KV the layers keep afterwards (default: all).
+        motion: Motion-guided patch pruning before the vision encoder (CodecSight's, with
+            vidsight's noise-robust rule): merge groups no motion reached since their GOP's first
+            sampled frame skip the encoder and the language model, the kept ones keep their
+            positions, and ``prune`` then chooses among them. The decoders judge every frame by
+            this rule. Off when None (lossy).
     """
 
     group_frames: int = 32
     prune: PruneConfig = PruneConfig()
+    motion: MotionPruneConfig | None = None
 
     def __post_init__(self):
         if self.group_frames < 0:

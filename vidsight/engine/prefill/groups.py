@@ -8,6 +8,7 @@ group, each layer may drop part of the group's video KV (`PruneConfig`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import torch
@@ -20,10 +21,14 @@ from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
 from vidsight.engine.request import Request
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed.frames import FrameFeed
+from vidsight.ingest.types import CodecInfo
 from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
-from vidsight.models.base import VLMAdapter
+from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.vision import preprocess_video
+from vidsight.vision.motion import MotionMasker, group_mask
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -97,25 +102,38 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
                     _capacity(chunks, video_start, video_end, config, max_new_tokens),
                     adapter.dtype, adapter.device)
 
+    masks = _motion_masks(feed, config, plan, spec)
+    stats.encoded_visual_tokens = 0
     for group, (lo, hi) in enumerate(tqdm(chunks, desc="prefill", unit="group", disable=not progress, leave=False)):
         first = group * frames_per_group
+        last = min(first + frames_per_group, len(feed))
         with clock.stage("decode"):
-            frames = feed.frames(first, min(first + frames_per_group, len(feed)))
+            frames = feed.frames(first, last)
         _split(cores, feed)
         began = time.perf_counter()
         if group == 0:
             stats.fill_s = began - clock.started
         with clock.stage("preprocess"):
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)
+            keep = masks.group(feed.codec(first, last)) if masks is not None else None
+            # The group's tokens the language model sees: its text, and the video tokens kept.
+            tokens = torch.arange(lo, hi)
+            if keep is not None:
+                video_at = max(video_start, lo)
+                tokens = tokens[torch.cat([torch.ones(video_at - lo, dtype=torch.bool), keep.reshape(-1),
+                                           torch.ones(hi - video_at - keep.numel(), dtype=torch.bool)])]
         with clock.stage("vision"), torch.inference_mode():
-            video_embeds = adapter.encode_video(video.pixel_values, video.grid_thw)
+            video_embeds = adapter.encode_video(video.pixel_values, video.grid_thw, keep)
+        stats.encoded_visual_tokens += video_embeds.shape[0]
         _split(cores, feed)
+        if not len(tokens):
+            continue  # motion pruning left nothing of a group without text
         with clock.stage("prefill"), torch.inference_mode():
-            embeds = adapter.embed_tokens(ids[lo:hi][None])
-            at = max(video_start, lo) - lo
+            embeds = adapter.embed_tokens(ids[tokens][None])
+            at = int((tokens < video_start).sum())
             embeds[0, at : at + video_embeds.shape[0]] = video_embeds
             hook = last_pruner if group == len(chunks) - 1 else pruner
-            hidden = forward(adapter, cache, embeds, positions[:, lo:hi], rows[lo:hi], hook)
+            hidden = forward(adapter, cache, embeds, positions[:, tokens], rows[tokens], hook)
         took = time.perf_counter() - began
         if group == 0:
             stats.first_group_s = took
@@ -126,6 +144,29 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
     stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum())
     stats.groups = len(chunks)
     return Prefilled(cache, logits, prompt.next_position)
+
+
+class _GroupMasks:
+    """Each prefill group's kept merge groups under motion pruning, following the stream's GOPs."""
+
+    def __init__(self, plan: VideoPlan, spec: VisionSpec):
+        self.masker, self.grid_hw, self.spec = MotionMasker(), plan.grid_thw[1:], spec
+
+    def group(self, codec: list[CodecInfo | None]) -> torch.Tensor:
+        """``(temporal patches, H/m, W/m)`` bool for the group's frames, in stream order."""
+        return group_mask([self.masker.frame_mask(c, self.grid_hw) for c in codec], self.spec)
+
+
+def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec: VisionSpec) -> _GroupMasks | None:
+    """Motion pruning's masks, when it is asked for and the decoders judged motion by its rule."""
+    if config.motion is None:
+        return None
+    if feed.motion is None:
+        log.warning("no motion vectors to prune by (FFmpeg exports them for H.264 only): every patch is encoded")
+        return None
+    if feed.motion != config.motion:
+        raise ConfigError(f"motion pruning by {config.motion}, but the decoders judged motion by {feed.motion}")
+    return _GroupMasks(plan, spec)
 
 
 def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:

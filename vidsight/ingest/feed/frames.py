@@ -19,8 +19,9 @@ import torch
 
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.decode import DecodeConfig, FrameSink, decode_span
+from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.parallel import decode_schedule
-from vidsight.ingest.types import FrameBatch, VideoInfo
+from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,11 @@ class FrameFeed:
     sees one frame per sample time; ``frames_lost`` counts them.
     """
 
-    def __init__(self, data: torch.Tensor, pts_s: torch.Tensor, indices: torch.Tensor, strategy: str):
+    def __init__(self, data: torch.Tensor, pts_s: torch.Tensor, indices: torch.Tensor, strategy: str,
+                 codec: list[CodecInfo | None], motion: MotionPruneConfig | None):
         self.data, self.pts_s, self.indices, self.strategy = data, pts_s, indices, strategy
+        self._codec = codec
+        self.motion = motion  # the rule the decoders judged motion by; None when they did not
         self._sink: FrameSink | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._spans: list[tuple[int, Future]] = []  # (last slot the span fills, its task)
@@ -48,7 +52,7 @@ class FrameFeed:
 
     @classmethod
     def decoded(cls, batch: FrameBatch, decode_s: float = 0.0) -> "FrameFeed":
-        feed = cls(batch.data, batch.pts_s, batch.indices, batch.strategy)
+        feed = cls(batch.data, batch.pts_s, batch.indices, batch.strategy, batch.codec, batch.motion)
         feed._lost, feed.decode_s = batch.frames_lost, decode_s
         return feed
 
@@ -66,7 +70,8 @@ class FrameFeed:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         sink = FrameSink(path, info, indices, dataclasses.replace(config, threads="NONE"), on_frame)
         strategy, spans = decode_schedule(info, sink.wanted, workers * OVERLAP_SPANS_PER_WORKER)
-        feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy)
+        feed = cls(sink.data, torch.from_numpy(info.pts_s[sink.wanted]), torch.from_numpy(sink.wanted), strategy,
+                   sink.codec, sink.judging)
         feed._sink = sink
         feed._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-feed")
         last_slots = np.searchsorted(sink.wanted, [last for _, last in spans], side="right") - 1
@@ -96,6 +101,11 @@ class FrameFeed:
             self._wait_through(stop - 1)
             self._fill_lost(start, stop)
         return self.data[start:stop]
+
+    def codec(self, start: int, stop: int) -> list[CodecInfo | None]:
+        """The codec signals of frames ``start`` to ``stop - 1`` once `frames` returned them; None
+        for a frame the decoder lost (another stands in for it) or when none were collected."""
+        return [self._codec[k] if k < len(self._codec) else None for k in range(start, stop)]
 
     def _wait_through(self, slot: int) -> None:
         for last, task in self._spans:
