@@ -48,7 +48,8 @@ def run_ask(args) -> int:
         print(result.answer)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
-        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({s.kept_visual_tokens} kept), "
+        encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""
+        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept), "
               f"{s.generated_tokens} generated; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""Command-line options shared by `ask` and the benchmarks: prefill groups, KV pruning, decoding."""
+"""Command-line options shared by `ask`, `watch` and the benchmarks: prefill groups, KV and motion pruning, decoding."""
 
 from __future__ import annotations
 
@@ -29,6 +29,33 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--skip-pruned", action="store_true",
                        help="choose the kept tokens once, at the start layer, and let the pruned ones skip "
                             "the layers above it: saves their compute too (default: every layer scores its own)")
+    add_motion_options(parser, "skip the vision encoder for patches whose motion since their GOP's first sampled "
+                               "frame stays under this many pixels (H.264)")
+
+
+def add_motion_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--prune-tau``, ``--prune-alpha``, ``--prune-rule``: motion-guided patch pruning (`MotionPruneConfig`)."""
+    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
+
+    group = parser.add_argument_group("motion-guided patch pruning (CodecSight)")
+    group.add_argument("--prune-tau", type=_float, default=None,
+                       help=f"{what} (CodecSight's tau: {MotionPruneConfig.tau}; default: off, lossless)")
+    group.add_argument("--prune-alpha", type=_float, default=MotionPruneConfig.alpha,
+                       help="weight of the residual term per SAD level (default: 0, CodecSight's; "
+                            f"{SOFTWARE_ALPHA:g} weighs a change of 4 levels per pixel like tau; residuals are "
+                            "recomputed from decoded pixels)")
+    group.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
+                       help="persistent (default): motion must persist over two frames above the stream's noise "
+                            "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
+
+
+def motion_config(args):
+    """The `MotionPruneConfig` the flags ask for; None (off) unless ``--prune-tau`` is given."""
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    if args.prune_tau is None:
+        return None
+    return MotionPruneConfig(tau=args.prune_tau, alpha=args.prune_alpha, rule=args.prune_rule)
 
 
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +80,7 @@ def prefill_config(args):
 
     prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer,
                         skip_pruned=args.skip_pruned)
-    return PrefillConfig(group_frames=args.group_frames, prune=prune)
+    return PrefillConfig(group_frames=args.group_frames, prune=prune, motion=motion_config(args))
 
 
 def feed_config(args):

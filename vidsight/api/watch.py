@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from vidsight.api.options import _float
+from vidsight.api.options import _float, add_motion_options
 
 
 def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.engine.config import ALERT_AFTER, DEFAULT_MODEL, REFRESH_MODES
-    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 
     watch = commands.add_parser("watch", parents=parents,
                                 help="a standing Yes/No query over sliding windows of a file or stream")
@@ -29,21 +28,12 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
     watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
                        help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
-    watch.add_argument("--prune-tau", type=_float, default=None,
-                       help="prune patches whose motion stays under this many pixels (CodecSight's 0.25; "
-                            "default: off, lossless)")
-    watch.add_argument("--prune-alpha", type=_float, default=MotionPruneConfig.alpha,
-                       help="weight of the residual term per SAD level (default: 0, CodecSight's; "
-                            f"{SOFTWARE_ALPHA:g} weighs a change of 4 levels per pixel like tau; residuals are "
-                            "recomputed from decoded pixels)")
-    watch.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
-                       help="persistent (default): motion must persist over two frames above the stream's noise "
-                            "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
     watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
                        help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
+    add_motion_options(watch, "prune patches whose motion stays under this many pixels")
 
 
 # A watch's settings by the names the server's requests use -> (config, its field); the CLI's

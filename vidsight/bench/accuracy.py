@@ -46,7 +46,8 @@ def precision_recall_f1(predicted: list[bool], actual: list[bool]) -> dict[str, 
 
 def _window(frames: FrameBatch, start: int) -> FrameBatch:
     span = slice(start, start + WINDOW_FRAMES)
-    return FrameBatch(frames.data[span], frames.pts_s[span], frames.indices[span])
+    return FrameBatch(frames.data[span], frames.pts_s[span], frames.indices[span], frames.codec[span],
+                      motion=frames.motion)
 
 
 def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = PrefillConfig(),
@@ -66,22 +67,27 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
     families: dict[str, dict] = {}
     answers = []
     for clip in tqdm(manifest["clips"], desc="clips", disable=not progress):
-        got = asker.ask(directory / clip["video"], clip["question"], sampling=sampling, generation=generation,
-                        prefill=prefill).answer
+        result = asker.ask(directory / clip["video"], clip["question"], sampling=sampling, generation=generation,
+                           prefill=prefill)
+        got = result.answer
         ok = normalise(got) == normalise(clip["answer"])
-        score = families.setdefault(clip["family"], {"correct": 0, "total": 0})
+        score = families.setdefault(clip["family"], {"correct": 0, "total": 0, "visual_tokens": 0,
+                                                     "encoded_visual_tokens": 0})
         score["correct"] += ok
         score["total"] += 1
+        score["visual_tokens"] += result.stats.visual_tokens
+        score["encoded_visual_tokens"] += result.stats.encoded_visual_tokens
         answers.append({"video": clip["video"], "question": clip["question"], "expected": clip["answer"],
                         "answer": got, "correct": ok})
     for score in families.values():
         score["accuracy"] = score["correct"] / score["total"]
+        score["encoded_share"] = score["encoded_visual_tokens"] / max(score["visual_tokens"], 1)
 
     predicted, actual, window_hits, window_total = [], [], 0, 0
     for video in tqdm(manifest["anomaly_videos"], desc="anomaly videos", disable=not progress):
         path = directory / video["video"]
         info = probe(path)
-        frames = decode_frames(path, sample_frames(info, sampling), DecodeConfig(), info)
+        frames = decode_frames(path, sample_frames(info, sampling), DecodeConfig(motion=prefill.motion), info)
         verdicts = []
         for start, label in zip(window_starts(len(frames)), video["window_labels"]):
             answer = asker.ask_frames(_window(frames, start), video["query"], manifest["sample_fps"],
@@ -100,13 +106,18 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
 
 def format_report(report: dict) -> str:
     prune = report["prefill"]["prune"]
-    compute = "full compute" if prune["rho"] == 1 else \
-        f"KV pruning rho {prune['rho']} ({prune['scorer']}, from layer {prune['start_layer']}" \
-        f"{', pruned tokens skip the layers above' if prune['skip_pruned'] else ''})"
+    motion = report["prefill"]["motion"]
+    settings = [] if prune["rho"] == 1 else [
+        f"KV pruning rho {prune['rho']} ({prune['scorer']}, from layer {prune['start_layer']}"
+        f"{', pruned tokens skip the layers above' if prune['skip_pruned'] else ''})"]
+    if motion is not None:
+        settings.append(f"motion pruning tau {motion['tau']:g} ({motion['rule']}, alpha {motion['alpha']:g})")
+    compute = ", ".join(settings) or "full compute"
     lines = [f"suite {report['suite']}, model {report['model']}, {compute}, "
-             f"groups of {report['prefill']['group_frames']} frames", "", f"{'family':<10} {'accuracy':>9} {'n':>5}"]
+             f"groups of {report['prefill']['group_frames']} frames", "",
+             f"{'family':<10} {'accuracy':>9} {'n':>5} {'encoded':>8}"]
     for family, score in report["families"].items():
-        lines.append(f"{family:<10} {score['accuracy']:>9.1%} {score['total']:>5}")
+        lines.append(f"{family:<10} {score['accuracy']:>9.1%} {score['total']:>5} {score['encoded_share']:>8.0%}")
     a = report["anomaly_videos"]
     lines += ["", f"anomaly videos ({a['videos']}, windows of {a['window_frames']} frames every {a['stride_frames']};"
               f" positive after {CONSECUTIVE_POSITIVES} consecutive Yes windows)",
