@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig, PruneConfig
+from vidsight.errors import ConfigError
 from vidsight.ingest import FeedConfig, SamplingConfig
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.writer import write_video
@@ -85,3 +86,18 @@ def test_a_codec_without_motion_vectors_encodes_every_patch(tiny_adapter, tmp_pa
                                      prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()))
     assert result.stats.encoded_visual_tokens == result.stats.visual_tokens
     assert "no motion vectors" in caplog.text
+
+
+def test_dropping_redundant_patches_encodes_fewer_and_keeps_the_first_frame(tiny_adapter, static_camera):
+    asker = Asker(tiny_adapter)
+    motion = asker.ask(static_camera, QUESTION, sampling=SAMPLING, generation=GENERATION,
+                       prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()))
+    dedup = asker.ask(static_camera, QUESTION, sampling=SAMPLING, generation=GENERATION,
+                      prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig(), dedup_patches=True))
+    per_patch = motion.stats.visual_tokens // (motion.stats.frames // 2)
+    assert per_patch <= dedup.stats.encoded_visual_tokens < motion.stats.encoded_visual_tokens
+
+
+def test_dropping_redundant_patches_needs_motion_pruning():
+    with pytest.raises(ConfigError, match="motion pruning"):
+        PrefillConfig(dedup_patches=True)

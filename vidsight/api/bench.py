@@ -53,6 +53,12 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_ask.add_argument("--fps", type=_float, default=1.0, help="sampling rate (default: 1)")
     bench_ask.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                            help="weights and activations (default: bfloat16, the published checkpoints' dtype)")
+    bench_ask.add_argument("--set", action="store_true",
+                           help="instead: every setting (full compute, the lossless pipeline, KV pruning, motion "
+                                "pruning, both) over a generated video set (static noisy camera at GOP 250 and 48, "
+                                "panning camera), with needle accuracy per setting from the task model")
+    bench_ask.add_argument("--needle-clips", type=int, default=50,
+                           help="with --set: held-out needle clips scored per setting (default: 50; 0 skips)")
     bench_ask.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     bench_ask.add_argument("--json", action="store_true", help="print the JSON report")
 
@@ -150,11 +156,25 @@ def _run_bench_decode(args) -> int:
 def _run_bench_ask(args) -> int:
     from vidsight.bench.ask import ask_video, format_ask_report, run_ask_bench, write_ask_report
 
+    if args.set:
+        return _run_bench_ask_set(args)
     video = args.video or ask_video(args.out, args.gop)
     report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
                            dtype=args.dtype, progress=sys.stderr.isatty() and not args.json)
     json_path, png_path = write_ask_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _run_bench_ask_set(args) -> int:
+    from vidsight.bench.ask_set import format_ask_set, run_ask_set, write_ask_set
+
+    if args.video is not None:
+        raise ConfigError("--set generates its own videos; give no VIDEO with it")
+    report = run_ask_set(args.out, args.shape, args.fps, args.needle_clips, args.dtype,
+                         progress=sys.stderr.isatty() and not args.json)
+    json_path, png_path = write_ask_set(report, args.out)
+    print(json.dumps(report) if args.json else f"{format_ask_set(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

@@ -29,11 +29,14 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--skip-pruned", action="store_true",
                        help="choose the kept tokens once, at the start layer, and let the pruned ones skip "
                             "the layers above it: saves their compute too (default: every layer scores its own)")
-    add_motion_options(parser, "skip the vision encoder for patches whose motion since their GOP's first sampled "
-                               "frame stays under this many pixels (H.264)")
+    motion = add_motion_options(parser, "skip the vision encoder for patches whose motion since their GOP's first "
+                                        "sampled frame stays under this many pixels (H.264)")
+    motion.add_argument("--dedup-patches", action="store_true",
+                        help="with --prune-tau: also skip patches whose pixels stayed within the noise floor since "
+                             "they were last encoded (a GOP's first frame then re-encodes only what changed)")
 
 
-def add_motion_options(parser: argparse.ArgumentParser, what: str) -> None:
+def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
     """``--prune-tau``, ``--prune-alpha``, ``--prune-rule``: motion-guided patch pruning (`MotionPruneConfig`)."""
     from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 
@@ -47,6 +50,7 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> None:
     group.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
                        help="persistent (default): motion must persist over two frames above the stream's noise "
                             "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
+    return group
 
 
 def motion_config(args):
@@ -80,7 +84,8 @@ def prefill_config(args):
 
     prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer,
                         skip_pruned=args.skip_pruned)
-    return PrefillConfig(group_frames=args.group_frames, prune=prune, motion=motion_config(args))
+    return PrefillConfig(group_frames=args.group_frames, prune=prune, motion=motion_config(args),
+                         dedup_patches=args.dedup_patches)
 
 
 def feed_config(args):

@@ -23,14 +23,20 @@ class PrefillConfig:
             sampled frame skip the encoder and the language model, the kept ones keep their
             positions, and ``prune`` then chooses among them. The decoders judge every frame by
             this rule. Off when None (lossy).
+        dedup_patches: With ``motion``, also drop the kept merge groups whose pixels stayed within
+            the frame's noise floor since they were last encoded (`RedundantPatches`): a GOP's
+            first sampled frame then re-encodes only what changed (lossy).
     """
 
     group_frames: int = 32
     prune: PruneConfig = PruneConfig()
     motion: MotionPruneConfig | None = None
+    dedup_patches: bool = False
 
     def __post_init__(self):
         if self.group_frames < 0:
             raise ConfigError(f"group_frames must be 0 (one group) or positive, got {self.group_frames}")
         if self.prune.active and self.group_frames == 0:
             raise ConfigError("KV pruning works group by group; set group_frames > 0")
+        if self.dedup_patches and self.motion is None:
+            raise ConfigError("dropping redundant patches refines motion pruning; turn motion pruning on too")

@@ -26,6 +26,7 @@ from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.vision import preprocess_video
+from vidsight.vision.dedup import RedundantPatches
 from vidsight.vision.motion import MotionMasker, group_mask
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
             stats.fill_s = began - clock.started
         with clock.stage("preprocess"):
             video = preprocess_video(frames.to(adapter.device), spec, adapter.dtype, size=plan.size)
-            keep = masks.group(feed.codec(first, last)) if masks is not None else None
+            keep = masks.group(feed.codec(first, last), frames) if masks is not None else None
             # The group's tokens the language model sees: its text, and the video tokens kept.
             tokens = torch.arange(lo, hi)
             if keep is not None:
@@ -149,12 +150,17 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
 class _GroupMasks:
     """Each prefill group's kept merge groups under motion pruning, following the stream's GOPs."""
 
-    def __init__(self, plan: VideoPlan, spec: VisionSpec):
+    def __init__(self, plan: VideoPlan, spec: VisionSpec, dedup: bool):
         self.masker, self.grid_hw, self.spec = MotionMasker(), plan.grid_thw[1:], spec
+        m = spec.merge_size
+        self.redundant = RedundantPatches((self.grid_hw[0] // m, self.grid_hw[1] // m)) if dedup else None
 
-    def group(self, codec: list[CodecInfo | None]) -> torch.Tensor:
-        """``(temporal patches, H/m, W/m)`` bool for the group's frames, in stream order."""
-        return group_mask([self.masker.frame_mask(c, self.grid_hw) for c in codec], self.spec)
+    def group(self, codec: list[CodecInfo | None], frames: torch.Tensor) -> torch.Tensor:
+        """``(temporal patches, H/m, W/m)`` bool for the group's ``frames``, in stream order."""
+        keep = group_mask([self.masker.frame_mask(c, self.grid_hw) for c in codec], self.spec)
+        if self.redundant is not None:
+            keep = self.redundant.filter(frames, keep, self.spec.temporal_patch_size)
+        return keep
 
 
 def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec: VisionSpec) -> _GroupMasks | None:
@@ -166,7 +172,7 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
         return None
     if feed.motion != config.motion:
         raise ConfigError(f"motion pruning by {config.motion}, but the decoders judged motion by {feed.motion}")
-    return _GroupMasks(plan, spec)
+    return _GroupMasks(plan, spec, config.dedup_patches)
 
 
 def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
