@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.motion import BLOCK, displacement
+from vidsight.ingest.motion import BLOCK, Cover, displacement
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
@@ -85,7 +85,8 @@ class BlockMotion:
         self._reference: np.ndarray | None = None  # luma of the last I- or P-frame
 
     def update(self, kind: str, vectors: np.ndarray | None, motion: np.ndarray, intra: np.ndarray | None,
-               luma: np.ndarray | None = None, future: np.ndarray | None = None) -> np.ndarray | None:
+               luma: np.ndarray | None = None, future: np.ndarray | None = None, cover: Cover | None = None
+               ) -> np.ndarray | None:
         """``(ceil(H/4), ceil(W/4))`` bool dynamic blocks of this frame; None for an I-frame (kept whole).
 
         Args:
@@ -95,6 +96,7 @@ class BlockMotion:
                 computed once by the caller, which reports them too.
             luma: The frame's luma, needed when `MotionPruneConfig.residuals`.
             future: The next reference frame's luma (B-frames), likewise.
+            cover: The vectors' `destination_blocks`, when the caller has them already.
         """
         config = self.config
         past = self._reference
@@ -116,16 +118,16 @@ class BlockMotion:
         if config.rule == "max":
             dynamic = (magnitude > config.tau) | intra
         else:
-            dynamic = self._persistent(magnitude, residual, vectors)
+            dynamic = self._persistent(magnitude, residual, vectors, cover)
         return _widen(dynamic, config.dilate_blocks)
 
-    def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None
-                    ) -> np.ndarray:
+    def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None,
+                    cover: Cover | None) -> np.ndarray:
         tau = self.config.tau
         previous, self._previous = self._previous, magnitude
         before = None
         if previous is not None:
-            before = _at_source(previous, vectors)
+            before = _at_source(previous, vectors, cover)
             transient = (magnitude > tau) & (before <= tau)
             self._floors.append(float(np.quantile(magnitude[transient], NOISE_QUANTILE))
                                 if transient.mean() > NOISE_SHARE else 0.0)
@@ -139,13 +141,18 @@ class BlockMotion:
         return dynamic
 
 
-def _at_source(previous: np.ndarray, vectors: np.ndarray | None) -> np.ndarray:
+def _at_source(previous: np.ndarray, vectors: np.ndarray | None, cover: Cover | None) -> np.ndarray:
     """Per block, the larger of ``previous`` (last frame's per-block map) at the block itself and at
     the block its past-reference vector comes from."""
     if vectors is None or len(vectors) == 0:
         return previous
     rows, cols = previous.shape
-    dx, dy, _ = displacement(vectors[vectors["source"] < 0], rows, cols)
+    if cover is None:
+        dx, dy, _ = displacement(vectors[vectors["source"] < 0], rows, cols)
+    else:
+        which, r, c = cover
+        past = vectors["source"][which] < 0
+        dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
     r, c = np.mgrid[0:rows, 0:cols]
     source_r = np.clip(r + np.rint(dy / BLOCK).astype(np.int64), 0, rows - 1)
     source_c = np.clip(c + np.rint(dx / BLOCK).astype(np.int64), 0, cols - 1)

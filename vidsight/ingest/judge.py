@@ -14,7 +14,7 @@ import av
 import numpy as np
 
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
-from vidsight.ingest.motion import intra_blocks, motion_map
+from vidsight.ingest.motion import BLOCK, destination_blocks, intra_blocks, motion_map
 
 Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
 NO_SIGNALS: Signals = (None, None, None)
@@ -70,9 +70,12 @@ class FrameJudge:
 
     def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
         vectors = frame_vectors(frame)
-        motion = motion_map(vectors, frame.height, frame.width)
-        intra = intra_blocks(vectors, frame.height, frame.width) if kind in ("P", "B") else None
-        return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future)
+        height, width = frame.height, frame.width
+        cover = (destination_blocks(vectors, -(-height // BLOCK), -(-width // BLOCK))
+                 if vectors is not None and len(vectors) else None)
+        motion = motion_map(vectors, height, width, cover)
+        intra = intra_blocks(vectors, height, width, cover) if kind in ("P", "B") else None
+        return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future, cover)
 
 
 class SampleSignals:

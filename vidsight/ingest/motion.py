@@ -7,7 +7,10 @@ import numpy as np
 BLOCK = 4  # H.264's smallest partition; every macroblock partition is a whole number of these.
 
 
-def motion_map(vectors: np.ndarray | None, height: int, width: int) -> np.ndarray:
+Cover = tuple[np.ndarray, np.ndarray, np.ndarray]  # `destination_blocks`' result, computed once per frame
+
+
+def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None) -> np.ndarray:
     """Largest motion magnitude (pixels) landing on each 4x4 block.
 
     Args:
@@ -15,6 +18,7 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int) -> np.ndarra
             ``None`` for a frame without vectors (an I-frame).
         height: Frame height in pixels.
         width: Frame width in pixels.
+        cover: The vectors' `destination_blocks`, when the caller has them already.
 
     Returns:
         ``float32`` array ``(2, ceil(height/4), ceil(width/4))``: channel 0 holds vectors that
@@ -27,12 +31,21 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int) -> np.ndarra
         return out
     magnitude = np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
     direction = (vectors["source"] > 0).astype(np.int64)
-    which, r, c = destination_blocks(vectors, rows, cols)
-    np.maximum.at(out, (direction[which], r, c), magnitude[which].astype(np.float32))
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
+    flat, values = (direction[which] * rows + r) * cols + c, magnitude[which].astype(np.float32)
+    # Partitions of one direction do not overlap, so most blocks get one vector: assign those
+    # directly (ufunc.at on every block is the hot path's slowest step) and take the largest only
+    # where blocks repeat (partitions clipped at the frame's edge).
+    flat_out = out.reshape(-1)
+    flat_out[flat] = values
+    repeated = np.bincount(flat, minlength=flat_out.size)[flat] > 1
+    if repeated.any():
+        flat_out[flat[repeated]] = 0
+        np.maximum.at(flat_out, flat[repeated], values[repeated])
     return out
 
 
-def intra_blocks(vectors: np.ndarray | None, height: int, width: int) -> np.ndarray:
+def intra_blocks(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None) -> np.ndarray:
     """``(ceil(height/4), ceil(width/4))`` bool: blocks of an inter frame that no vector predicts.
 
     Those were intra-coded: the encoder found nothing to copy, so their content is new.
@@ -40,17 +53,19 @@ def intra_blocks(vectors: np.ndarray | None, height: int, width: int) -> np.ndar
     rows, cols = -(-height // BLOCK), -(-width // BLOCK)
     covered = np.zeros((rows, cols), dtype=bool)
     if vectors is not None and len(vectors):
-        _, r, c = destination_blocks(vectors, rows, cols)
+        _, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
         covered[r, c] = True
     return ~covered
 
 
-def displacement(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def displacement(vectors: np.ndarray, rows: int, cols: int, cover: Cover | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per 4x4 block, where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
     (FFmpeg: ``src = dst + motion / motion_scale``) and a bool map of the blocks a vector covers.
-    Pass one direction's vectors; where several cover a block, the last one stands."""
+    Pass one direction's vectors, or all of them with the part of their ``cover`` that names one
+    direction's; where several cover a block, the last one stands."""
     scale = np.maximum(vectors["motion_scale"], 1).astype(np.float32)
-    which, r, c = destination_blocks(vectors, rows, cols)
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
     dx, dy = np.zeros((rows, cols), np.float32), np.zeros((rows, cols), np.float32)
     covered = np.zeros((rows, cols), dtype=bool)
     dx[r, c], dy[r, c], covered[r, c] = (vectors["motion_x"] / scale)[which], (vectors["motion_y"] / scale)[which], True
@@ -61,14 +76,12 @@ def destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.nd
     """``(vector index, block row, block column)`` of every block a vector's destination covers."""
     top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // BLOCK
     left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // BLOCK
-    empty = np.empty(0, dtype=np.int64)
-    which, r, c = [empty], [empty], [empty]  # a direction may have no vectors (a B-frame predicted forward only)
-    # Partitions come in a handful of sizes; one vectorised pass per block offset inside them.
-    for bh, bw in {(int(h), int(w)) for h, w in zip(vectors["h"], vectors["w"])}:
-        sel = np.flatnonzero((vectors["h"] == bh) & (vectors["w"] == bw))
-        for dy in range(max(1, bh // BLOCK)):
-            for dx in range(max(1, bw // BLOCK)):
-                which.append(sel)
-                r.append(np.clip(top[sel] + dy, 0, rows - 1))
-                c.append(np.clip(left[sel] + dx, 0, cols - 1))
-    return np.concatenate(which), np.concatenate(r), np.concatenate(c)
+    high = np.maximum(1, vectors["h"].astype(np.int64) // BLOCK)
+    wide = np.maximum(1, vectors["w"].astype(np.int64) // BLOCK)
+    # One entry per covered block (a hot path: every decoded frame, three times): vector k's blocks
+    # are numbered 0 .. high*wide - 1 row by row inside its partition.
+    which = np.repeat(np.arange(len(vectors)), high * wide)
+    within = np.arange(len(which)) - np.repeat(np.cumsum(high * wide) - high * wide, high * wide)
+    r = np.clip(top[which] + within // wide[which], 0, rows - 1)
+    c = np.clip(left[which] + within % wide[which], 0, cols - 1)
+    return which, r, c
