@@ -14,7 +14,8 @@ from vidsight.api.serve.media import RequestError
 # Settings a request may give, with the `ask` option each sets. vLLM's own names first.
 PROCESSOR_KWARGS = {"fps": "fps", "max_frames": "max_frames", "num_frames": "max_frames", "rho": "rho",
                     "kv_score": "kv_score", "group_frames": "group_frames",
-                    "prune_start_layer": "prune_start_layer", "skip_pruned": "skip_pruned"}
+                    "prune_start_layer": "prune_start_layer", "skip_pruned": "skip_pruned", "prune_tau": "prune_tau",
+                    "prune_alpha": "prune_alpha", "prune_rule": "prune_rule", "dedup_patches": "dedup_patches"}
 
 
 class VideoURL(BaseModel):
@@ -101,6 +102,7 @@ def ask_configs(options: dict[str, Any]):
     from vidsight.engine.config import GenerationConfig
     from vidsight.engine.prefill.config import PrefillConfig
     from vidsight.ingest import SamplingConfig
+    from vidsight.ingest.dynamic import MotionPruneConfig
     from vidsight.kv.config import PruneConfig
 
     def pick(*names: str, renamed: dict[str, str] | None = None) -> dict[str, Any]:
@@ -112,7 +114,9 @@ def ask_configs(options: dict[str, Any]):
         generation = GenerationConfig(**pick("max_new_tokens", "temperature", "top_p", "seed"))
         prune = PruneConfig(**pick(renamed={"rho": "rho", "kv_score": "scorer", "prune_start_layer": "start_layer",
                                             "skip_pruned": "skip_pruned"}))
-        prefill = PrefillConfig(prune=prune, **pick("group_frames"))
+        motion = (MotionPruneConfig(**pick(renamed={"prune_tau": "tau", "prune_alpha": "alpha", "prune_rule": "rule"}))
+                  if options.get("prune_tau") is not None else None)
+        prefill = PrefillConfig(prune=prune, motion=motion, **pick("group_frames", "dedup_patches"))
     except TypeError as exc:
         raise RequestError(422, f"a video setting has the wrong type: {exc}") from None
     return sampling, generation, prefill

@@ -1,0 +1,36 @@
+"""A completion request's video settings map onto the same configs as `vidsight ask`'s flags."""
+
+import pytest
+
+from vidsight.api.cli import build_parser
+from vidsight.api.options import prefill_config
+from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.openai_api import ChatCompletionRequest, ask_configs
+
+
+def request(**settings) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}],
+                                 mm_processor_kwargs=settings)
+
+
+@pytest.mark.parametrize("settings,flags", [
+    ({}, []),
+    ({"rho": 0.5, "kv_score": "attention", "prune_start_layer": 1}, ["--rho", "0.5", "--kv-score", "attention",
+                                                                     "--prune-start-layer", "1"]),
+    ({"prune_tau": 0.25}, ["--prune-tau", "0.25"]),
+    ({"prune_tau": 1.0, "prune_alpha": 0.004, "prune_rule": "paper", "dedup_patches": True},
+     ["--prune-tau", "1", "--prune-alpha", "0.004", "--prune-rule", "paper", "--dedup-patches"]),
+])
+def test_request_settings_give_the_prefill_the_cli_flags_give(settings, flags):
+    _, _, prefill = ask_configs(request(**settings).ask_options())
+    assert prefill == prefill_config(build_parser().parse_args(["ask", "v.mp4", "q", *flags]))
+
+
+def test_an_unknown_motion_rule_is_refused():
+    with pytest.raises(Exception, match="unknown motion rule"):
+        ask_configs(request(prune_tau=0.25, prune_rule="median").ask_options())
+
+
+def test_a_misspelt_setting_is_refused():
+    with pytest.raises(RequestError, match="unknown video settings: prune_ta"):
+        request(prune_ta=0.25).ask_options()
