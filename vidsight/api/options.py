@@ -48,7 +48,7 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._
                             f"{SOFTWARE_ALPHA:g} weighs a change of 4 levels per pixel like tau; residuals are "
                             "recomputed from decoded pixels)")
     group.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
-                       help="persistent (default): motion must persist over two frames above the stream's noise "
+                       help="persistent (default): motion must persist over three frames above the stream's noise "
                             "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
     return group
 

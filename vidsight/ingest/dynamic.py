@@ -6,7 +6,7 @@ magnitude in pixels, R the residual's SAD), and the dynamic set grows through th
 camera's noisy picture the encoder spends quarter-pixel vectors on the noise: few per frame, but
 a GOP's union of a few hundred frames marks every token. Noise vectors are independent from one
 frame to the next and small; real motion persists and is larger. So the default rule asks a
-block to move in two consecutive frames (in the frame before, where its vector says it came
+block to move in three consecutive frames (in the frames before, where its vector says it came
 from, so an object's leading edge counts), above a threshold raised to the noise floor the GOP
 itself shows (the magnitude most transient vectors stay under, once transients are common
 enough to be noise rather than an object's leading edge).
@@ -45,10 +45,15 @@ class MotionPruneConfig:
         alpha: Weight of the residual term per SAD level (CodecSight's default 0, its hardware
             decoders export no residuals; `SOFTWARE_ALPHA` weighs a one-level change like tau).
             Above 0 the source recomputes residuals from decoded pixels.
-        rule: ``persistent`` (default): motion above ``max(tau, the GOP's noise floor)`` in two
-            consecutive frames, or ``alpha`` times the residual above that in a cluster of blocks;
+        rule: ``persistent`` (default): motion above ``max(tau, the GOP's noise floor)`` in
+            ``persist_frames`` consecutive frames, or ``alpha`` times the residual above that in a cluster of blocks;
             ``paper``: eqs. 3-4 as written, ``V + alpha * R > tau`` on each block; ``max``: the
             first rule vidsight shipped, any vector above tau or any intra-coded block.
+        persist_frames: For ``persistent``: consecutive frames a block's motion must last. Noise
+            vectors seldom last two frames, but H.264 codes each for a whole macroblock, and on a
+            coarse token grid one such macroblock in a GOP keeps a token: three frames keep a
+            static noisy camera's tokens static there too (a moving object's blocks move for
+            many frames in a row).
         dilate_blocks: For ``persistent`` and ``max``: also mark this many blocks around each
             dynamic one (an object's edge that clips a block moves it less than its vector says).
     """
@@ -56,12 +61,15 @@ class MotionPruneConfig:
     tau: float = 0.25
     alpha: float = 0.0
     rule: str = "persistent"
+    persist_frames: int = 3
     dilate_blocks: int = 1
 
     def __post_init__(self):
         for name in ("tau", "alpha", "dilate_blocks"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be non-negative, got {getattr(self, name)}")
+        if self.persist_frames < 1:
+            raise ConfigError(f"persist_frames must be at least 1, got {self.persist_frames}")
         if self.rule not in RULES:
             raise ConfigError(f"unknown motion rule {self.rule!r}; choose one of {', '.join(RULES)}")
 
@@ -81,6 +89,7 @@ class BlockMotion:
     def __init__(self, config: MotionPruneConfig):
         self.config = config
         self._previous: np.ndarray | None = None   # last frame's motion magnitude per block
+        self._streak: np.ndarray | None = None     # frames in a row each block moved above the threshold
         self._floors: list[float] = []              # this GOP's per-frame noise floors
         self._reference: np.ndarray | None = None  # luma of the last I- or P-frame
 
@@ -103,7 +112,7 @@ class BlockMotion:
         if kind != "B" and luma is not None:
             self._reference = luma
         if kind == "I":
-            self._previous, self._floors = None, []
+            self._previous, self._streak, self._floors = None, None, []
             return None
         magnitude = motion.max(axis=0)
         residual = None
@@ -132,9 +141,12 @@ class BlockMotion:
             self._floors.append(float(np.quantile(magnitude[transient], NOISE_QUANTILE))
                                 if transient.mean() > NOISE_SHARE else 0.0)
         threshold = max(tau, float(np.median(self._floors))) if self._floors else tau
-        # The first frame after an I-frame has no motion to persist from: its own counts from the next.
-        dynamic = ((magnitude > threshold) & (before > threshold) if before is not None
-                   else np.zeros(magnitude.shape, dtype=bool))
+        # A block's streak continues the one of the block its vector comes from (an object's
+        # leading edge moves into blocks that were still); the first frame after an I-frame starts them.
+        moving = magnitude > threshold
+        self._streak = (np.where(moving, _at_source(self._streak, vectors, cover) + 1, 0) if before is not None
+                        else moving.astype(np.int32))
+        dynamic = self._streak >= self.config.persist_frames
         if residual is not None:
             large = self.config.alpha * (residual - float(np.median(residual))) > threshold
             dynamic |= large & (_neighbours(large) >= RESIDUAL_CLUSTER)
