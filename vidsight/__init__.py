@@ -16,7 +16,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                         "GenerationConfig", "PrefillConfig", "PruneConfig", "WatchConfig", "Watcher", "WindowStats",
                         "WindowVerdict", "ask"),
     "vidsight.errors": ("ConfigError", "ModelError", "VideoError", "VidsightError"),
-    "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FeedConfig", "FrameBatch", "SamplingConfig", "SyntheticSpec",
-                        "VideoInfo", "decode_frames", "decode_parallel", "make_video", "probe", "sample_frames"),
+    "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FeedConfig", "FrameBatch", "MotionPruneConfig", "SamplingConfig",
+                        "SyntheticSpec", "VideoInfo", "decode_frames", "decode_parallel", "make_video", "probe",
+                        "sample_frames"),
     "vidsight.models": ("load_model", "write_tiny_model"),
 })

@@ -4,6 +4,7 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.ingest.decode": ("DecodeConfig", "decode_frames"),
+    "vidsight.ingest.dynamic": ("MotionPruneConfig",),
     "vidsight.ingest.feed.config": ("FeedConfig",),
     "vidsight.ingest.feed.frames": ("FrameFeed",),
     "vidsight.ingest.parallel": ("decode_parallel",),
