@@ -33,6 +33,7 @@ from vidsight.vision.motion import MotionMasker, group_mask
 RULES = {"max (first rule)": MotionPruneConfig(rule="max"),
          "paper, alpha 0": MotionPruneConfig(rule="paper"),
          "paper, alpha software": MotionPruneConfig(rule="paper", alpha=SOFTWARE_ALPHA),
+         "persistent, 2 frames": MotionPruneConfig(persist_frames=2),
          "persistent (default)": MotionPruneConfig(),
          "persistent, alpha software": MotionPruneConfig(alpha=SOFTWARE_ALPHA)}
 CAMERA_FPS, GOP_S = 15, 10.0
