@@ -233,15 +233,15 @@ def _same_signals(a, b):
                 np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("alpha", [0.0, SOFTWARE_ALPHA])
+@pytest.mark.parametrize("motion", [MotionPruneConfig(), MotionPruneConfig(alpha=SOFTWARE_ALPHA),
+                                    MotionPruneConfig(rule="max")], ids=["persistent", "residuals", "max"])
 @pytest.mark.parametrize("video", ["b-frames", "last gop cut short"])
-def test_decoders_judge_motion_as_the_live_source_does(make_test_video, alpha, video):
+def test_decoders_judge_motion_as_the_live_source_does(make_test_video, motion, video):
     """Each sampled frame's signals (vectors, intra blocks, the rule's dynamic blocks since the
     sample before) are the same from the live source, one sequential decoder, interval decoders
     and per-GOP seeks, with GOP trimming on or off."""
     path, _ = make_test_video(**VIDEOS[video])
     info = probe(path)
-    motion = MotionPruneConfig(alpha=alpha)
     streamed = list(StreamSource(path, fps=info.average_fps / 5, motion=motion))
     indices = np.array([f.frame_index for f in streamed])
     assert any(f.codec.dynamic is not None and f.codec.dynamic.any() for f in streamed)

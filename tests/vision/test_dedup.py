@@ -9,7 +9,7 @@ GRID = (4, 6)   # merge groups of 28 pixels
 SIZE = (112, 168)
 
 
-def noisy_frames(count, sigma=3.0, seed=0):
+def noisy_frames(count, sigma=1.0, seed=0):
     rng = np.random.default_rng(seed)
     background = rng.integers(40, 200, (*SIZE, 3)).astype(np.float64)
     frames = np.clip(background + rng.normal(0, sigma, (count, *SIZE, 3)), 0, 255)
@@ -30,7 +30,7 @@ def test_the_first_frame_is_kept_then_only_what_changed_beyond_the_noise():
 
 
 def test_a_slow_change_adds_up_against_the_last_encoded_pixels():
-    frames = noisy_frames(12, sigma=1.0)
+    frames = noisy_frames(12)
     for k in range(12):
         frames[k, :28, :28] = (frames[k, :28, :28].int() + 2 * k).clamp(max=255).byte()  # 2 levels a frame
     keep = RedundantPatches(GRID).filter(frames, torch.ones(12, *GRID, dtype=torch.bool), temporal_patch=1)
@@ -46,6 +46,14 @@ def test_a_change_of_the_whole_picture_keeps_what_motion_kept():
     motion[1, 0, 0] = False
     keep = RedundantPatches(GRID).filter(frames, motion, temporal_patch=1)
     assert torch.equal(keep, motion)
+
+
+def test_a_pan_keeps_what_motion_kept():
+    frames = noisy_frames(3)
+    frames[1] = torch.roll(frames[0], 6, dims=1)  # the camera moved six pixels
+    frames[2] = torch.roll(frames[0], 12, dims=1)
+    keep = RedundantPatches(GRID).filter(frames, torch.ones(3, *GRID, dtype=torch.bool), temporal_patch=1)
+    assert keep.all()
 
 
 def test_groups_motion_dropped_stay_dropped():

@@ -136,7 +136,8 @@ class BlockMotion:
         previous, self._previous = self._previous, magnitude
         before = None
         if previous is not None:
-            before = _at_source(previous, vectors, cover)
+            came_from = _sources(vectors, cover, previous.shape)
+            before = _at_source(previous, came_from)
             transient = (magnitude > tau) & (before <= tau)
             self._floors.append(float(np.quantile(magnitude[transient], NOISE_QUANTILE))
                                 if transient.mean() > NOISE_SHARE else 0.0)
@@ -144,7 +145,7 @@ class BlockMotion:
         # A block's streak continues the one of the block its vector comes from (an object's
         # leading edge moves into blocks that were still); the first frame after an I-frame starts them.
         moving = magnitude > threshold
-        self._streak = (np.where(moving, _at_source(self._streak, vectors, cover) + 1, 0) if before is not None
+        self._streak = (np.where(moving, _at_source(self._streak, came_from) + 1, 0) if before is not None
                         else moving.astype(np.int32))
         dynamic = self._streak >= self.config.persist_frames
         if residual is not None:
@@ -153,22 +154,33 @@ class BlockMotion:
         return dynamic
 
 
-def _at_source(previous: np.ndarray, vectors: np.ndarray | None, cover: Cover | None) -> np.ndarray:
-    """Per block, the larger of ``previous`` (last frame's per-block map) at the block itself and at
-    the block its past-reference vector comes from."""
+def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(rows, cols, source rows, source cols)`` of the blocks a past-reference vector brings from
+    another block (most blocks of a frame come from where they are); None when no vector does."""
     if vectors is None or len(vectors) == 0:
-        return previous
-    rows, cols = previous.shape
+        return None
+    rows, cols = shape
     if cover is None:
         dx, dy, _ = displacement(vectors[vectors["source"] < 0], rows, cols)
     else:
         which, r, c = cover
         past = vectors["source"][which] < 0
         dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
-    r, c = np.mgrid[0:rows, 0:cols]
-    source_r = np.clip(r + np.rint(dy / BLOCK).astype(np.int64), 0, rows - 1)
-    source_c = np.clip(c + np.rint(dx / BLOCK).astype(np.int64), 0, cols - 1)
-    return np.maximum(previous, previous[source_r, source_c])
+    step_r, step_c = np.rint(dy / BLOCK).astype(np.int64), np.rint(dx / BLOCK).astype(np.int64)
+    r, c = np.nonzero(step_r | step_c)
+    return r, c, np.clip(r + step_r[r, c], 0, rows - 1), np.clip(c + step_c[r, c], 0, cols - 1)
+
+
+def _at_source(previous: np.ndarray, came_from) -> np.ndarray:
+    """Per block, the larger of ``previous`` (last frame's per-block map) at the block itself and at
+    the block its past-reference vector comes from (`_sources`)."""
+    if came_from is None:
+        return previous
+    r, c, source_r, source_c = came_from
+    out = previous.copy()
+    out[r, c] = np.maximum(previous[r, c], previous[source_r, source_c])
+    return out
 
 
 def _neighbours(blocks: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ class FrameJudge:
     def __init__(self, motion: MotionPruneConfig):
         self._rule = BlockMotion(motion)
         self._residuals = motion.residuals
+        self._intra = motion.rule == "max"  # the only rule that reads intra-coded blocks
         self._waiting: list[tuple[av.VideoFrame, str, Any, np.ndarray]] = []
 
     @property
@@ -74,7 +75,7 @@ class FrameJudge:
         cover = (destination_blocks(vectors, -(-height // BLOCK), -(-width // BLOCK))
                  if vectors is not None and len(vectors) else None)
         motion = motion_map(vectors, height, width, cover)
-        intra = intra_blocks(vectors, height, width, cover) if kind in ("P", "B") else None
+        intra = intra_blocks(vectors, height, width, cover) if self._intra and kind in ("P", "B") else None
         return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future, cover)
 
 

@@ -99,7 +99,8 @@ class CodecInfo:
             holding the largest magnitude of any vector whose destination covers it. ``None``
             when the codec exports no vectors (codecs other than H.264, or vectors not asked for).
         intra: ``(ceil(H/4), ceil(W/4))`` bool, blocks of an inter frame that no vector predicts
-            (intra-coded: new content); ``None`` for I-frames or without vectors.
+            (intra-coded: new content); ``None`` for I-frames, without vectors, or when the motion
+            rule does not read them (only ``max`` does).
         dynamic: ``(ceil(H/4), ceil(W/4))`` bool, blocks a motion rule (`MotionPruneConfig`)
             judged dynamic; ``None`` for I-frames or when no rule was applied.
     """

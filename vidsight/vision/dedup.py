@@ -6,9 +6,12 @@ goes to frames that repeat what it saw a second earlier. Here every merge group 
 kept is compared with the pixels it had when it was last encoded (not the frame before, so a
 slow change adds up until it counts) and dropped when the mean absolute difference stays within
 the frame's noise floor: `NOISE_FACTOR` times the median over the frame's groups (most of a
-static view is unchanged, so the median is the noise), at least `MIN_LEVELS`. When the median
-itself passes `GLOBAL_LEVELS`, the whole picture changed (lighting, a cut, the camera moved) and
-the frame is kept as motion pruning left it.
+static view is unchanged, so the median is the noise), at least `MIN_LEVELS`. Frames are compared
+at the model's input size, where resizing has averaged sensor noise down to well under a level
+(a sigma-3 camera at 1280x720: a median change of 0.3 levels between frames a second apart), so
+a median over `GLOBAL_LEVELS` means most of the picture changed (the camera moved, the lights
+changed, a cut: a slow pan of a smooth texture moves it about 11) and the frame is kept as motion
+pruning left it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 
 NOISE_FACTOR = 3.0
 MIN_LEVELS = 2.0
-GLOBAL_LEVELS = 12.0
+GLOBAL_LEVELS = 3.0
 
 
 class RedundantPatches:
