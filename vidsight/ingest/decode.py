@@ -294,7 +294,7 @@ class _SpanJudge:
 
     def take(self, frame: av.VideoFrame, index: int) -> bool:
         if index >= self.first:
-            self._record(self.judge.push(frame, frame_type(frame), (frame, index)))
+            self._record(self.judge.push(frame, frame_type(frame), (frame, index), self.since.saturated))
         return index >= self.last and not self.judge.waiting
 
     def finish(self) -> None:

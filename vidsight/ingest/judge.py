@@ -50,8 +50,15 @@ class FrameJudge:
         """Whether a B-frame still waits for its future reference."""
         return bool(self._waiting)
 
-    def push(self, frame: av.VideoFrame, kind: str, item: Any) -> list[tuple[Any, Signals]]:
-        """Judge ``frame`` (of type ``kind``); ``(item, signals)`` of every frame judged now, in order."""
+    def push(self, frame: av.VideoFrame, kind: str, item: Any, saturated: bool = False) -> list[tuple[Any, Signals]]:
+        """Judge ``frame`` (of type ``kind``); ``(item, signals)`` of every frame judged now, in order.
+
+        ``saturated`` (`SampleSignals.saturated`): every block moved since the GOP's first sample,
+        so the masks of its later samples are whole whatever the rule says; until the next I-frame
+        the rule is not run (it costs several times the decoding) and frames report every block dynamic.
+        """
+        if saturated and kind != "I" and not self._waiting:
+            return [(item, (None, None, np.ones((-(-frame.height // BLOCK), -(-frame.width // BLOCK)), dtype=bool)))]
         luma = frame.to_ndarray(format="gray") if self._residuals else None
         if kind == "B" and luma is not None:
             self._waiting.append((frame, kind, item, luma))
@@ -86,16 +93,33 @@ class SampleSignals:
     def __init__(self):
         self._signals: Signals = NO_SIGNALS
         self._keyframe = False
+        self._counting = False                  # the GOP's first sample is out: its later ones count
+        self._gop_dynamic: np.ndarray | None = None  # dynamic blocks of the GOP's samples after its first
 
     def add(self, kind: str, signals: Signals) -> None:
         self._signals = signals if kind == "I" else tuple(_merge(a, b) for a, b in zip(self._signals, signals))
         self._keyframe |= kind == "I"
+        if kind == "I":
+            self._counting, self._gop_dynamic = False, None
 
     def take(self) -> tuple[Signals, bool]:
         """The signals gathered, and whether an I-frame was among the frames; then start over."""
         taken = self._signals, self._keyframe
+        if self._keyframe:
+            self._counting = True  # the GOP's first sample: kept whole, its own signals do not count
+        elif self._counting:
+            self._gop_dynamic = _merge(self._gop_dynamic, self._signals[2])
         self._signals, self._keyframe = NO_SIGNALS, False
         return taken
+
+    @property
+    def saturated(self) -> bool:
+        """Whether every block was dynamic since the GOP's first sample: its later samples' masks
+        (`MotionMasker`: the union since that sample) are then whole whatever later frames show."""
+        if not self._counting:
+            return False
+        union = _merge(self._gop_dynamic, self._signals[2])
+        return union is not None and bool(union.all())
 
 
 def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:

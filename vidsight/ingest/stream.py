@@ -117,7 +117,7 @@ class StreamSource:
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
             try:
-                for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after)):
+                for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after), since):
                     since.add(kind, step)
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
@@ -158,15 +158,16 @@ class StreamSource:
                 return False
             time.sleep(min(0.1, self.follow_idle_s))
 
-    def _judged(self, decoded):
-        """``(decoded item, signals)`` of each decoded frame, in presentation order (`FrameJudge`)."""
+    def _judged(self, decoded, since: SampleSignals):
+        """``(decoded item, signals)`` of each decoded frame, in presentation order (`FrameJudge`;
+        ``since``: the samples' signals so far, which say when a GOP's rule can stop)."""
         if self.motion is None:
             for item in decoded:
                 yield item, NO_SIGNALS
             return
         judge = FrameJudge(self.motion)
         for item in decoded:
-            yield from judge.push(item[0], item[3], item)
+            yield from judge.push(item[0], item[3], item, since.saturated)
         yield from judge.finish()
 
     def _decoded(self, resume_after: float):
