@@ -74,6 +74,11 @@ class MotionPruneConfig:
             raise ConfigError(f"unknown motion rule {self.rule!r}; choose one of {', '.join(RULES)}")
 
     @property
+    def reads_intra(self) -> bool:
+        """Whether the rule reads each frame's intra-coded blocks (only the first rule does)."""
+        return self.rule == "max"
+
+    @property
     def residuals(self) -> bool:
         """Whether the rule needs each frame's residual (and so its pixels and references)."""
         return self.alpha > 0 and self.rule != "max"

@@ -42,7 +42,7 @@ class FrameJudge:
     def __init__(self, motion: MotionPruneConfig):
         self._rule = BlockMotion(motion)
         self._residuals = motion.residuals
-        self._intra = motion.rule == "max"  # the only rule that reads intra-coded blocks
+        self._intra = motion.reads_intra
         self._waiting: list[tuple[av.VideoFrame, str, Any, np.ndarray]] = []
 
     @property
