@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.motion import BLOCK, Cover, displacement
+from vidsight.ingest.motion import BLOCK, Cover, destination_blocks, displacement
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
@@ -166,12 +166,9 @@ def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, 
     if vectors is None or len(vectors) == 0:
         return None
     rows, cols = shape
-    if cover is None:
-        dx, dy, _ = displacement(vectors[vectors["source"] < 0], rows, cols)
-    else:
-        which, r, c = cover
-        past = vectors["source"][which] < 0
-        dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
+    past = vectors["source"][which] < 0
+    dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
     step_r, step_c = np.rint(dy / BLOCK).astype(np.int64), np.rint(dx / BLOCK).astype(np.int64)
     r, c = np.nonzero(step_r | step_c)
     return r, c, np.clip(r + step_r[r, c], 0, rows - 1), np.clip(c + step_c[r, c], 0, cols - 1)

@@ -6,6 +6,7 @@ from vidsight.api.cli import build_parser
 from vidsight.api.options import prefill_config
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.openai_api import ChatCompletionRequest, ask_configs
+from vidsight.errors import ConfigError
 
 
 def request(**settings) -> ChatCompletionRequest:
@@ -27,7 +28,7 @@ def test_request_settings_give_the_prefill_the_cli_flags_give(settings, flags):
 
 
 def test_an_unknown_motion_rule_is_refused():
-    with pytest.raises(Exception, match="unknown motion rule"):
+    with pytest.raises(ConfigError, match="unknown motion rule"):
         ask_configs(request(prune_tau=0.25, prune_rule="median").ask_options())
 
 
