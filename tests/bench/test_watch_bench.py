@@ -1,7 +1,9 @@
 import json
 
 from vidsight.api.cli import main
-from vidsight.bench.watch import anomaly_videos, configurations, hard_videos, run_watch
+from vidsight.bench.suite import anomaly_video_scene
+from vidsight.bench.watch import SUITE_WINDOWS, anomaly_videos, configurations, hard_videos, run_watch, window_label
+from vidsight.engine.watch import Watcher
 
 
 def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
@@ -17,6 +19,21 @@ def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
     assert vision["pruning"] < vision["full-comp"] and vision["refresh"] < vision["full-comp"]
     assert all(0 < r["mean_per_window"]["vision_flops"] < r["mean_per_window"]["flops"] for r in results.values())
     assert 0 <= both["f1"] <= 1 and {"precision", "recall"} <= set(both)
+    positives = sum(anomaly_video_scene(0)[2])
+    for result in results.values():  # every window of the video scored against its own label
+        window = result["per_window"]
+        assert 0 <= window["f1"] <= 1 and window["tp"] + window["fn"] == positives
+    assert full["mean_per_window"]["carry"] == 0 and results["pruning"]["mean_per_window"]["carry"] == 0
+    assert results["refresh"]["mean_per_window"]["carry"] > 0 and both["mean_per_window"]["carry"] > 0
+
+
+def test_window_labels_match_the_suites_own(tmp_path, tiny_adapter):
+    videos = anomaly_videos(tmp_path, count=2, gop=32)
+    config = configurations()["full-comp"]
+    for number, video in enumerate(videos):
+        verdicts = list(Watcher(tiny_adapter, video["query"], config).watch(config.open(video["video"])))
+        labels = [window_label(video["scene"], v, SUITE_WINDOWS.fps) for v in verdicts]
+        assert labels == anomaly_video_scene(number)[2]
 
 
 def test_bench_watch_cli_with_a_labelled_folder(tmp_path, tiny_model_dir, make_test_video, capsys):
@@ -44,6 +61,21 @@ def test_the_hard_suite_writes_each_family_with_long_gops(tmp_path):
     assert [v["family"] for v in videos] == list(FAMILIES) and all(v["label"] for v in videos)
     info = probe(videos[0]["video"])
     assert info.duration_s >= 39 and len(info.keyframe_indices) == 3  # 160 frames: I-frames at 0, 64, 128
+
+
+def test_the_hard_suite_takes_a_video_length(tmp_path):
+    from vidsight.ingest import probe
+
+    videos = hard_videos(tmp_path, per_family=1, gop=64, duration_s=60.0)
+    assert probe(videos[0]["video"]).duration_s >= 59
+    assert videos[0]["video"] != hard_videos(tmp_path, per_family=1, gop=64)[0]["video"]
+
+
+def test_window_and_video_lengths_are_checked(tmp_path, capsys):
+    assert main(["bench", "watch", "--videos", "1", "--root", str(tmp_path), "--video-s", "120"]) == 2
+    assert "--suite hard" in capsys.readouterr().err
+    assert main(["bench", "watch", "--suite", "hard", "--videos", "1", "--root", str(tmp_path), "--window-s", "50"]) == 2
+    assert "longer than the 40-s videos" in capsys.readouterr().err
 
 
 def test_an_unknown_sweep_axis_is_refused(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -73,6 +74,11 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              help="generated anomaly videos, or videos per family with --suite hard (default: 20)")
     bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
     bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
+    bench_watch.add_argument("--window-s", type=_float, default=10.0,
+                             help="window length in seconds, stride 20 %% at 2 fps (default: 10, the suite's; "
+                                  "CodecSight's is 40)")
+    bench_watch.add_argument("--video-s", type=_float, default=40.0,
+                             help="with --suite hard: length of each generated video in seconds (default: 40)")
     bench_watch.add_argument("--sweeps", nargs="*", default=None, metavar="AXIS",
                              help="also sweep pruning+refresh along these axes, one setting at a time: tau, alpha, rule, "
                                   "refresh, align, reuse_in_place, stride, gop (no axis named: all of them)")
@@ -179,8 +185,9 @@ def _run_bench_ask_set(args) -> int:
 
 
 def _run_bench_watch(args) -> int:
-    from vidsight.bench.watch import (SWEEP_AXES, anomaly_videos, format_watch_report, hard_videos, labelled_folder,
-                                      run_watch_bench, write_watch_report)
+    from vidsight.bench.suite import ANOMALY_VIDEO_S
+    from vidsight.bench.watch import (SUITE_WINDOWS, SWEEP_AXES, anomaly_videos, format_watch_report, hard_videos,
+                                      labelled_folder, run_watch_bench, write_watch_report)
     from vidsight.models import load_model
     from vidsight.models.shapes import build_shape
 
@@ -195,12 +202,23 @@ def _run_bench_watch(args) -> int:
     else:
         if args.videos < 1 or args.gop < 1:
             raise ConfigError("--videos and --gop must be positive")
-        suite = hard_videos if args.suite == "hard" else anomaly_videos
+        if args.suite == "hard":
+            def suite(root, count, gop):
+                return hard_videos(root, count, gop, args.video_s)
+        elif args.video_s != ANOMALY_VIDEO_S:
+            raise ConfigError(f"--video-s: the anomaly suite's videos are {ANOMALY_VIDEO_S:g} s; "
+                              "generated lengths need --suite hard")
+        else:
+            suite = anomaly_videos
+        if args.window_s > args.video_s:
+            raise ConfigError(f"--window-s {args.window_s:g} is longer than the {args.video_s:g}-s videos")
         videos = suite(args.root, args.videos, args.gop)
+    windows = dataclasses.replace(SUITE_WINDOWS, window_s=args.window_s)
     adapter = build_shape(args.shape) if args.shape else load_model(args.model)
     report = run_watch_bench(adapter, videos, args.tau, axes, args.root, args.static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
-                             videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop))
+                             videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
+                             windows=windows)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0

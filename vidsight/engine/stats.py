@@ -24,9 +24,12 @@ class WindowStats:
     Attributes:
         stages_s: Seconds per stage: decode (waiting for the window's new frames), preprocess,
             vision, prefill.
+        carry_s: The part of prefill spent carrying the previous window's cache into this one
+            (kept tokens gathered and re-rotated, in place or into a new cache; refresh excluded).
     """
 
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(WINDOW_STAGES, 0.0))
+    carry_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -113,6 +116,17 @@ class StageClock:
         finally:
             self._sync()
             self.stats.stages_s[name] += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def part(self, field: str):
+        """Time a part of a stage on its own: its seconds are added to the stats' ``field`` too."""
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            setattr(self.stats, field, getattr(self.stats, field) + time.perf_counter() - start)
 
     @contextlib.contextmanager
     def memory(self):

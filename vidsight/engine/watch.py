@@ -90,6 +90,7 @@ class WindowVerdict:
     refreshed_tokens: int
     refreshed_frames: list[int]  # stream frame index of the first frame of each refreshed temporal patch
     stages_s: dict[str, float]
+    carry_s: float               # of prefill: the previous window's cache carried into this one
     logits: torch.Tensor = dataclasses.field(repr=False)
 
     def to_dict(self) -> dict:
@@ -210,7 +211,7 @@ class Watcher:
                              p_yes=float(probs[self.yes_id]), yes=answer.lower().startswith("yes"), alert=False,
                              visual_tokens=tokens, kept_tokens=kept, reused_tokens=reused,
                              refreshed_tokens=len(refreshed), refreshed_frames=refreshed_frames,
-                             stages_s=dict(clock.stats.stages_s), logits=logits)
+                             stages_s=dict(clock.stats.stages_s), carry_s=clock.stats.carry_s, logits=logits)
 
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
         """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the

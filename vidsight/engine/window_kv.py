@@ -67,36 +67,43 @@ class WindowKV:
         """The window's cache holding the prefix and the reused patches, re-rotated to their new
         positions and refreshed; returns (cache, tokens filled, slots refreshed)."""
         adapter, previous, tp = self.adapter, self.previous, self.adapter.vision.temporal_patch_size
-        old = previous.cache
         count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
         first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
         done = video_start + count
         with clock.stage("prefill"):
             source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
-            old_positions = old.tokens.position[source].T
+            old_positions = previous.cache.tokens.position[source].T
             new_positions = positions[:, :done]
-            if self.in_place:
-                cache = old
-                cache.retain(source, rows[:done])
-                cache.reserve(capacity - done)
-                for layer in range(adapter.num_layers):
-                    keys, values = cache.read(layer)
-                    cache.overwrite(layer, torch.arange(done), adapter.rerotate_keys(keys, old_positions, new_positions),
-                                    values)
-            else:
-                cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
-                                adapter.device)
-                for layer in range(adapter.num_layers):
-                    keys, values = old.read(layer, source)
-                    cache.write(layer, adapter.rerotate_keys(keys, old_positions, new_positions), values)
-                    cache.keep(layer, done)
-                cache.commit(rows[:done])
+            with clock.part("carry_s"):
+                cache = self._carry(source, rows[:done], capacity, old_positions, new_positions)
             overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
                               previous.gop_starts[len(previous.gop_starts) - patches * tp:], tp)
             picked = self.policy.choose(overlap)
             refreshed = _refresh(adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
                                  positions[:, picked + video_start], self.policy)
         return cache, done, refreshed
+
+    def _carry(self, source: torch.Tensor, rows: TokenTable, capacity: int, old_positions: torch.Tensor,
+               new_positions: torch.Tensor) -> KVCache:
+        """A cache of ``capacity`` slots holding the previous cache's tokens at ``source`` first,
+        keys re-rotated to ``new_positions``: the previous cache itself when reusing in place."""
+        adapter, old, done = self.adapter, self.previous.cache, len(source)
+        if self.in_place:
+            old.retain(source, rows)
+            old.reserve(capacity - done)
+            for layer in range(adapter.num_layers):
+                keys, values = old.read(layer)
+                old.overwrite(layer, torch.arange(done), adapter.rerotate_keys(keys, old_positions, new_positions),
+                              values)
+            return old
+        cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
+                        adapter.device)
+        for layer in range(adapter.num_layers):
+            keys, values = old.read(layer, source)
+            cache.write(layer, adapter.rerotate_keys(keys, old_positions, new_positions), values)
+            cache.keep(layer, done)
+        cache.commit(rows)
+        return cache
 
 
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
