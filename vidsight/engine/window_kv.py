@@ -89,12 +89,9 @@ class WindowKV:
         keys re-rotated to ``new_positions``: the previous cache itself when reusing in place."""
         adapter, old, done = self.adapter, self.previous.cache, len(source)
         if self.in_place:
-            old.retain(source, rows)
+            old.retain(source, rows, lambda keys, kept: adapter.rerotate_keys(keys, old_positions[:, kept],
+                                                                               new_positions[:, kept]))
             old.reserve(capacity - done)
-            for layer in range(adapter.num_layers):
-                keys, values = old.read(layer)
-                old.overwrite(layer, torch.arange(done), adapter.rerotate_keys(keys, old_positions, new_positions),
-                              values)
             return old
         cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
                         adapter.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -228,10 +229,18 @@ class KVCache:
             self.slot_rows[layer, self.filled[layer] :] = -1
         self.tokens = self.tokens[:length]
 
-    def retain(self, rows: torch.Tensor, table: TokenTable) -> None:
+    def retain(self, rows: torch.Tensor, table: TokenTable,
+               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         """Keep only the tokens of ``rows`` (ascending), moved to the front of every layer in place,
-        and describe them by ``table`` from now on (e.g. their new positions once their keys are
-        re-rotated with `overwrite`). A layer that dropped one of them keeps the others."""
+        and describe them by ``table`` from now on. A layer that dropped one of them keeps the others.
+
+        Args:
+            rows: Token-table rows to keep.
+            table: What the kept tokens are from now on (e.g. with new positions).
+            rotate: Re-rotates each layer's kept keys on the way, ``rotate(keys, kept)`` with keys
+                ``(1, kv_heads, n, head_dim)`` and ``kept`` their rows in ``table``, so keys that
+                move to new positions are gathered and written once.
+        """
         if len(table) != len(rows):
             raise ConfigError(f"{len(rows)} tokens retained but {len(table)} described")
         kept = torch.zeros(len(self.tokens), dtype=torch.bool)
@@ -240,10 +249,12 @@ class KVCache:
         for layer in range(len(self.filled)):
             slot_rows = self.rows(layer)
             slots = torch.nonzero(kept[slot_rows]).flatten()
+            new_rows = renumber[slot_rows[slots]]
             index = slots.to(self.keys.device)
-            for buffer in (self.keys, self.values):
-                buffer[layer, :, :, : len(slots)] = buffer[layer, :, :, index]
-            self.slot_rows[layer, : len(slots)] = renumber[slot_rows[slots]]
+            keys = self.keys[layer, :, :, index]
+            self.keys[layer, :, :, : len(slots)] = keys if rotate is None else rotate(keys, new_rows)
+            self.values[layer, :, :, : len(slots)] = self.values[layer, :, :, index]
+            self.slot_rows[layer, : len(slots)] = new_rows
             self.slot_rows[layer, len(slots) :] = -1
             self.filled[layer] = len(slots)
         self.tokens = table
