@@ -56,24 +56,43 @@ class Sample:
         ``1 + colour * len(OBJECT_SHAPES) + shape`` of the object covering most of the block (at least
         a tenth of it) over the step's frames. Training uses these as dense per-token targets.
         """
+        covering, step_times = self._covering(cell, frames_per_step)
+        labels = np.zeros(covering.shape, dtype=np.int64)
+        colours = list(COLOURS)
+        for i, obj in enumerate(self.scene.objects):
+            colour = np.array([colours.index(obj.colour_at(t)) for t in step_times])[:, None, None]
+            labels = np.where(covering == i, 1 + colour * len(OBJECT_SHAPES) + OBJECT_SHAPES.index(obj.shape), labels)
+        return labels
+
+    def cell_ranks(self, cell: int, frames_per_step: int) -> np.ndarray:
+        """Like `cell_labels`, the rank of the covering object's first appearance among the scene's
+        objects (0 for the first to appear), -1 for background. Only meaningful when no two objects
+        appear at the same time (`appearances_distinct`)."""
+        covering, _ = self._covering(cell, frames_per_step)
+        ranks = np.argsort(np.argsort([obj.t_in for obj in self.scene.objects], kind="stable"))
+        return np.where(covering >= 0, ranks[np.maximum(covering, 0)] if len(ranks) else -1, -1)
+
+    @property
+    def appearances_distinct(self) -> bool:
+        """Whether the scene's objects all appear at different times (so their order is defined)."""
+        starts = [obj.t_in for obj in self.scene.objects]
+        return len(starts) > 1 and len(set(starts)) == len(starts)
+
+    def _covering(self, cell: int, frames_per_step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, side, side)`` index of the object covering most of each block (at least a tenth
+        of it) over each step's frames, -1 for none; and each step's first frame time."""
         maps = np.stack([self.scene.object_map(t) for t in self.times_s])
         pad = -len(maps) % frames_per_step
         maps = np.concatenate([maps, maps[-1:].repeat(pad, axis=0)]) if pad else maps
         steps, side = len(maps) // frames_per_step, FRAME // cell
         blocks = maps.reshape(steps, frames_per_step, side, cell, side, cell).transpose(0, 2, 4, 1, 3, 5)
         blocks = blocks.reshape(steps, side, side, -1)
-        labels = np.zeros((steps, side, side), dtype=np.int64)
+        step_times = self.times_s[np.minimum(np.arange(steps) * frames_per_step, len(self.times_s) - 1)]
         if not self.scene.objects:
-            return labels
+            return np.full((steps, side, side), -1, dtype=np.int64), step_times
         cover = np.stack([(blocks == i).mean(axis=-1) for i in range(len(self.scene.objects))])
         winner = cover.argmax(axis=0)
-        step_times = self.times_s[np.minimum(np.arange(steps) * frames_per_step, len(self.times_s) - 1)]
-        colours = list(COLOURS)
-        for i, obj in enumerate(self.scene.objects):
-            colour = np.array([colours.index(obj.colour_at(t)) for t in step_times])[:, None, None]
-            mine = (winner == i) & (cover[i] >= 0.1)
-            labels = np.where(mine, 1 + colour * len(OBJECT_SHAPES) + OBJECT_SHAPES.index(obj.shape), labels)
-        return labels
+        return np.where(cover.max(axis=0) >= 0.1, winner, -1), step_times
 
 
 def _quadrant_object(rng, quadrant: int, shape: str, colour: str, t_in: float, t_out: float,

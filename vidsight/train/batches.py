@@ -38,6 +38,7 @@ class Batch:
     answer_start: torch.Tensor     # (B,) index of each first answer token
     token_labels: torch.Tensor     # (B, L) what covers each video token's cell (`Sample.cell_labels`), IGNORE elsewhere
     key_targets: torch.Tensor      # (B, L) at each question's key word (`key_word`), its answer's first token
+    order_targets: torch.Tensor    # (B, L) rank of first appearance of each video token's object (`Sample.cell_ranks`)
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
@@ -74,7 +75,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
     The first turn is exactly what inference sees; ``probes`` > 0 appends that many further
     questions about the clip (`probe_questions`) as later turns, all supervised.
     """
-    rows, labels, positions, pixels, grids, starts, cells, keys = [], [], [], [], [], [], [], []
+    rows, labels, positions, pixels, grids, starts, cells, keys, orders = [], [], [], [], [], [], [], [], []
     tokenizer = adapter.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for sample in samples:
@@ -95,6 +96,12 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         grid_labels = sample.cell_labels(spec.patch_size * spec.merge_size, spec.temporal_patch_size)
         cell[layout.video_start : layout.video_start + layout.video_tokens] = torch.from_numpy(grid_labels.reshape(-1))
         cells.append(cell)
+        order = torch.full_like(ids, IGNORE)
+        if sample.appearances_distinct:
+            ranks = torch.from_numpy(sample.cell_ranks(spec.patch_size * spec.merge_size, spec.temporal_patch_size))
+            order[layout.video_start : layout.video_start + layout.video_tokens] = torch.where(
+                ranks.reshape(-1) >= 0, ranks.reshape(-1), IGNORE)
+        orders.append(order)
         first_keys = _key_targets(layout.input_ids.tolist(), sample.question, answer[0], tokenizer)
         keys.append(torch.tensor(first_keys + [IGNORE] * len(answer) + later_keys, dtype=torch.long))
         rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
@@ -114,4 +121,5 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         answer_start=torch.tensor(starts),
         token_labels=torch.stack([padded(c, IGNORE) for c in cells]),
         key_targets=torch.stack([padded(k, IGNORE) for k in keys]),
+        order_targets=torch.stack([padded(o, IGNORE) for o in orders]),
     )

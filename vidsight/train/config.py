@@ -23,6 +23,8 @@ class TrainConfig:
         probes: Further questions about each clip asked as later turns (`probe_questions`).
         cell_weight: Weight of the training-only per-video-token loss (`loop.TrainingHeads`).
         key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
+        order_weight: Weight of the training-only loss on objects' order of appearance
+            (`loop.TrainingHeads`); 0 (the committed base recipe) leaves it out.
         init: A checkpoint directory to start from (fine-tuning) instead of random weights.
         offset_patches: Clips start up to this many temporal patches into a stream (positions
             shifted, frames the same; drawn per clip, half of them at 0), so the model reads
@@ -45,6 +47,7 @@ class TrainConfig:
     probes: int = 4
     cell_weight: float = 1.0
     key_weight: float = 1.0
+    order_weight: float = 0.0
     init: str | None = None
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
@@ -60,7 +63,7 @@ class TrainConfig:
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
-        if self.probes < 0 or self.cell_weight < 0 or self.key_weight < 0:
-            raise ConfigError("probes, cell_weight and key_weight must be non-negative")
+        if min(self.probes, self.cell_weight, self.key_weight, self.order_weight) < 0:
+            raise ConfigError("probes, cell_weight, key_weight and order_weight must be non-negative")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")

@@ -39,6 +39,8 @@ CELL_CLASSES = 1 + len(COLOURS) * len(OBJECT_SHAPES)
 # Key-word answers are read after this many of the language model's layers, leaving the rest to
 # carry them to the answer position.
 KEY_LAYER = 2
+# Most objects any clip shows one after another (the chat streams' events).
+ORDER_RANKS = 3
 VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 
 
@@ -100,6 +102,10 @@ class TrainingHeads(torch.nn.Module):
     word to the answer position and the matching object's attribute to either; supervised only
     at the answer, neither hop gets a gradient until the other works, and the model settles on
     naming any object present. Supervising the first hop at the key word breaks the deadlock.
+    ``order``: from the hidden state after layer ``KEY_LAYER`` at each video token of an object,
+    the rank of that object's first appearance (clips whose objects appear one after another).
+    Rotary positions cannot tell apart times far beyond the temporal axis's longest period
+    (17.5 s here), but causal attention can: a token can see whether an object came before it.
     """
 
     def __init__(self, model):
@@ -107,6 +113,7 @@ class TrainingHeads(torch.nn.Module):
         text = model.config.text_config
         self.cells = torch.nn.Linear(text.hidden_size, CELL_CLASSES, device=model.device)
         self.keys = torch.nn.Linear(text.hidden_size, text.vocab_size, device=model.device)
+        self.order = torch.nn.Linear(text.hidden_size, ORDER_RANKS, device=model.device)
 
 
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
@@ -119,7 +126,9 @@ def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: 
         return loss
     for head, states, targets, weight in ((heads.cells, out.hidden_states[-1], batch.token_labels, config.cell_weight),
                                           (heads.keys, out.hidden_states[KEY_LAYER], batch.key_targets,
-                                           config.key_weight)):
+                                           config.key_weight),
+                                          (heads.order, out.hidden_states[KEY_LAYER], batch.order_targets,
+                                           config.order_weight)):
         chosen = targets != IGNORE
         if weight and chosen.any():
             loss = loss + weight * torch.nn.functional.cross_entropy(head(states[chosen]), targets[chosen])
