@@ -93,3 +93,25 @@ def test_retain_keeps_chosen_tokens_in_place_in_every_layer():
     assert cache.layer_tokens(0).position[:, 0].tolist() == [20, 21, 22, 23]
     with pytest.raises(ConfigError, match="described"):
         cache.retain(torch.tensor([0, 1]), TokenTable.text(torch.arange(3).expand(3, -1)))
+
+
+def test_retain_can_transform_keys_on_the_way_with_their_new_rows():
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32,
+                    device=torch.device("cpu"))
+    keys = torch.arange(12.0).reshape(1, 1, 6, 2)
+    for layer, kept in [(0, None), (1, torch.tensor([1, 3, 4]))]:
+        cache.write(layer, keys, -keys)
+        cache.keep(layer, 6, kept)
+    cache.commit(TokenTable.text(torch.arange(6).expand(3, -1)))
+    shift = torch.tensor([100.0, 200.0, 300.0, 400.0])  # one offset per row of the new table
+    seen = []
+
+    def rotate(moved, rows):
+        seen.append(rows.tolist())
+        return moved + shift[rows][None, None, :, None]
+
+    cache.retain(torch.tensor([0, 3, 4, 5]), TokenTable.text(torch.arange(20, 24).expand(3, -1)), rotate)
+    assert seen == [[0, 1, 2, 3], [1, 2]]
+    assert torch.equal(cache.keys[0, 0, 0, :4], keys[0, 0, [0, 3, 4, 5]] + shift[:, None])
+    assert torch.equal(cache.keys[1, 0, 0, :2], keys[0, 0, [3, 4]] + shift[[1, 2], None])
+    assert torch.equal(cache.values[1, 0, 0, :2], -keys[0, 0, [3, 4]])  # values move unchanged
