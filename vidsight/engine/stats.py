@@ -107,26 +107,27 @@ class StageClock:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _now(self) -> float:
+        """The time once the device's queued work is done."""
+        self._sync()
+        return time.perf_counter()
+
     @contextlib.contextmanager
     def stage(self, name: str):
-        self._sync()
-        start = time.perf_counter()
+        start = self._now()
         try:
             yield
         finally:
-            self._sync()
-            self.stats.stages_s[name] += time.perf_counter() - start
+            self.stats.stages_s[name] += self._now() - start
 
     @contextlib.contextmanager
     def part(self, field: str):
         """Time a part of a stage on its own: its seconds are added to the stats' ``field`` too."""
-        self._sync()
-        start = time.perf_counter()
+        start = self._now()
         try:
             yield
         finally:
-            self._sync()
-            setattr(self.stats, field, getattr(self.stats, field) + time.perf_counter() - start)
+            setattr(self.stats, field, getattr(self.stats, field) + self._now() - start)
 
     @contextlib.contextmanager
     def memory(self):
