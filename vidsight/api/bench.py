@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -203,8 +204,7 @@ def _run_bench_watch(args) -> int:
         if args.videos < 1 or args.gop < 1:
             raise ConfigError("--videos and --gop must be positive")
         if args.suite == "hard":
-            def suite(root, count, gop):
-                return hard_videos(root, count, gop, args.video_s)
+            suite = functools.partial(hard_videos, duration_s=args.video_s)
         elif args.video_s != ANOMALY_VIDEO_S:
             raise ConfigError(f"--video-s: the anomaly suite's videos are {ANOMALY_VIDEO_S:g} s; "
                               "generated lengths need --suite hard")

@@ -11,8 +11,8 @@ after two consecutive Yes windows) and, where a video's scene is known, window-l
 precision/recall/F1 against each window's own label (a red object in the zone at any of its
 sampled frames).
 
-The windows default to the suite's (10 s); CodecSight's own are 40 s (`PAPER_WINDOWS`), which the
-harder suite's longer videos (``duration_s``) allow.
+The windows default to the suite's (10 s); CodecSight's own are 40 s, which the harder suite's
+longer videos (``duration_s``) allow.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 # The anomaly suite's windows: 10 s at 2 fps, stride 20 %.
 SUITE_WINDOWS = WindowConfig(window_s=WINDOW_FRAMES / SAMPLE_FPS, stride_fraction=STRIDE_FRAMES / WINDOW_FRAMES,
                              fps=SAMPLE_FPS)
-# CodecSight's defaults: 40-s windows, 20 % stride, 2 fps.
-PAPER_WINDOWS = WindowConfig(window_s=40.0, stride_fraction=0.2, fps=SAMPLE_FPS)
 DEFAULT_GOP = 32  # 8 s at the suite's 4 fps: a surveillance-style long GOP
 # FLOPs are counted on this many videos' windows per configuration: counting dispatches every
 # operation through Python, several times slower than running it.
