@@ -116,7 +116,9 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(start.values(), load_model(base, device="cpu").model.state_dict().values()))
 
 
-def test_order_targets_rank_each_objects_first_appearance():
+def test_order_targets_name_the_shapes_seen_before_each_object():
+    from vidsight.tasks.scenes import OBJECT_SHAPES
+
     adapter = build_adapter(seed=0)
     spec = adapter.vision
     order, count = make_sample("order", 3), make_sample("count", 0)
@@ -125,14 +127,12 @@ def test_order_targets_rank_each_objects_first_appearance():
     assert (targets[1] == IGNORE).all()  # objects there all appear at once: no order to learn
     video = batch.input_ids[0] == adapter.video_token_id
     assert (targets[0][~video] == IGNORE).all()
-    labels = torch.from_numpy(order.cell_labels(spec.patch_size * spec.merge_size, spec.temporal_patch_size))
-    ranked = targets[0][video]
-    assert torch.equal(ranked != IGNORE, labels.reshape(-1) > 0)  # exactly the tokens an object covers
+    cells = torch.from_numpy(order.cell_labels(spec.patch_size * spec.merge_size, spec.temporal_patch_size))
+    earlier = targets[0][video]
+    assert torch.equal(earlier != IGNORE, cells.reshape(-1) > 0)  # exactly the tokens an object covers
     first, second = sorted(order.scene.objects, key=lambda obj: obj.t_in)
-    steps = labels.shape[0]
-    times = order.times_s[np.minimum(np.arange(steps) * spec.temporal_patch_size, len(order.times_s) - 1)]
-    for step, t in enumerate(times):  # before the second object appears only rank 0 is seen
-        seen = set(ranked.reshape(steps, -1)[step].tolist()) - {IGNORE}
-        if t + 1 / 2 < second.t_in:
-            assert seen <= {0}
-    assert set(ranked.tolist()) - {IGNORE} == {0, 1}
+    # The first object's tokens saw nothing before it; the second's saw the first's shape.
+    shape_of_cell = (cells.reshape(-1) - 1) % len(OBJECT_SHAPES)
+    for shape, expected in ((first.shape, 0), (second.shape, 1 << OBJECT_SHAPES.index(first.shape))):
+        mine = (cells.reshape(-1) > 0) & (shape_of_cell == OBJECT_SHAPES.index(shape))
+        assert mine.any() and (earlier[mine] == expected).all()

@@ -64,13 +64,16 @@ class Sample:
             labels = np.where(covering == i, 1 + colour * len(OBJECT_SHAPES) + OBJECT_SHAPES.index(obj.shape), labels)
         return labels
 
-    def cell_ranks(self, cell: int, frames_per_step: int) -> np.ndarray:
-        """Like `cell_labels`, the rank of the covering object's first appearance among the scene's
-        objects (0 for the first to appear), -1 for background. Only meaningful when no two objects
-        appear at the same time (`appearances_distinct`)."""
+    def cell_earlier(self, cell: int, frames_per_step: int) -> np.ndarray:
+        """Like `cell_labels`, the shapes of the objects that appeared before the covering one, as a
+        bitmask (bit ``i``: ``OBJECT_SHAPES[i]``), -1 for background. "Which came first, A or B?" is
+        then whether B's tokens hold A's bit, and no token has to count. Only meaningful when no two
+        objects appear at the same time (`appearances_distinct`)."""
         covering, _ = self._covering(cell, frames_per_step)
-        ranks = np.argsort(np.argsort([obj.t_in for obj in self.scene.objects], kind="stable"))
-        return np.where(covering >= 0, ranks[np.maximum(covering, 0)] if len(ranks) else -1, -1)
+        objects = self.scene.objects
+        earlier = np.array([sum(1 << OBJECT_SHAPES.index(o.shape) for o in objects if o.t_in < obj.t_in)
+                            for obj in objects] or [-1])
+        return np.where(covering >= 0, earlier[np.maximum(covering, 0)], -1)
 
     @property
     def appearances_distinct(self) -> bool:

@@ -38,7 +38,7 @@ class Batch:
     answer_start: torch.Tensor     # (B,) index of each first answer token
     token_labels: torch.Tensor     # (B, L) what covers each video token's cell (`Sample.cell_labels`), IGNORE elsewhere
     key_targets: torch.Tensor      # (B, L) at each question's key word (`key_word`), its answer's first token
-    order_targets: torch.Tensor    # (B, L) rank of first appearance of each video token's object (`Sample.cell_ranks`)
+    order_targets: torch.Tensor    # (B, L) shapes seen before each video token's object (`Sample.cell_earlier`)
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
@@ -98,9 +98,10 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         cells.append(cell)
         order = torch.full_like(ids, IGNORE)
         if sample.appearances_distinct:
-            ranks = torch.from_numpy(sample.cell_ranks(spec.patch_size * spec.merge_size, spec.temporal_patch_size))
+            earlier = torch.from_numpy(sample.cell_earlier(spec.patch_size * spec.merge_size,
+                                                           spec.temporal_patch_size)).reshape(-1)
             order[layout.video_start : layout.video_start + layout.video_tokens] = torch.where(
-                ranks.reshape(-1) >= 0, ranks.reshape(-1), IGNORE)
+                earlier >= 0, earlier, IGNORE)
         orders.append(order)
         first_keys = _key_targets(layout.input_ids.tolist(), sample.question, answer[0], tokenizer)
         keys.append(torch.tensor(first_keys + [IGNORE] * len(answer) + later_keys, dtype=torch.long))

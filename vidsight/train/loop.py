@@ -39,8 +39,8 @@ CELL_CLASSES = 1 + len(COLOURS) * len(OBJECT_SHAPES)
 # Key-word answers are read after this many of the language model's layers, leaving the rest to
 # carry them to the answer position.
 KEY_LAYER = 2
-# Most objects any clip shows one after another (the chat streams' events).
-ORDER_RANKS = 3
+# The order probe's classes: every set of shapes that can have appeared before an object.
+ORDER_CLASSES = 2 ** len(OBJECT_SHAPES)
 VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 
 
@@ -103,9 +103,11 @@ class TrainingHeads(torch.nn.Module):
     at the answer, neither hop gets a gradient until the other works, and the model settles on
     naming any object present. Supervising the first hop at the key word breaks the deadlock.
     ``order``: from the hidden state after layer ``KEY_LAYER`` at each video token of an object,
-    the rank of that object's first appearance (clips whose objects appear one after another).
-    Rotary positions cannot tell apart times far beyond the temporal axis's longest period
-    (17.5 s here), but causal attention can: a token can see whether an object came before it.
+    the shapes of the objects that appeared before it (clips whose objects appear one after
+    another). Rotary positions cannot tell apart times far beyond the temporal axis's longest
+    period (17.5 s here), but causal attention can: a token can see what came before it. A first
+    version asked for the object's rank of appearance; it learnt ranks 0 and 1 but not 2 (counting),
+    so the target is now the set of earlier shapes, which needs no counting.
     """
 
     def __init__(self, model):
@@ -113,7 +115,7 @@ class TrainingHeads(torch.nn.Module):
         text = model.config.text_config
         self.cells = torch.nn.Linear(text.hidden_size, CELL_CLASSES, device=model.device)
         self.keys = torch.nn.Linear(text.hidden_size, text.vocab_size, device=model.device)
-        self.order = torch.nn.Linear(text.hidden_size, ORDER_RANKS, device=model.device)
+        self.order = torch.nn.Linear(text.hidden_size, ORDER_CLASSES, device=model.device)
 
 
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
