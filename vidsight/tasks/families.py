@@ -71,7 +71,7 @@ class Sample:
         objects appear at the same time (`appearances_distinct`)."""
         covering, _ = self._covering(cell, frames_per_step)
         objects = self.scene.objects
-        earlier = np.array([sum(1 << OBJECT_SHAPES.index(o.shape) for o in objects if o.t_in < obj.t_in)
+        earlier = np.array([sum(1 << i for i in {OBJECT_SHAPES.index(o.shape) for o in objects if o.t_in < obj.t_in})
                             for obj in objects] or [-1])
         return np.where(covering >= 0, earlier[np.maximum(covering, 0)], -1)
 
