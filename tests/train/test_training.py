@@ -136,3 +136,16 @@ def test_order_targets_name_the_shapes_seen_before_each_object():
     for shape, expected in ((first.shape, 0), (second.shape, 1 << OBJECT_SHAPES.index(first.shape))):
         mine = (cells.reshape(-1) > 0) & (shape_of_cell == OBJECT_SHAPES.index(shape))
         assert mine.any() and (earlier[mine] == expected).all()
+
+
+def test_an_earlier_shape_counts_once_however_often_it_appeared():
+    from vidsight.tasks.families import FRAME, Sample
+    from vidsight.tasks.scenes import OBJECT_SHAPES, Scene, SceneObject
+
+    scene = Scene(FRAME, FRAME, 8.0, 0)
+    for t_in, shape, place in ((0.0, "circle", (2.0, 2.0)), (2.0, "circle", (60.0, 2.0)), (4.0, "square", (2.0, 60.0))):
+        scene.objects.append(SceneObject(shape, "red", 28, t_in, 9.0, place))
+    sample = Sample("order", 0, scene, "", "", 16)
+    assert sample.appearances_distinct
+    earlier = sample.cell_earlier(28, 2)
+    assert set(np.unique(earlier).tolist()) == {-1, 0, 1 << OBJECT_SHAPES.index("circle")}
