@@ -40,6 +40,8 @@ class Sample:
     answer: str
     frames: int
     offset_patches: int = 0
+    # `_covering` per (cell, frames_per_step): training reads it for both its cell and order targets.
+    _covered: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def times_s(self) -> np.ndarray:
@@ -84,6 +86,11 @@ class Sample:
     def _covering(self, cell: int, frames_per_step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, side, side)`` index of the object covering most of each block (at least a tenth
         of it) over each step's frames, -1 for none; and each step's first frame time."""
+        if (cell, frames_per_step) not in self._covered:
+            self._covered[cell, frames_per_step] = self._cover(cell, frames_per_step)
+        return self._covered[cell, frames_per_step]
+
+    def _cover(self, cell: int, frames_per_step: int) -> tuple[np.ndarray, np.ndarray]:
         maps = np.stack([self.scene.object_map(t) for t in self.times_s])
         pad = -len(maps) % frames_per_step
         maps = np.concatenate([maps, maps[-1:].repeat(pad, axis=0)]) if pad else maps
