@@ -4,8 +4,13 @@ training uses nothing of an adapter that it does not declare."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import vidsight
+from vidsight.models import load_model, write_tiny_model
 from vidsight.models.base import VLMAdapter
+from vidsight.models.loading import ADAPTERS
+from vidsight.models.tiny import TINY_FAMILIES
 
 PACKAGE = Path(vidsight.__file__).parent
 # Training and the watch bench's FLOP estimate read the task model's own modules on purpose.
@@ -31,9 +36,16 @@ def adapter_uses(path: Path) -> set[str]:
     return used
 
 
-def test_the_adapters_satisfy_the_protocol(tiny_adapter):
-    assert isinstance(tiny_adapter, VLMAdapter)
-    assert all(hasattr(tiny_adapter, name) for name in declared())
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_every_family_satisfies_the_protocol(family, tmp_path):
+    adapter = load_model(write_tiny_model(tmp_path / family, family=family), "cpu")
+    assert adapter.family == family
+    assert isinstance(adapter, VLMAdapter)
+    assert all(hasattr(adapter, name) for name in declared())
+
+
+def test_every_loadable_family_has_a_tiny_builder():
+    assert set(TINY_FAMILIES) == set(ADAPTERS)
 
 
 def test_callers_use_only_what_the_protocol_declares():

@@ -2,7 +2,7 @@
 
 import torch
 
-from vidsight.models.qwen2_5_vl import apply_rotary
+from vidsight.models.decoder import apply_rotary
 
 
 def test_mrope_delta_rotation_equals_rotating_the_raw_key_at_the_new_position(tiny_adapter):

@@ -16,9 +16,13 @@ def add_probe_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def add_model_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     model = commands.add_parser("model", parents=parents, help="model utilities")
     model_commands = model.add_subparsers(dest="model_command", required=True)
-    tiny = model_commands.add_parser("tiny", parents=parents, help="write a tiny random-weight Qwen2.5-VL checkpoint (no download)")
+    tiny = model_commands.add_parser("tiny", parents=parents,
+                                     help="write a tiny random-weight checkpoint of a family (no download)")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--family", default="qwen2_5_vl",
+                      help="the family's model_type, as in a checkpoint's config.json (default qwen2_5_vl; "
+                           "an unknown one is refused with the list of those built)")
     tiny.set_defaults(run=run_model)
 
 
@@ -39,5 +43,5 @@ def run_probe(args) -> int:
 def run_model(args) -> int:
     from vidsight.models import write_tiny_model
 
-    print(write_tiny_model(args.directory, seed=args.seed))
+    print(write_tiny_model(args.directory, seed=args.seed, family=args.family))
     return 0

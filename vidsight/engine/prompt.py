@@ -21,11 +21,21 @@ class VideoPlan:
     frames: int                       # sampled frames (before padding to whole temporal patches)
     size: tuple[int, int]             # resized (height, width)
     grid_thw: tuple[int, int, int]    # temporal patches, patch rows, patch columns
-    tokens_per_patch: int             # merged tokens per temporal patch
+    token_hw: tuple[int, int]         # language-model token rows and columns per temporal patch
+    suffix_tokens: int = 0            # tokens after the last patch (LLaVA-OneVision's newline)
+
+    @property
+    def tokens_per_patch(self) -> int:
+        return self.token_hw[0] * self.token_hw[1]
+
+    @property
+    def patch_tokens(self) -> int:
+        """Tokens of the temporal patches, without the suffix."""
+        return self.grid_thw[0] * self.tokens_per_patch
 
     @property
     def video_tokens(self) -> int:
-        return self.grid_thw[0] * self.tokens_per_patch
+        return self.patch_tokens + self.suffix_tokens
 
 
 def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
@@ -38,7 +48,7 @@ def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPla
     padded = -(-frames // spec.temporal_patch_size) * spec.temporal_patch_size
     size = video_size(spec, padded, height, width)
     grid = (padded // spec.temporal_patch_size, size[0] // spec.patch_size, size[1] // spec.patch_size)
-    return VideoPlan(frames, size, grid, grid[1] * grid[2] // spec.merge_size ** 2)
+    return VideoPlan(frames, size, grid, spec.token_hw(grid[1:]), spec.suffix_tokens)
 
 
 @dataclasses.dataclass
@@ -80,6 +90,8 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
         keep: ``(video tokens,)`` bool: the tokens motion pruning keeps (None: all).
     """
     spec = adapter.vision
+    if keep is not None:
+        keep = torch.cat([keep.reshape(-1), torch.ones(plan.suffix_tokens, dtype=torch.bool)])
     kept = plan.video_tokens if keep is None else int(keep.sum())
     layout = adapter.build_prompt(question, kept)
     grid_positions = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / sampled_fps,
@@ -87,12 +99,13 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
     video_positions = grid_positions if keep is None else grid_positions[:, keep]
     positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, video_positions)
     first_frame = torch.clamp(torch.arange(plan.grid_thw[0]) * spec.temporal_patch_size, max=len(frame_index) - 1)
-    merged = (plan.grid_thw[1] // spec.merge_size, plan.grid_thw[2] // spec.merge_size)
-    video = patch_rows(0, merged, frame_index[first_frame], time_s[first_frame], grid_positions)
-    video = video if keep is None else video[keep]
-    end = layout.video_start + kept
+    video = patch_rows(0, plan.token_hw, frame_index[first_frame], time_s[first_frame],
+                       grid_positions[:, :plan.patch_tokens])
+    video = video if keep is None else video[keep[:plan.patch_tokens]]
+    # The suffix (a separator the model reads after every video) is never pruned: it counts as text.
+    suffix_at = layout.video_start + kept - plan.suffix_tokens
     rows = TokenTable.concat([TokenTable.text(positions[:, :layout.video_start]), video,
-                              TokenTable.text(positions[:, end:])])
+                              TokenTable.text(positions[:, suffix_at:])])
     return VideoPrompt(layout.input_ids, layout.video_start, kept, positions, rows, next_position)
 
 

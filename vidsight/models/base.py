@@ -10,18 +10,24 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class VisionSpec:
-    """How a model wants its frames.
+    """How a model wants its frames, and how many language-model tokens they become.
 
     Attributes:
         patch_size: ViT patch side in pixels.
         temporal_patch_size: Frames per temporal patch.
-        merge_size: Patches per side merged into one LLM token.
+        merge_size: Patches per side merged (Qwen) or pooled (LLaVA-OneVision, rounding up) into
+            one LLM token.
         image_mean: Per-channel mean for normalisation.
         image_std: Per-channel standard deviation.
         min_pixels: Smallest per-frame pixel count after resizing.
         max_pixels: Largest per-frame pixel count after resizing.
         total_pixels: Pixel budget for a whole video; frames shrink to fit it (Qwen's rule).
         tokens_per_second: Temporal M-RoPE ticks per second of video.
+        fixed_size: Every frame is resized to this ``(height, width)``, aspect ratio not kept
+            (towers with absolute position embeddings of one size); None: Qwen's resize rule.
+        suffix_tokens: Video tokens after the last temporal patch (LLaVA-OneVision's newline).
+        whole_frames: The encoder takes whole frames ``(T, 3, h, w)`` instead of Qwen's
+            flattened patches in merge-group order.
     """
 
     patch_size: int
@@ -33,6 +39,9 @@ class VisionSpec:
     max_pixels: int
     total_pixels: int
     tokens_per_second: float
+    fixed_size: tuple[int, int] | None = None
+    suffix_tokens: int = 0
+    whole_frames: bool = False
 
     @classmethod
     def of(cls, vision_config, image_mean: tuple[float, float, float], image_std: tuple[float, float, float],
@@ -49,6 +58,16 @@ class VisionSpec:
     def factor(self) -> int:
         """Resized sides are multiples of this."""
         return self.patch_size * self.merge_size
+
+    @property
+    def merges_patches(self) -> bool:
+        """Each token is one merge group of whole patches, so patches can be dropped before the
+        encoder group by group (what motion pruning needs)."""
+        return not self.whole_frames
+
+    def token_hw(self, grid_hw: tuple[int, int]) -> tuple[int, int]:
+        """Token rows and columns of one temporal patch whose patch grid is ``grid_hw``."""
+        return -(-grid_hw[0] // self.merge_size), -(-grid_hw[1] // self.merge_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +119,11 @@ class VLMAdapter(Protocol):
 
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
                      keep: torch.Tensor | None = None) -> torch.Tensor:
-        """``(tokens, hidden)`` language-model inputs of one video (only its ``keep`` patches)."""
+        """``(tokens, hidden)`` language-model inputs of one video's temporal patches (only its
+        ``keep`` merge groups), without the suffix."""
+
+    def video_suffix(self) -> torch.Tensor:
+        """``(vision.suffix_tokens, hidden)`` language-model inputs that follow a video's last patch."""
 
     def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
         """Several videos in one vision call, each attending only within itself."""

@@ -10,20 +10,14 @@ import torch
 from safetensors import SafetensorError
 
 from vidsight.errors import ConfigError, ModelError
-from vidsight.models.base import VisionSpec
-from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
+from vidsight.models.llava_onevision import LlavaOnevisionAdapter
+from vidsight.models.qwen2_5_vl import (CLIP_MEAN, CLIP_STD, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,  # noqa: F401
+                                        VIDEO_TOTAL_PIXELS, Qwen25VLAdapter)
 
 log = logging.getLogger(__name__)
 
-# qwen-vl-utils' video defaults: per-frame pixel bounds and a budget for the whole video.
-VIDEO_MIN_PIXELS = 128 * 28 * 28
-VIDEO_MAX_PIXELS = 768 * 28 * 28
-VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
-# OpenAI CLIP's normalisation, which Qwen's processors use.
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter}
+# Each family's adapter, by the ``model_type`` of a checkpoint's config.json.
+ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter, "llava_onevision": LlavaOnevisionAdapter}
 
 
 def _looks_like_path(name: str) -> bool:
@@ -44,20 +38,6 @@ def _find_file(source: str, filename: str) -> Path | None:
 def _read_json(source: str, filename: str) -> dict:
     found = _find_file(source, filename)
     return json.loads(found.read_text()) if found else {}
-
-
-def _vision_spec(source: str, config) -> VisionSpec:
-    image = _read_json(source, "preprocessor_config.json")
-    video = _read_json(source, "video_preprocessor_config.json")
-    size = video.get("size") or {}
-    return VisionSpec.of(
-        config.vision_config,
-        image_mean=image.get("image_mean", CLIP_MEAN),
-        image_std=image.get("image_std", CLIP_STD),
-        min_pixels=video.get("min_pixels") or size.get("shortest_edge") or VIDEO_MIN_PIXELS,
-        max_pixels=video.get("max_pixels") or size.get("longest_edge") or VIDEO_MAX_PIXELS,
-        total_pixels=video.get("total_pixels") or VIDEO_TOTAL_PIXELS,
-    )
 
 
 def _chat_template(source: str, tokenizer) -> str:
@@ -133,7 +113,9 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
         log.debug("%s: no generation_config.json", name)
     eos.update(_as_ids(config.text_config.eos_token_id))
     eos.update(_as_ids(tokenizer.eos_token_id))
-    return adapter_cls(str(name), model, tokenizer, _chat_template(source, tokenizer), _vision_spec(source, config), eos)
+    vision = adapter_cls.vision_spec(config, _read_json(source, "preprocessor_config.json"),
+                                     _read_json(source, "video_preprocessor_config.json"))
+    return adapter_cls(str(name), model, tokenizer, _chat_template(source, tokenizer), vision, eos)
 
 
 def _as_ids(value) -> list[int]:

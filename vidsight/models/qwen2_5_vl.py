@@ -4,83 +4,42 @@ from __future__ import annotations
 
 import torch
 
-from vidsight.errors import ModelError
-from vidsight.models.base import PromptLayout, VisionSpec, VLMAdapter
+from vidsight.models.base import VisionSpec, VLMAdapter
+from vidsight.models.decoder import Qwen2DecoderAdapter
 from vidsight.models.positions import video_grid_positions
 
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate ``(1, heads, L, D)`` by ``cos, sin`` of shape ``(1, L, D)``."""
-    cos, sin = (r.unsqueeze(1) for r in rotary)
-    return x * cos + rotate_half(x) * sin
+# qwen-vl-utils' video defaults: per-frame pixel bounds and a budget for the whole video.
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
+# OpenAI CLIP's normalisation, which Qwen's processors use.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-class Qwen25VLAdapter(VLMAdapter):
-    """Engine primitives for a loaded ``Qwen2_5_VLForConditionalGeneration``.
-
-    Args:
-        name: The id or directory the model came from.
-        model: The transformers model, in eval mode.
-        tokenizer: Its tokenizer.
-        chat_template: Jinja chat template (the checkpoint's).
-        vision: Frame preprocessing settings.
-        eos_token_ids: Tokens that end generation.
-    """
+class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
+    """Engine primitives for a loaded ``Qwen2_5_VLForConditionalGeneration`` (arguments as
+    `Qwen2DecoderAdapter`'s)."""
 
     family = "qwen2_5_vl"
 
     def __init__(self, name, model, tokenizer, chat_template: str, vision: VisionSpec, eos_token_ids):
-        self.name = name
-        self.model = model
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self.vision = vision
-        self.eos_token_ids = frozenset(eos_token_ids)
-        text = model.config.text_config
-        self.num_layers = text.num_hidden_layers
-        self.num_heads = text.num_attention_heads
-        self.num_kv_heads = text.num_key_value_heads
-        self.head_dim = text.hidden_size // text.num_attention_heads
-        self.video_token_id = model.config.video_token_id
-        self._lm = model.model.language_model
+        super().__init__(name, model, tokenizer, chat_template, vision, eos_token_ids)
         self._visual = model.model.visual
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._lm.embed_tokens.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._lm.embed_tokens.weight.device
-
-    # -- text ----------------------------------------------------------------------------------
-    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
-        """The chat-formatted prompt: one user turn holding the video, then the question."""
-        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
-        text = self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+    @classmethod
+    def vision_spec(cls, config, image_processor: dict, video_processor: dict) -> VisionSpec:
+        """The spec of a checkpoint's config and processor settings (qwen-vl-utils' defaults where
+        its files are silent)."""
+        size = video_processor.get("size") or {}
+        return VisionSpec.of(
+            config.vision_config,
+            image_mean=image_processor.get("image_mean", CLIP_MEAN),
+            image_std=image_processor.get("image_std", CLIP_STD),
+            min_pixels=video_processor.get("min_pixels") or size.get("shortest_edge") or VIDEO_MIN_PIXELS,
+            max_pixels=video_processor.get("max_pixels") or size.get("longest_edge") or VIDEO_MAX_PIXELS,
+            total_pixels=video_processor.get("total_pixels") or VIDEO_TOTAL_PIXELS,
         )
-        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        slots = torch.nonzero(ids == self.video_token_id).flatten()
-        if len(slots) != 1:
-            raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
-        start = int(slots[0])
-        video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
-        return PromptLayout(torch.cat([ids[:start], video, ids[start + 1 :]]), start, video_tokens)
-
-    def text_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._lm.embed_tokens(ids.to(self.device))
 
     # -- vision --------------------------------------------------------------------------------
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
@@ -150,37 +109,12 @@ class Qwen25VLAdapter(VLMAdapter):
             grid_thw, self.vision.merge_size, second_per_grid_t, self.vision.tokens_per_second, start
         )
 
+    def video_suffix(self) -> torch.Tensor:
+        """Qwen's video span ends with its last patch: no suffix."""
+        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+
     # -- language model ------------------------------------------------------------------------
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(3, L)`` M-RoPE positions to ``cos, sin`` of shape ``(1, L, head_dim)``."""
         probe = self._lm.embed_tokens.weight[:1]
         return self._lm.rotary_emb(probe, positions.to(self.device)[:, None, :])
-
-    def rerotate_keys(self, keys: torch.Tensor, old_positions: torch.Tensor, new_positions: torch.Tensor
-                      ) -> torch.Tensor:
-        """Keys ``(1, KVH, n, D)`` rotated at ``old_positions`` ``(3, n)``, moved to ``new_positions``.
-
-        Rotations compose, so one rotation by the difference (per M-RoPE axis) is enough.
-        """
-        return apply_rotary(keys, self.rotary(new_positions - old_positions))
-
-    def qkv(self, layer: int, hidden: torch.Tensor, rotary):
-        """Rotated queries ``(1, H, L, D)``, keys and values ``(1, KVH, L, D)`` of one layer."""
-        block = self._lm.layers[layer]
-        attn = block.self_attn
-        x = block.input_layernorm(hidden)
-        length = x.shape[1]
-        q = attn.q_proj(x).view(1, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rotary(q, rotary), apply_rotary(k, rotary), v
-
-    def finish_layer(self, layer: int, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual, MLP: ``attn`` is ``(1, H, L, D)``."""
-        block = self._lm.layers[layer]
-        length = attn.shape[2]
-        hidden = residual + block.self_attn.o_proj(attn.transpose(1, 2).reshape(1, length, -1))
-        return hidden + block.mlp(block.post_attention_layernorm(hidden))
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self._lm.norm(hidden)).float()

@@ -1,4 +1,5 @@
-"""A random-weight Qwen2.5-VL checkpoint of the real architecture, written without any download.
+"""Random-weight checkpoints of the real architectures (Qwen2.5-VL, LLaVA-OneVision), written
+without any download.
 
 The directory has the layout of a Hugging Face checkpoint (config, safetensors weights,
 tokenizer, chat template, preprocessor configs) and loads through `load_model` exactly like a
@@ -45,6 +46,25 @@ TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, o
 # Small frames keep the tiny model fast: at most 224x224 per frame, at least 56x56.
 TINY_VIDEO_PIXELS = dict(min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 256)
 
+# LLaVA-OneVision's chat format (Qwen2's turns; the video before the text of a user turn).
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<image>\n{% elif content['type'] == 'video' %}<video>\n"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TINY_LLAVA_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+# A 5x5 patch grid pools to 3x3 tokens: odd, as the released 27x27 grid is.
+TINY_SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   image_size=70, patch_size=14, vision_use_head=False)
+
 
 def _byte_vocab() -> dict[str, int]:
     """GPT-2's byte-to-printable-character table: every byte is one token, so any text encodes."""
@@ -69,26 +89,58 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def write_tiny_model(directory: str | Path, seed: int = 0, text: dict | None = None) -> Path:
-    """Write a random-weight Qwen2.5-VL checkpoint to ``directory``.
+def write_tiny_model(directory: str | Path, seed: int = 0, text: dict | None = None,
+                     family: str = "qwen2_5_vl") -> Path:
+    """Write a random-weight checkpoint of ``family`` to ``directory``.
 
     Args:
         directory: Created if missing.
         seed: Seeds the weight initialisation; the same seed gives the same weights.
-        text: Language-model settings to change from `TINY_TEXT` (e.g. real head dimensions);
-            the vision merger's output follows its hidden size.
+        text: Language-model settings to change from the family's tiny ones (e.g. real head
+            dimensions); the vision projection's output follows its hidden size.
+        family: One of `TINY_FAMILIES`.
 
     Returns:
         The directory.
     """
+    if family not in TINY_FAMILIES:
+        raise ConfigError(f"no tiny builder for family {family!r}; choose one of {', '.join(TINY_FAMILIES)}")
+    return TINY_FAMILIES[family](directory, seed, text or {})
+
+
+def _tiny_qwen2_5_vl(directory: str | Path, seed: int, text: dict) -> Path:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_tiny_tokenizer()
-    text = {**TINY_TEXT, **(text or {})}
+    text = {**TINY_TEXT, **text}
     config = qwen_config(tokenizer, text, dict(TINY_VISION, out_hidden_size=text["hidden_size"]))
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
+
+
+def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, "<image>", "<video>"]})
+    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<image>", "<video>")}
+    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **TINY_LLAVA_TEXT, **text,
+                   "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
+    config = LlavaOnevisionConfig(text_config=text_config, vision_config={"model_type": "siglip_vision_model",
+                                                                          **TINY_SIGLIP},
+                                  image_token_index=ids["<image>"], video_token_index=ids["<video>"])
+    torch.manual_seed(seed)
+    model = LlavaOnevisionForConditionalGeneration(config).eval()
+    side = {"height": TINY_SIGLIP["image_size"], "width": TINY_SIGLIP["image_size"]}
+    normalise = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": side}
+    return _save(directory, model, tokenizer, {"image_processor_type": "LlavaOnevisionImageProcessor", **normalise},
+                 {"video_processor_type": "LlavaOnevisionVideoProcessor", **normalise})
+
+
+# The families `write_tiny_model` builds, by model type.
+TINY_FAMILIES = {"qwen2_5_vl": _tiny_qwen2_5_vl, "llava_onevision": _tiny_llava_onevision}
 
 
 def qwen_config(tokenizer, text: dict, vision: dict, pad_token: str | None = None):
@@ -125,6 +177,14 @@ def save_checkpoint(directory: str | Path, model, tokenizer, min_pixels: int, ma
         max_pixels: Largest per-frame pixel count after resizing.
         total_pixels: Pixel budget for a whole video.
     """
+    pixels = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": list(CLIP_MEAN),
+              "image_std": list(CLIP_STD), "min_pixels": min_pixels, "max_pixels": max_pixels}
+    return _save(directory, model, tokenizer, {"image_processor_type": "Qwen2VLImageProcessor", **pixels},
+                 {"video_processor_type": "Qwen2VLVideoProcessor", **pixels, "total_pixels": total_pixels})
+
+
+def _save(directory: str | Path, model, tokenizer, image_processor: dict, video_processor: dict) -> Path:
+    """A model, its tokenizer and generation settings, and the processor files vidsight reads."""
     from transformers import GenerationConfig
 
     directory = Path(directory)
@@ -138,10 +198,6 @@ def save_checkpoint(directory: str | Path, model, tokenizer, min_pixels: int, ma
     tokenizer.save_pretrained(directory)  # also writes chat_template.jinja
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, pad_token_id=eos[1]).save_pretrained(directory)
-    pixels = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": list(CLIP_MEAN),
-              "image_std": list(CLIP_STD), "min_pixels": min_pixels, "max_pixels": max_pixels}
-    (directory / "preprocessor_config.json").write_text(
-        json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **pixels}, indent=2))
-    (directory / "video_preprocessor_config.json").write_text(
-        json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **pixels, "total_pixels": total_pixels}, indent=2))
+    (directory / "preprocessor_config.json").write_text(json.dumps(image_processor, indent=2))
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video_processor, indent=2))
     return directory

@@ -25,7 +25,8 @@ class VideoInput:
 
     Attributes:
         pixel_values: ``(T/tp * gh * gw, 3 * tp * p * p)`` float patches, rows ordered by
-            temporal patch, then merge group (row-major), then patch inside the group.
+            temporal patch, then merge group (row-major), then patch inside the group; or
+            ``(T, 3, h, w)`` whole frames for a spec with ``whole_frames``.
         grid_thw: ``(T/tp, gh, gw)``: temporal patches and patch rows/columns.
         resized_hw: Frame size after resizing, in pixels.
         frames: Frames fed in, after padding to a whole number of temporal patches.
@@ -64,6 +65,10 @@ def frame_pixel_budget(spec: VisionSpec, frames: int) -> int:
 
 def video_size(spec: VisionSpec, frames: int, height: int, width: int) -> tuple[int, int]:
     """The resized ``(height, width)`` of every frame of a ``frames``-frame video (padded count)."""
+    if spec.fixed_size is not None:
+        if min(height, width) <= 0:
+            raise VideoError(f"frame size {width}x{height} is empty")
+        return spec.fixed_size
     return smart_resize(height, width, spec.factor, spec.min_pixels, frame_pixel_budget(spec, frames))
 
 
@@ -130,5 +135,10 @@ def preprocess_video(
     if pad:
         frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
     size = size or video_size(spec, frames.shape[0], frames.shape[1], frames.shape[2])
-    pixels, grid = patchify(normalize(resize_frames(frames, size), spec, dtype), spec)
+    normalised = normalize(resize_frames(frames, size), spec, dtype)
+    if spec.whole_frames:
+        pixels, grid = normalised, (frames.shape[0] // spec.temporal_patch_size, size[0] // spec.patch_size,
+                                    size[1] // spec.patch_size)
+    else:
+        pixels, grid = patchify(normalised, spec)
     return VideoInput(pixel_values=pixels, grid_thw=grid, resized_hw=size, frames=frames.shape[0])

@@ -87,7 +87,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
                                                     prompt.positions, prompt.rows)
 
     patches_per_group = -(-config.group_frames // spec.temporal_patch_size) if config.group_frames else plan.grid_thw[0]
-    chunks = chunk_bounds(len(ids), video_start, prompt.video_tokens, patches_per_group * plan.tokens_per_patch)
+    chunks = chunk_bounds(len(ids), video_start, plan.patch_tokens, patches_per_group * plan.tokens_per_patch)
     frames_per_group = patches_per_group * spec.temporal_patch_size
     pruner = last_pruner = None  # last_pruner: the hook of the group carrying the question
     if config.prune.active:
@@ -126,6 +126,8 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
         with clock.stage("vision"), torch.inference_mode():
             video_embeds = adapter.encode_video(video.pixel_values, video.grid_thw, keep)
         stats.encoded_visual_tokens += video_embeds.shape[0]
+        if group == len(chunks) - 1 and plan.suffix_tokens:
+            video_embeds = torch.cat([video_embeds, adapter.video_suffix()])
         _split(cores, feed)
         if not len(tokens):
             continue  # motion pruning left nothing of a group without text
@@ -152,8 +154,7 @@ class _GroupMasks:
 
     def __init__(self, plan: VideoPlan, spec: VisionSpec, dedup: bool):
         self.masker, self.grid_hw, self.spec = MotionMasker(), plan.grid_thw[1:], spec
-        m = spec.merge_size
-        self.redundant = RedundantPatches((self.grid_hw[0] // m, self.grid_hw[1] // m)) if dedup else None
+        self.redundant = RedundantPatches(plan.token_hw) if dedup else None
 
     def group(self, codec: list[CodecInfo | None], frames: torch.Tensor) -> torch.Tensor:
         """``(temporal patches, H/m, W/m)`` bool for the group's ``frames``, in stream order."""
@@ -167,6 +168,9 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
     """Motion pruning's masks, when it is asked for and the decoders judged motion by its rule."""
     if config.motion is None:
         return None
+    if not spec.merges_patches:
+        raise ConfigError("motion pruning drops merge groups of patches before the vision encoder; this model's "
+                          "encoder takes whole frames, so it cannot (use KV pruning instead)")
     if feed.motion is None:
         log.warning("no motion vectors to prune by (FFmpeg exports them for H.264 only): every patch is encoded")
         return None

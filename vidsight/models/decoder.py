@@ -1,0 +1,118 @@
+"""The language-model side shared by families whose decoder is Qwen2's (Qwen2.5-VL, LLaVA-OneVision):
+prompt building through the checkpoint's chat template, embeddings, per-layer projections and
+norms, and key re-rotation. Each family adds its vision tower and its rotary positions."""
+
+from __future__ import annotations
+
+import torch
+
+from vidsight.errors import ModelError
+from vidsight.models.base import PromptLayout, VisionSpec
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate ``(1, heads, L, D)`` by ``cos, sin`` of shape ``(1, L, D)``."""
+    cos, sin = (r.unsqueeze(1) for r in rotary)
+    return x * cos + rotate_half(x) * sin
+
+
+class Qwen2DecoderAdapter:
+    """Engine primitives of a Qwen2-style decoder inside a transformers VLM.
+
+    Args:
+        name: The id or directory the model came from.
+        model: The transformers model, in eval mode; ``model.model.language_model`` is its decoder
+            and ``model.lm_head`` its output head.
+        tokenizer: Its tokenizer.
+        chat_template: Jinja chat template (the checkpoint's).
+        vision: Frame preprocessing settings.
+        eos_token_ids: Tokens that end generation.
+    """
+
+    family: str
+
+    def __init__(self, name, model, tokenizer, chat_template: str, vision: VisionSpec, eos_token_ids):
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.vision = vision
+        self.eos_token_ids = frozenset(eos_token_ids)
+        text = model.config.text_config
+        self.num_layers = text.num_hidden_layers
+        self.num_heads = text.num_attention_heads
+        self.num_kv_heads = text.num_key_value_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.video_token_id = model.config.video_token_id
+        self._lm = model.model.language_model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._lm.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._lm.embed_tokens.weight.device
+
+    # -- text ----------------------------------------------------------------------------------
+    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
+        """The chat-formatted prompt: one user turn holding the video, then the question."""
+        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+        text = self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+        )
+        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        slots = torch.nonzero(ids == self.video_token_id).flatten()
+        if len(slots) != 1:
+            raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
+        start = int(slots[0])
+        video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
+        return PromptLayout(torch.cat([ids[:start], video, ids[start + 1 :]]), start, video_tokens)
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._lm.embed_tokens(ids.to(self.device))
+
+    # -- language model ------------------------------------------------------------------------
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(3, L)`` positions to ``cos, sin`` of shape ``(1, L, head_dim)``."""
+        raise NotImplementedError
+
+    def rerotate_keys(self, keys: torch.Tensor, old_positions: torch.Tensor, new_positions: torch.Tensor
+                      ) -> torch.Tensor:
+        """Keys ``(1, KVH, n, D)`` rotated at ``old_positions`` ``(3, n)``, moved to ``new_positions``.
+
+        Rotations compose (per axis, for M-RoPE), so one rotation by the difference is enough.
+        """
+        return apply_rotary(keys, self.rotary(new_positions - old_positions))
+
+    def qkv(self, layer: int, hidden: torch.Tensor, rotary):
+        """Rotated queries ``(1, H, L, D)``, keys and values ``(1, KVH, L, D)`` of one layer."""
+        block = self._lm.layers[layer]
+        attn = block.self_attn
+        x = block.input_layernorm(hidden)
+        length = x.shape[1]
+        q = attn.q_proj(x).view(1, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(1, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(1, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(q, rotary), apply_rotary(k, rotary), v
+
+    def finish_layer(self, layer: int, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, MLP: ``attn`` is ``(1, H, L, D)``."""
+        block = self._lm.layers[layer]
+        length = attn.shape[2]
+        hidden = residual + block.self_attn.o_proj(attn.transpose(1, 2).reshape(1, length, -1))
+        return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self._lm.norm(hidden)).float()

@@ -1,0 +1,86 @@
+"""LLaVA-OneVision over the transformers classes and weights.
+
+Its video path (LLaVA-OneVision's published recipe, as transformers implements it): every frame is
+resized to the SigLIP tower's square input (384x384 in the released checkpoints), encoded alone,
+projected, and pooled bilinearly to half its patch grid rounded up (27x27 patches to 14x14 = 196
+tokens); one learnt newline embedding follows the whole video. The language model is Qwen2's with
+1-D rotary positions: every token, video or text, takes the next position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vidsight.errors import ModelError
+from vidsight.models.base import VisionSpec, VLMAdapter
+from vidsight.models.decoder import Qwen2DecoderAdapter
+
+# The released checkpoints' normalisation (SigLIP's), used when a checkpoint's files are silent.
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+SIGLIP_STD = (0.5, 0.5, 0.5)
+# Each token pools this many patches per side.
+POOL = 2
+
+
+class LlavaOnevisionAdapter(Qwen2DecoderAdapter, VLMAdapter):
+    """Engine primitives for a loaded ``LlavaOnevisionForConditionalGeneration`` (arguments as
+    `Qwen2DecoderAdapter`'s)."""
+
+    family = "llava_onevision"
+
+    @classmethod
+    def vision_spec(cls, config, image_processor: dict, video_processor: dict) -> VisionSpec:
+        """Frames resized to the tower's square input, one frame per temporal patch."""
+        vision = config.vision_config
+        side = int(vision.image_size)
+        size = video_processor.get("size") or {}
+        if size and (size.get("height"), size.get("width")) != (side, side):
+            raise ModelError(f"video processor size {size} differs from the vision tower's {side}x{side} input")
+        processor = {**image_processor, **video_processor}
+        return VisionSpec(patch_size=int(vision.patch_size), temporal_patch_size=1, merge_size=POOL,
+                          image_mean=tuple(processor.get("image_mean", SIGLIP_MEAN)),
+                          image_std=tuple(processor.get("image_std", SIGLIP_STD)),
+                          min_pixels=side * side, max_pixels=side * side, total_pixels=side * side,
+                          tokens_per_second=0.0, fixed_size=(side, side), suffix_tokens=1, whole_frames=True)
+
+    # -- vision --------------------------------------------------------------------------------
+    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
+        """SigLIP, projector and pooling: ``(T, 3, h, w)`` frames to ``(T * tokens, hidden)``.
+
+        Args:
+            pixel_values: The video's normalised frames (`preprocess_video`).
+            grid_thw: Frames and patch rows/columns.
+            keep: Must be None or all true: the tower attends across the whole frame with absolute
+                position embeddings, so patches cannot be dropped before it.
+        """
+        if keep is not None and not bool(keep.all()):
+            raise ModelError(f"{self.name}: LLaVA-OneVision's encoder takes whole frames; it cannot skip patches")
+        tower = self.model.model.vision_tower
+        pixels = pixel_values.to(device=self.device, dtype=tower.dtype)[None]
+        features = self.model.model.get_video_features(pixels).pooler_output
+        return features[0, : -self.vision.suffix_tokens].to(self.dtype)  # the newline is `video_suffix`
+
+    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """Several videos in one call: every frame is encoded alone, so one batch of all frames is exact."""
+        frames = torch.cat([p for p, _ in videos])
+        tokens = [t * self._tokens_per_frame(h, w) for _, (t, h, w) in videos]
+        return list(self.encode_video(frames, (len(frames), *videos[0][1][1:])).split(tokens))
+
+    def video_suffix(self) -> torch.Tensor:
+        return self.model.model.image_newline[None].to(self.dtype)
+
+    def _tokens_per_frame(self, h: int, w: int) -> int:
+        rows, columns = self.vision.token_hw((h, w))
+        return rows * columns
+
+    def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
+        """1-D positions, one per token (the suffix's included), on all three rows."""
+        tokens = grid_thw[0] * self._tokens_per_frame(*grid_thw[1:]) + self.vision.suffix_tokens
+        return (torch.arange(tokens) + start).expand(3, -1)
+
+    # -- language model ------------------------------------------------------------------------
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first row of ``(3, L)`` positions to ``cos, sin`` of shape ``(1, L, head_dim)``."""
+        probe = self._lm.embed_tokens.weight[:1]
+        return self._lm.rotary_emb(probe, positions[0].to(self.device)[None])
