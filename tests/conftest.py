@@ -33,6 +33,18 @@ def tiny_adapter(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def llava_adapter(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("models") / "tiny-llava-onevision"
+    return load_model(write_tiny_model(directory, seed=0, family="llava_onevision"), device="cpu")
+
+
+@pytest.fixture(params=["qwen2_5_vl", "llava_onevision"])
+def family_adapter(request):
+    """The tiny model of each family, in turn."""
+    return request.getfixturevalue({"qwen2_5_vl": "tiny_adapter", "llava_onevision": "llava_adapter"}[request.param])
+
+
+@pytest.fixture(scope="session")
 def make_test_video(tmp_path_factory):
     """``make_test_video(suffix=".mp4", **spec_fields) -> (path, truth)``, cached per spec and container."""
     root = tmp_path_factory.mktemp("videos")

@@ -37,10 +37,10 @@ def test_sampled_frames_carry_the_motion_of_every_frame_since_the_last_sample(st
     assert [round(s.pts_s * 2) for s in samples] == list(range(len(samples)))
 
 
-def test_refreshing_every_token_equals_full_comp(tiny_adapter, stream_video):
-    full = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS)).watch(StreamSource(stream_video, 2.0)))
-    every = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh="all")).watch(StreamSource(stream_video,
-                                                                                                      2.0)))
+def test_refreshing_every_token_equals_full_comp(family_adapter, stream_video):
+    full = list(Watcher(family_adapter, QUERY, WatchConfig(WINDOWS)).watch(StreamSource(stream_video, 2.0)))
+    every = list(Watcher(family_adapter, QUERY, WatchConfig(WINDOWS, refresh="all")).watch(StreamSource(stream_video,
+                                                                                                        2.0)))
     assert [v.answer for v in every] == [v.answer for v in full]
     assert all(v.reused_tokens > 0 for v in every[1:]) and every[0].reused_tokens == 0
     for a, b in zip(every, full):

@@ -10,7 +10,6 @@ from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
-from vidsight.models import load_model, write_tiny_model
 from vidsight.models.decoder import apply_rotary
 from vidsight.vision import preprocess_video
 
@@ -24,9 +23,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    return load_model(write_tiny_model(tmp_path_factory.mktemp("llava") / "m", family="llava_onevision"), "cpu")
+@pytest.fixture
+def llava(llava_adapter):
+    return llava_adapter
 
 
 def reference_inputs(adapter, path, sampling):
@@ -90,3 +89,11 @@ def test_motion_pruning_is_refused_with_a_whole_frame_encoder(llava, make_test_v
     path, _ = make_test_video(**CASES[0][1])
     with pytest.raises(ConfigError, match="whole frames"):
         Asker(llava).ask(path, QUESTION, prefill=PrefillConfig(motion=MotionPruneConfig()))
+
+
+def test_a_watch_cannot_prune_patches_of_a_whole_frame_encoder(llava):
+    from vidsight.engine.watch import WatchConfig, Watcher
+    from vidsight.ingest.stream import WindowConfig
+
+    with pytest.raises(ConfigError, match="whole frames"):
+        Watcher(llava, "Is it red?", WatchConfig(WindowConfig(window_s=4.0, fps=2.0), prune=MotionPruneConfig()))

@@ -210,7 +210,7 @@ class ChatSession:
             positions = adapter.video_positions((self._patches - self._span_first_patch + patches, gh, gw),
                                                 seconds_per_patch, self._span_start)[:, -count:]
             firsts = frames[:: spec.temporal_patch_size]
-            rows = patch_rows(self._patches, (gh // spec.merge_size, gw // spec.merge_size),
+            rows = patch_rows(self._patches, spec.token_hw((gh, gw)),
                               torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts]),
                               positions)
             self.cache.reserve(count)
@@ -223,9 +223,13 @@ class ChatSession:
         self._next_position = int(positions.max()) + 1
         self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers, patches))
 
-    def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
-        self.cache.reserve(len(ids))
+    def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step,
+                      leading: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefill text ``ids``, after ``leading`` ``(n, hidden)`` embeddings when given."""
         embeds = self.adapter.embed_tokens(ids[None])
+        if leading is not None:
+            embeds = torch.cat([leading[None], embeds], dim=1)
+        self.cache.reserve(embeds.shape[1])
         return forward(self.adapter, self.cache, embeds, positions, TokenTable.text(positions),
                        policy=self.policy, step=step)
 
@@ -280,22 +284,25 @@ class ChatSession:
         if not torch.equal(layout.input_ids[: layout.video_start], self._prefix):
             raise ModelError(f"{self.adapter.name}: the chat template puts text that depends on the question "
                              "before the video; a stream cannot be prefilled ahead of its questions")
+        # The video so far ends here: its suffix (LLaVA-OneVision's newline), then the question's text.
         suffix = layout.input_ids[layout.video_start :]
         before = self.cache.length
         stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
         question_step, answer_step = Step("question"), Step("answer")
         with torch.inference_mode():
-            positions = (torch.arange(len(suffix)) + self._next_position).expand(3, -1)
-            hidden = self._prefill_text(suffix, positions, question_step)
+            video_end = self.adapter.video_suffix()
+            length = video_end.shape[0] + len(suffix)
+            positions = (torch.arange(length) + self._next_position).expand(3, -1)
+            hidden = self._prefill_text(suffix, positions, question_step, video_end)
             logits = self.adapter.logits(hidden[0, -1])
             first_token = time.perf_counter()
             stream = TextStream(self.adapter, on_text) if on_text is not None else None
-            ids = generate(self.adapter, self.cache, logits, self._next_position + len(suffix), generation,
+            ids = generate(self.adapter, self.cache, logits, self._next_position + length, generation,
                            on_token=stream, policy=self.policy, step=answer_step)
             if stream is not None:
                 stream.finish(ids)
             if self.config.keep_dialogue:
-                self._keep_turn(ids, self._next_position + len(suffix) + len(ids) - 1)
+                self._keep_turn(ids, self._next_position + length + len(ids) - 1)
         if not self.config.keep_dialogue:
             self.cache.truncate(before)
         stats.ttft_s = first_token - started

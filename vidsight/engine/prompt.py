@@ -87,23 +87,21 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
         frame_index: ``(frames,)`` stream index of every sampled frame.
         time_s: ``(frames,)`` their presentation times.
         sampled_fps: The sampling rate (the model's temporal positions count seconds).
-        keep: ``(video tokens,)`` bool: the tokens motion pruning keeps (None: all).
+        keep: ``(patch tokens,)`` bool: the tokens motion pruning keeps (None: all).
     """
     spec = adapter.vision
-    if keep is not None:
-        keep = torch.cat([keep.reshape(-1), torch.ones(plan.suffix_tokens, dtype=torch.bool)])
-    kept = plan.video_tokens if keep is None else int(keep.sum())
+    kept = plan.video_tokens if keep is None else int(keep.sum()) + plan.suffix_tokens
     layout = adapter.build_prompt(question, kept)
     grid_positions = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / sampled_fps,
                                              layout.video_start)
+    # The suffix (a separator the model reads after every video) takes positions as the text
+    # after the video does, and is never pruned: it counts as text.
     video_positions = grid_positions if keep is None else grid_positions[:, keep]
     positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, video_positions)
     first_frame = torch.clamp(torch.arange(plan.grid_thw[0]) * spec.temporal_patch_size, max=len(frame_index) - 1)
-    video = patch_rows(0, plan.token_hw, frame_index[first_frame], time_s[first_frame],
-                       grid_positions[:, :plan.patch_tokens])
-    video = video if keep is None else video[keep[:plan.patch_tokens]]
-    # The suffix (a separator the model reads after every video) is never pruned: it counts as text.
-    suffix_at = layout.video_start + kept - plan.suffix_tokens
+    video = patch_rows(0, plan.token_hw, frame_index[first_frame], time_s[first_frame], grid_positions)
+    video = video if keep is None else video[keep]
+    suffix_at = layout.video_start + video_positions.shape[1]
     rows = TokenTable.concat([TokenTable.text(positions[:, :layout.video_start]), video,
                               TokenTable.text(positions[:, suffix_at:])])
     return VideoPrompt(layout.input_ids, layout.video_start, kept, positions, rows, next_position)

@@ -28,7 +28,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
 from vidsight.kv import KVCache, TokenTable
 from vidsight.vision import preprocess_video
-from vidsight.vision.motion import MotionMasker, MotionPruneConfig, group_mask
+from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
 from vidsight.models.base import VLMAdapter
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
@@ -142,6 +142,8 @@ class Watcher:
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.text_ids("Yes")[0]
         self._kv = WindowKV(adapter, refresh, config.reuse_in_place)
+        if config.prune:
+            check_prunable(adapter.vision)
         self._masker = MotionMasker() if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
         self.latest: SampledFrame | None = None     # the last frame of the last window judged
@@ -271,7 +273,8 @@ class Watcher:
         with clock.stage("prefill"):
             embeds = adapter.embed_tokens(ids[done:][None])
             at = max(video_start - done, 0)
-            embeds[0, at : at + new_embeds.shape[0]] = new_embeds
+            video_embeds = torch.cat([new_embeds, adapter.video_suffix()])
+            embeds[0, at : at + video_embeds.shape[0]] = video_embeds
             hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
             logits = adapter.logits(hidden[0, -1])
         reused = done - video_start if patches else 0

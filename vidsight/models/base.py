@@ -132,7 +132,8 @@ class VLMAdapter(Protocol):
         """``(L, hidden)`` embeddings of token ids."""
 
     def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
-        """``(3, tokens)`` rotary positions of a video span beginning at position ``start``."""
+        """``(3, tokens)`` rotary positions of a video's patch tokens, beginning at position ``start``
+        (a suffix takes the positions text after the video would)."""
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` for ``(3, L)`` positions."""

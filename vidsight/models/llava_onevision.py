@@ -75,9 +75,8 @@ class LlavaOnevisionAdapter(Qwen2DecoderAdapter, VLMAdapter):
         return rows * columns
 
     def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
-        """1-D positions, one per token (the suffix's included), on all three rows."""
-        tokens = grid_thw[0] * self._tokens_per_frame(*grid_thw[1:]) + self.vision.suffix_tokens
-        return (torch.arange(tokens) + start).expand(3, -1)
+        """1-D positions, one per patch token, on all three rows (the suffix follows as text does)."""
+        return (torch.arange(grid_thw[0] * self._tokens_per_frame(*grid_thw[1:])) + start).expand(3, -1)
 
     # -- language model ------------------------------------------------------------------------
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,11 +12,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vidsight.errors import ConfigError
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.types import CodecInfo
 from vidsight.models.base import VisionSpec
 
-__all__ = ["MotionMasker", "MotionPruneConfig", "dynamic_patches", "group_mask"]
+__all__ = ["MotionMasker", "MotionPruneConfig", "check_prunable", "dynamic_patches", "group_mask"]
+
+
+def check_prunable(spec: VisionSpec) -> None:
+    """Refuse motion pruning for an encoder that cannot skip patches.
+
+    Raises:
+        ConfigError: the encoder takes whole frames (a full-attention ViT with absolute position
+            embeddings, such as LLaVA-OneVision's SigLIP).
+    """
+    if not spec.merges_patches:
+        raise ConfigError("motion pruning drops merge groups of patches before the vision encoder; this model's "
+                          "encoder takes whole frames, so it cannot (use KV pruning instead)")
 
 
 def dynamic_patches(codec: CodecInfo, grid_hw: tuple[int, int]) -> torch.Tensor:

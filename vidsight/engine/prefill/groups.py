@@ -27,7 +27,7 @@ from vidsight.kv.prune import ATTENTION
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.vision import preprocess_video
 from vidsight.vision.dedup import RedundantPatches
-from vidsight.vision.motion import MotionMasker, group_mask
+from vidsight.vision.motion import MotionMasker, check_prunable, group_mask
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,7 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
     """Motion pruning's masks, when it is asked for and the decoders judged motion by its rule."""
     if config.motion is None:
         return None
-    if not spec.merges_patches:
-        raise ConfigError("motion pruning drops merge groups of patches before the vision encoder; this model's "
-                          "encoder takes whole frames, so it cannot (use KV pruning instead)")
+    check_prunable(spec)
     if feed.motion is None:
         log.warning("no motion vectors to prune by (FFmpeg exports them for H.264 only): every patch is encoded")
         return None
