@@ -72,7 +72,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     adapter = build_shape(shape, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     spec = adapter.vision
-    tokens_per_patch = (MODEL_SHAPES[shape].max_pixels // (spec.patch_size * spec.merge_size) ** 2)
+    tokens_per_patch = spec.max_tokens_per_patch
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch; a fifth more covers the rest.
     frames_needed = int(1.2 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)

@@ -65,6 +65,14 @@ class VisionSpec:
         encoder group by group (what motion pruning needs)."""
         return not self.whole_frames
 
+    @property
+    def max_tokens_per_patch(self) -> int:
+        """The most language-model tokens one temporal patch can become (at the largest frame size)."""
+        if self.fixed_size is not None:
+            rows, columns = self.token_hw((self.fixed_size[0] // self.patch_size, self.fixed_size[1] // self.patch_size))
+            return rows * columns
+        return self.max_pixels // self.factor ** 2
+
     def token_hw(self, grid_hw: tuple[int, int]) -> tuple[int, int]:
         """Token rows and columns of one temporal patch whose patch grid is ``grid_hw``."""
         return -(-grid_hw[0] // self.merge_size), -(-grid_hw[1] // self.merge_size)

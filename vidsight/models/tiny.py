@@ -119,18 +119,36 @@ def _tiny_qwen2_5_vl(directory: str | Path, seed: int, text: dict) -> Path:
     return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
 
 
-def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
-    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
-
+def build_llava_tokenizer():
+    """The byte-level tokenizer with LLaVA-OneVision's placeholders and chat template."""
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, "<image>", "<video>"]})
     tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    return tokenizer
+
+
+def llava_config(tokenizer, text: dict, vision: dict):
+    """A ``LlavaOnevisionConfig`` (a Qwen2 decoder and a SigLIP tower) wired to ``tokenizer``'s tokens.
+
+    Args:
+        tokenizer: From `build_llava_tokenizer`.
+        text: The language model's fields; ``vocab_size`` defaults to the tokenizer's.
+        vision: The SigLIP tower's fields.
+    """
+    from transformers import LlavaOnevisionConfig
+
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<image>", "<video>")}
-    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **TINY_LLAVA_TEXT, **text,
+    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **text,
                    "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
-    config = LlavaOnevisionConfig(text_config=text_config, vision_config={"model_type": "siglip_vision_model",
-                                                                          **TINY_SIGLIP},
-                                  image_token_index=ids["<image>"], video_token_index=ids["<video>"])
+    return LlavaOnevisionConfig(text_config=text_config, vision_config={"model_type": "siglip_vision_model", **vision},
+                                image_token_index=ids["<image>"], video_token_index=ids["<video>"])
+
+
+def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    tokenizer = build_llava_tokenizer()
+    config = llava_config(tokenizer, {**TINY_LLAVA_TEXT, **text}, TINY_SIGLIP)
     torch.manual_seed(seed)
     model = LlavaOnevisionForConditionalGeneration(config).eval()
     side = {"height": TINY_SIGLIP["image_size"], "width": TINY_SIGLIP["image_size"]}
