@@ -83,3 +83,18 @@ def test_an_unknown_sweep_axis_is_refused(tmp_path, capsys):
     code = main(["bench", "watch", "--videos", "1", "--root", str(tmp_path), "--sweeps", "colour"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown sweep axis colour" in err and "Traceback" not in err
+
+
+def test_a_whole_frame_encoder_is_benched_without_pruning(tmp_path, llava_adapter):
+    import pytest
+
+    from vidsight.bench.watch import run_watch_bench
+    from vidsight.errors import ConfigError
+
+    videos = anomaly_videos(tmp_path, count=1, gop=32)
+    report = run_watch_bench(llava_adapter, videos)
+    assert list(report["configs"]) == ["full-comp", "refresh"]
+    refresh = report["configs"]["refresh"]
+    assert refresh["mean_per_window"]["reused"] > 0 and refresh["flops_reduction"] > 1
+    with pytest.raises(ConfigError, match="whole frames"):
+        run_watch_bench(llava_adapter, videos, axes=("tau",))
