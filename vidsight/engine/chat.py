@@ -144,6 +144,9 @@ class ChatSession:
 
     def __init__(self, adapter: VLMAdapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
                  tiers: TierConfig | None = None):
+        if any(adapter.patch_text(1, 0.0)):
+            raise ConfigError(f"{adapter.name}: chat prefills a stream patch by patch, and does not yet put the text "
+                              "this family writes around each frame of a video")
         self.adapter, self.config = adapter, config
         self.policy = policy if policy is not None else FullPolicy()
         shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)

@@ -55,13 +55,18 @@ def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPla
 class VideoPrompt:
     """A prompt with one video span, ready to prefill.
 
+    The span holds each temporal patch's tokens, with the family's text around each patch when it
+    has some (`VLMAdapter.patch_text`), then the family's suffix.
+
     Attributes:
-        ids: ``(L,)`` token ids, the video span filled with the placeholder id.
-        video_start: Index of the first video token.
-        video_tokens: Video tokens in the prompt (the kept ones, under motion pruning).
+        ids: ``(L,)`` token ids, the span's video and suffix slots filled with the placeholder id.
+        video_start: Index of the span's first token.
+        video_tokens: Tokens in the span (video tokens kept under motion pruning, text, suffix).
         positions: ``(3, L)`` positions of every token; kept video tokens keep their grid's.
         rows: What every token is (`TokenTable`).
         next_position: The position the answer's first token takes.
+        patch_starts: Index of the first token of each temporal patch's part of the span.
+        suffix: ``(first, end)`` indices of the suffix's slots.
     """
 
     ids: torch.Tensor
@@ -70,10 +75,22 @@ class VideoPrompt:
     positions: torch.Tensor
     rows: TokenTable
     next_position: int
+    patch_starts: list[int]
+    suffix: tuple[int, int]
 
     @property
     def video_end(self) -> int:
         return self.video_start + self.video_tokens
+
+    def fill(self, embeds: torch.Tensor, tokens: torch.Tensor, video_embeds: torch.Tensor,
+             suffix: torch.Tensor) -> None:
+        """Put the encoder's outputs into ``embeds`` ``(1, len(tokens), hidden)``, the embedded
+        prompt tokens ``tokens``: ``video_embeds`` at their video tokens in order, and ``suffix``
+        ``(suffix tokens, hidden)`` at the suffix's slots among them."""
+        embeds[0, self.rows.kind[tokens] == VIDEO] = video_embeds
+        at_suffix = (tokens >= self.suffix[0]) & (tokens < self.suffix[1])
+        if bool(at_suffix.any()):
+            embeds[0, at_suffix] = suffix[tokens[at_suffix] - self.suffix[0]]
 
 
 def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, frame_index: torch.Tensor,
@@ -89,22 +106,64 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
         sampled_fps: The sampling rate (the model's temporal positions count seconds).
         keep: ``(patch tokens,)`` bool: the tokens motion pruning keeps (None: all).
     """
-    spec = adapter.vision
-    kept = plan.video_tokens if keep is None else int(keep.sum()) + plan.suffix_tokens
-    layout = adapter.build_prompt(question, kept)
-    grid_positions = adapter.video_positions(plan.grid_thw, spec.temporal_patch_size / sampled_fps,
-                                             layout.video_start)
+    spec, patches = adapter.vision, plan.grid_thw[0]
+    first_frame = torch.clamp(torch.arange(patches) * spec.temporal_patch_size, max=len(frame_index) - 1)
+    keep = torch.ones(plan.patch_tokens, dtype=torch.bool) if keep is None else keep.reshape(-1)
+    kept_per_patch = keep.view(patches, -1).sum(dim=1).tolist()
+    texts = [adapter.patch_text(k, float(time_s[first_frame[k]])) for k in range(patches)]
+    text_tokens = sum(len(before) + len(after) for before, after in texts)
+    span = sum(kept_per_patch) + text_tokens + plan.suffix_tokens
+    layout = adapter.build_prompt(question, span)
+    start, placeholder = layout.video_start, int(layout.input_ids[layout.video_start])
+    seconds_per_patch = spec.temporal_patch_size / sampled_fps
+    video = patch_rows(0, plan.token_hw, frame_index[first_frame], time_s[first_frame],
+                       adapter.video_positions(plan.grid_thw, seconds_per_patch, start))
+    if not text_tokens:
+        # The patches' tokens run on, at their grid's positions (Qwen's rule: temporal index from time).
+        span_positions = video.position.T[:, keep]
+        rows, span_ids = [video[keep]], [torch.full((span - plan.suffix_tokens,), placeholder)]
+        patch_starts = [start + n for n in [0, *torch.tensor(kept_per_patch).cumsum(0)[:-1].tolist()]]
+    else:
+        rows, span_ids, patch_starts, span_positions = _interleaved(adapter, plan, texts, video, keep, start,
+                                                                   placeholder, seconds_per_patch)
+    ids = layout.input_ids.clone()
+    ids[start : start + span - plan.suffix_tokens] = torch.cat(span_ids)
     # The suffix (a separator the model reads after every video) takes positions as the text
     # after the video does, and is never pruned: it counts as text.
-    video_positions = grid_positions if keep is None else grid_positions[:, keep]
-    positions, next_position = prompt_positions(len(layout.input_ids), layout.video_start, video_positions)
-    first_frame = torch.clamp(torch.arange(plan.grid_thw[0]) * spec.temporal_patch_size, max=len(frame_index) - 1)
-    video = patch_rows(0, plan.token_hw, frame_index[first_frame], time_s[first_frame], grid_positions)
-    video = video if keep is None else video[keep]
-    suffix_at = layout.video_start + video_positions.shape[1]
-    rows = TokenTable.concat([TokenTable.text(positions[:, :layout.video_start]), video,
-                              TokenTable.text(positions[:, suffix_at:])])
-    return VideoPrompt(layout.input_ids, layout.video_start, kept, positions, rows, next_position)
+    positions, next_position = prompt_positions(len(ids), start, span_positions)
+    suffix_at = start + span_positions.shape[1]
+    table = TokenTable.concat([TokenTable.text(positions[:, :start]), *rows, TokenTable.text(positions[:, suffix_at:])])
+    return VideoPrompt(ids, start, span, positions, table, next_position, patch_starts,
+                       (suffix_at, suffix_at + plan.suffix_tokens))
+
+
+def _interleaved(adapter: VLMAdapter, plan: VideoPlan, texts: list[tuple[list[int], list[int]]], video: TokenTable,
+                 keep: torch.Tensor, start: int, placeholder: int, seconds_per_patch: float):
+    """The span of a family with text around each patch, segment by segment: text tokens take the
+    next position, and each patch is a one-patch grid placed after what came before it."""
+    rows, ids, patch_starts, positions = [], [], [], []
+    per_patch, at, index = plan.tokens_per_patch, start, start
+    for k, (before, after) in enumerate(texts):
+        patch_starts.append(index)
+        if before:
+            positions.append((torch.arange(len(before)) + at).expand(3, -1))
+            rows.append(TokenTable.text(positions[-1]))
+            at += len(before)
+        chosen = keep[k * per_patch : (k + 1) * per_patch]
+        grid = adapter.video_positions((1, *plan.grid_thw[1:]), seconds_per_patch, at)[:, chosen]
+        patch = video[k * per_patch : (k + 1) * per_patch][chosen]
+        patch.position = grid.T.cpu().long()
+        positions.append(grid)
+        rows.append(patch)
+        at = int(grid.max()) + 1 if grid.numel() else at
+        if after:
+            positions.append((torch.arange(len(after)) + at).expand(3, -1))
+            rows.append(TokenTable.text(positions[-1]))
+            at += len(after)
+        ids += [torch.tensor(before, dtype=torch.long), torch.full((int(chosen.sum()),), placeholder),
+                torch.tensor(after, dtype=torch.long)]
+        index += len(before) + int(chosen.sum()) + len(after)
+    return rows, ids, patch_starts, torch.cat(positions, dim=1)
 
 
 def patch_rows(first_patch: int, merged_hw: tuple[int, int], frame_index: torch.Tensor, time_s: torch.Tensor,

@@ -19,14 +19,14 @@ import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import forward
-from vidsight.engine.prompt import build_video_prompt, plan_video
+from vidsight.engine.prompt import VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
-from vidsight.kv import KVCache, TokenTable
+from vidsight.kv import KVCache
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
 from vidsight.models.base import VLMAdapter
@@ -105,11 +105,7 @@ class _Pending:
 
     encode: EncodeRequest
     cache: KVCache
-    ids: torch.Tensor
-    positions: torch.Tensor
-    rows: TokenTable
-    video_start: int
-    n_video: int
+    prompt: VideoPrompt
     done: int              # tokens already in the cache (the prefix and the reused patches)
     refreshed: torch.Tensor  # slots of the refreshed tokens
     patches: int           # reused temporal patches
@@ -139,6 +135,9 @@ class Watcher:
                               f"{windows.window_s:g} s window at {windows.fps:g} fps with stride "
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
+        if refresh.reuses and any(adapter.patch_text(1, 0.0)):
+            raise ConfigError(f"{adapter.name}: KV reuse carries a window's patches into the next, but this family "
+                              "labels each frame in its prompt by its place in the window; use --refresh full-comp")
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.text_ids("Yes")[0]
         self._kv = WindowKV(adapter, refresh, config.reuse_in_place)
@@ -262,24 +261,22 @@ class Watcher:
         with clock.stage("preprocess"):
             pixels = preprocess_video(batch.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)
         encode = EncodeRequest(pixels.pixel_values, pixels.grid_thw, keep[patches:] if keep is not None else None)
-        return _Pending(encode, cache, ids, positions, rows, video_start, prompt.video_tokens, done, refreshed, patches,
-                        samples, [f.gop_start for f in frames], patch_tokens, plan.video_tokens)
+        return _Pending(encode, cache, prompt, done, refreshed, patches, samples, [f.gop_start for f in frames],
+                        patch_tokens, plan.video_tokens)
 
     @torch.inference_mode()
     def _finish(self, window: "_Pending", new_embeds: torch.Tensor, clock: StageClock):
         """Prefill the new tokens and the query on the window's cache; the first answer token's logits."""
-        adapter, cache, done, video_start = self.adapter, window.cache, window.done, window.video_start
-        ids, positions, rows, patches = window.ids, window.positions, window.rows, window.patches
+        adapter, cache, done, prompt = self.adapter, window.cache, window.done, window.prompt
+        video_start, patches = prompt.video_start, window.patches
         with clock.stage("prefill"):
-            embeds = adapter.embed_tokens(ids[done:][None])
-            at = max(video_start - done, 0)
-            video_embeds = torch.cat([new_embeds, adapter.video_suffix()])
-            embeds[0, at : at + video_embeds.shape[0]] = video_embeds
-            hidden = forward(adapter, cache, embeds, positions[:, done:], rows[done:])
+            embeds = adapter.embed_tokens(prompt.ids[done:][None])
+            prompt.fill(embeds, torch.arange(done, len(prompt.ids)), new_embeds, adapter.video_suffix())
+            hidden = forward(adapter, cache, embeds, prompt.positions[:, done:], prompt.rows[done:])
             logits = adapter.logits(hidden[0, -1])
         reused = done - video_start if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
-        return logits, reused, window.refreshed, window.visual_tokens, window.n_video
+        return logits, reused, window.refreshed, window.visual_tokens, prompt.video_tokens
 
 def _nearest_strides(windows, temporal_patch: int) -> str:
     """The workable stride fractions nearest the requested one, as advice for an error message."""

@@ -119,6 +119,11 @@ class VLMAdapter(Protocol):
     def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
         """The chat-templated prompt around one video span of ``video_tokens`` tokens."""
 
+    def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
+        """Token ids the family puts around temporal patch ``index`` of a video (its first frame
+        shown at ``time_s``): before its tokens and after them (InternVL's frame labels; none for
+        Qwen2.5-VL)."""
+
     def text_ids(self, text: str) -> list[int]:
         """``text`` as token ids, without special tokens."""
 

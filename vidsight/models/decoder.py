@@ -74,6 +74,10 @@ class Qwen2DecoderAdapter:
         video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
         return PromptLayout(torch.cat([ids[:start], video, ids[start + 1 :]]), start, video_tokens)
 
+    def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
+        """No text around a video's patches (the span is the patches' tokens alone)."""
+        return [], []
+
     def text_ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

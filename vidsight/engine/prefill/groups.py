@@ -87,7 +87,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
                                                     prompt.positions, prompt.rows)
 
     patches_per_group = -(-config.group_frames // spec.temporal_patch_size) if config.group_frames else plan.grid_thw[0]
-    chunks = chunk_bounds(len(ids), video_start, plan.patch_tokens, patches_per_group * plan.tokens_per_patch)
+    chunks = chunk_bounds(len(ids), prompt.patch_starts, patches_per_group)
     frames_per_group = patches_per_group * spec.temporal_patch_size
     pruner = last_pruner = None  # last_pruner: the hook of the group carrying the question
     if config.prune.active:
@@ -100,7 +100,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
             # All of the question's group reaches the question at every layer.
             last_pruner = GroupPruner(dataclasses.replace(config.prune, skip_pruned=False), queries)
     cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
-                    _capacity(chunks, video_start, video_end, config, max_new_tokens),
+                    _capacity(chunks, rows.kind == VIDEO, config, max_new_tokens),
                     adapter.dtype, adapter.device)
 
     masks = _motion_masks(feed, config, plan, spec)
@@ -120,21 +120,18 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
             # The group's tokens the language model sees: its text, and the video tokens kept.
             tokens = torch.arange(lo, hi)
             if keep is not None:
-                video_at = max(video_start, lo)
-                tokens = tokens[torch.cat([torch.ones(video_at - lo, dtype=torch.bool), keep.reshape(-1),
-                                           torch.ones(hi - video_at - keep.numel(), dtype=torch.bool)])]
+                seen = torch.ones(hi - lo, dtype=torch.bool)
+                seen[rows.kind[lo:hi] == VIDEO] = keep.reshape(-1)
+                tokens = tokens[seen]
         with clock.stage("vision"), torch.inference_mode():
             video_embeds = adapter.encode_video(video.pixel_values, video.grid_thw, keep)
         stats.encoded_visual_tokens += video_embeds.shape[0]
-        if group == len(chunks) - 1 and plan.suffix_tokens:
-            video_embeds = torch.cat([video_embeds, adapter.video_suffix()])
         _split(cores, feed)
         if not len(tokens):
             continue  # motion pruning left nothing of a group without text
         with clock.stage("prefill"), torch.inference_mode():
             embeds = adapter.embed_tokens(ids[tokens][None])
-            at = int((tokens < video_start).sum())
-            embeds[0, at : at + video_embeds.shape[0]] = video_embeds
+            prompt.fill(embeds, tokens, video_embeds, adapter.video_suffix())
             hook = last_pruner if group == len(chunks) - 1 else pruner
             hidden = forward(adapter, cache, embeds, positions[:, tokens], rows[tokens], hook)
         took = time.perf_counter() - began
@@ -143,7 +140,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
         stats.last_group_s = took
     with clock.stage("prefill"), torch.inference_mode():
         logits = adapter.logits(hidden[0, -1])
-    stats.visual_tokens, stats.prompt_tokens = prompt.video_tokens, len(ids)
+    stats.visual_tokens, stats.prompt_tokens = plan.video_tokens, len(ids)
     stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum())
     stats.groups = len(chunks)
     return Prefilled(cache, logits, prompt.next_position)
@@ -177,15 +174,15 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
     return _GroupMasks(plan, spec, config.dedup_patches)
 
 
-def chunk_bounds(prompt_len: int, video_start: int, video_tokens: int, tokens_per_chunk: int) -> list[tuple[int, int]]:
-    """Split a prompt into prefill groups at video-token boundaries.
+def chunk_bounds(prompt_len: int, patch_starts: list[int], patches_per_chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt into prefill groups of ``patches_per_chunk`` temporal patches, cut where a
+    patch's part of the video span begins (``patch_starts``).
 
     The text before the video rides with the first chunk and the text after it with the last.
     """
-    if tokens_per_chunk <= 0 or video_tokens <= tokens_per_chunk:
+    if patches_per_chunk <= 0 or len(patch_starts) <= patches_per_chunk:
         return [(0, prompt_len)]
-    cuts = list(range(video_start + tokens_per_chunk, video_start + video_tokens, tokens_per_chunk))
-    edges = [0, *cuts, prompt_len]
+    edges = [0, *patch_starts[patches_per_chunk::patches_per_chunk], prompt_len]
     return list(zip(edges[:-1], edges[1:]))
 
 
@@ -195,13 +192,13 @@ def _split(cores: CoreSplit | None, feed: FrameFeed) -> None:
         cores.update(feed.decoding)
 
 
-def _capacity(chunks, video_start: int, video_end: int, config: PrefillConfig, max_new_tokens: int) -> int:
+def _capacity(chunks, is_video: torch.Tensor, config: PrefillConfig, max_new_tokens: int) -> int:
     """Cache slots the fullest layer needs: a whole group lands before it is pruned."""
     if not config.prune.active or config.prune.start_layer > 0:
         return chunks[-1][1] + max_new_tokens
     kept, need = 0, 0
     for lo, hi in chunks:
-        video = max(0, min(hi, video_end) - max(lo, video_start))
+        video = int(is_video[lo:hi].sum())
         need = max(need, kept + hi - lo)
         kept += hi - lo - video + config.prune.kept(video)
     return max(need, kept + max_new_tokens)
