@@ -38,6 +38,12 @@ def llava_adapter(tmp_path_factory):
     return load_model(write_tiny_model(directory, seed=0, family="llava_onevision"), device="cpu")
 
 
+@pytest.fixture(scope="session")
+def internvl_adapter(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("models") / "tiny-internvl"
+    return load_model(write_tiny_model(directory, seed=0, family="internvl"), device="cpu")
+
+
 @pytest.fixture(params=["qwen2_5_vl", "llava_onevision"])
 def family_adapter(request):
     """The tiny model of each family, in turn."""

@@ -48,7 +48,11 @@ class Qwen2DecoderAdapter:
         self.num_heads = text.num_attention_heads
         self.num_kv_heads = text.num_key_value_heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        self.video_token_id = model.config.video_token_id
+        # The token the model fills with a video's encoder outputs (InternVL fills its image token).
+        self.video_token_id = getattr(model.config, "video_token_id", None) or model.config.image_token_id
+        # The chat template's mark for a video, replaced by the span (the placeholder itself, unless
+        # the family's template writes another token there).
+        self.template_video_id = self.video_token_id
         self._lm = model.model.language_model
 
     @property
@@ -67,7 +71,7 @@ class Qwen2DecoderAdapter:
             messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
         )
         ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        slots = torch.nonzero(ids == self.video_token_id).flatten()
+        slots = torch.nonzero(ids == self.template_video_id).flatten()
         if len(slots) != 1:
             raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
         start = int(slots[0])
@@ -120,3 +124,31 @@ class Qwen2DecoderAdapter:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self._lm.norm(hidden)).float()
+
+
+class WholeFrameAdapter(Qwen2DecoderAdapter):
+    """A Qwen2 decoder with 1-D rotary positions behind a tower that encodes every frame alone at
+    one square size (LLaVA-OneVision, InternVL): subclasses add `encode_video` and their suffix."""
+
+    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """Several videos in one call: every frame is encoded alone, so one batch of all frames is exact."""
+        frames = torch.cat([p for p, _ in videos])
+        tokens = [t * self._tokens_per_frame(h, w) for _, (t, h, w) in videos]
+        return list(self.encode_video(frames, (len(frames), *videos[0][1][1:])).split(tokens))
+
+    def video_suffix(self) -> torch.Tensor:
+        """No suffix after the last frame."""
+        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+
+    def _tokens_per_frame(self, h: int, w: int) -> int:
+        rows, columns = self.vision.token_hw((h, w))
+        return rows * columns
+
+    def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
+        """1-D positions, one per patch token, on all three rows (a suffix follows as text does)."""
+        return (torch.arange(grid_thw[0] * self._tokens_per_frame(*grid_thw[1:])) + start).expand(3, -1)
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first row of ``(3, L)`` positions to ``cos, sin`` of shape ``(1, L, head_dim)``."""
+        probe = self._lm.embed_tokens.weight[:1]
+        return self._lm.rotary_emb(probe, positions[0].to(self.device)[None])

@@ -13,7 +13,7 @@ import torch
 
 from vidsight.errors import ModelError
 from vidsight.models.base import VisionSpec, VLMAdapter
-from vidsight.models.decoder import Qwen2DecoderAdapter
+from vidsight.models.decoder import WholeFrameAdapter
 
 # The released checkpoints' normalisation (SigLIP's), used when a checkpoint's files are silent.
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
@@ -22,7 +22,7 @@ SIGLIP_STD = (0.5, 0.5, 0.5)
 POOL = 2
 
 
-class LlavaOnevisionAdapter(Qwen2DecoderAdapter, VLMAdapter):
+class LlavaOnevisionAdapter(WholeFrameAdapter, VLMAdapter):
     """Engine primitives for a loaded ``LlavaOnevisionForConditionalGeneration`` (arguments as
     `Qwen2DecoderAdapter`'s)."""
 
@@ -61,25 +61,5 @@ class LlavaOnevisionAdapter(Qwen2DecoderAdapter, VLMAdapter):
         features = self.model.model.get_video_features(pixels).pooler_output
         return features[0, : -self.vision.suffix_tokens].to(self.dtype)  # the newline is `video_suffix`
 
-    def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
-        """Several videos in one call: every frame is encoded alone, so one batch of all frames is exact."""
-        frames = torch.cat([p for p, _ in videos])
-        tokens = [t * self._tokens_per_frame(h, w) for _, (t, h, w) in videos]
-        return list(self.encode_video(frames, (len(frames), *videos[0][1][1:])).split(tokens))
-
     def video_suffix(self) -> torch.Tensor:
         return self.model.model.image_newline[None].to(self.dtype)
-
-    def _tokens_per_frame(self, h: int, w: int) -> int:
-        rows, columns = self.vision.token_hw((h, w))
-        return rows * columns
-
-    def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
-        """1-D positions, one per patch token, on all three rows (the suffix follows as text does)."""
-        return (torch.arange(grid_thw[0] * self._tokens_per_frame(*grid_thw[1:])) + start).expand(3, -1)
-
-    # -- language model ------------------------------------------------------------------------
-    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first row of ``(3, L)`` positions to ``cos, sin`` of shape ``(1, L, head_dim)``."""
-        probe = self._lm.embed_tokens.weight[:1]
-        return self._lm.rotary_emb(probe, positions[0].to(self.device)[None])

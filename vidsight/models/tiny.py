@@ -58,6 +58,12 @@ LLAVA_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# InternVL3's chat format as its -hf checkpoints write it (Qwen2's turns; ``<video>`` before the text).
+INTERNVL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
+INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
+# A 6x6 patch grid folds to 3x3 tokens.
+TINY_INTERNVIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      image_size=[84, 84], patch_size=[14, 14])
 TINY_LLAVA_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
@@ -157,8 +163,46 @@ def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
                  {"video_processor_type": "LlavaOnevisionVideoProcessor", **normalise})
 
 
+def build_internvl_tokenizer():
+    """The byte-level tokenizer with InternVL's image and video tokens and chat template."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, *INTERNVL_TOKENS]})
+    tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
+    return tokenizer
+
+
+def internvl_config(tokenizer, text: dict, vision: dict):
+    """An ``InternVLConfig`` (a Qwen2 decoder and an InternViT tower) wired to ``tokenizer``'s tokens.
+
+    Args:
+        tokenizer: From `build_internvl_tokenizer`.
+        text: The language model's fields; ``vocab_size`` defaults to the tokenizer's.
+        vision: The InternViT tower's fields.
+    """
+    from transformers import InternVLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<IMG_CONTEXT>")}
+    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **text,
+                   "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
+    return InternVLConfig(text_config=text_config, vision_config=vision, image_token_id=ids["<IMG_CONTEXT>"],
+                          downsample_ratio=0.5, tie_word_embeddings=text.get("tie_word_embeddings", False))
+
+
+def _tiny_internvl(directory: str | Path, seed: int, text: dict) -> Path:
+    from transformers import InternVLForConditionalGeneration
+
+    tokenizer = build_internvl_tokenizer()
+    config = internvl_config(tokenizer, {**TINY_LLAVA_TEXT, **text}, TINY_INTERNVIT)
+    torch.manual_seed(seed)
+    model = InternVLForConditionalGeneration(config).eval()
+    side = {"height": TINY_INTERNVIT["image_size"][0], "width": TINY_INTERNVIT["image_size"][1]}
+    normalise = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "size": side}
+    return _save(directory, model, tokenizer, {"image_processor_type": "GotOcr2ImageProcessor", **normalise},
+                 {"video_processor_type": "InternVLVideoProcessor", **normalise})
+
+
 # The families `write_tiny_model` builds, by model type.
-TINY_FAMILIES = {"qwen2_5_vl": _tiny_qwen2_5_vl, "llava_onevision": _tiny_llava_onevision}
+TINY_FAMILIES = {"qwen2_5_vl": _tiny_qwen2_5_vl, "llava_onevision": _tiny_llava_onevision, "internvl": _tiny_internvl}
 
 
 def qwen_config(tokenizer, text: dict, vision: dict, pad_token: str | None = None):

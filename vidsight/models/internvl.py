@@ -1,0 +1,75 @@
+"""InternVL3 over the transformers classes and weights (the ``-hf`` conversions).
+
+Its video path (InternVL's published recipe, as transformers' processor writes it): every frame is
+resized to the InternViT tower's square input (448x448), encoded alone, its patch grid folded 2x2
+into channels (pixel shuffle: 32x32 patches to 16x16 = 256 tokens) and projected. The prompt
+labels each frame: ``Frame{k}: <img>`` + its tokens + ``</img>``, frames joined by newlines. The
+language model is Qwen2's with 1-D rotary positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vidsight.errors import ModelError
+from vidsight.models.base import VisionSpec, VLMAdapter
+from vidsight.models.decoder import WholeFrameAdapter
+
+# The released checkpoints' normalisation (ImageNet's), used when a checkpoint's files are silent.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+START_IMAGE, END_IMAGE, VIDEO = "<img>", "</img>", "<video>"
+
+
+class InternVLAdapter(WholeFrameAdapter, VLMAdapter):
+    """Engine primitives for a loaded ``InternVLForConditionalGeneration`` (arguments as
+    `Qwen2DecoderAdapter`'s). The chat template's ``<video>`` marks where the frames go; each
+    frame's tokens are the image placeholder (``<IMG_CONTEXT>``) the model fills."""
+
+    family = "internvl"
+
+    def __init__(self, name, model, tokenizer, chat_template: str, vision: VisionSpec, eos_token_ids):
+        super().__init__(name, model, tokenizer, chat_template, vision, eos_token_ids)
+        ids = tokenizer.convert_tokens_to_ids([START_IMAGE, END_IMAGE, VIDEO])
+        if tokenizer.unk_token_id in ids or None in ids:
+            raise ModelError(f"{name}: the tokenizer lacks InternVL's {START_IMAGE}, {END_IMAGE} or {VIDEO} token")
+        self._start_image, self._end_image, self.template_video_id = ids
+
+    @classmethod
+    def vision_spec(cls, config, image_processor: dict, video_processor: dict) -> VisionSpec:
+        """Frames resized to the tower's square input, one frame per temporal patch, folded 2x2."""
+        vision = config.vision_config
+        side, patch = tuple(vision.image_size), tuple(vision.patch_size)
+        fold = round(1 / config.downsample_ratio)
+        if side[0] != side[1] or patch[0] != patch[1] or fold * config.downsample_ratio != 1:
+            raise ModelError(f"InternVL with image size {side}, patch {patch} and downsample ratio "
+                             f"{config.downsample_ratio} is not supported (square frames, a whole fold)")
+        processor = {**image_processor, **video_processor}
+        return VisionSpec(patch_size=patch[0], temporal_patch_size=1, merge_size=fold,
+                          image_mean=tuple(processor.get("image_mean", IMAGENET_MEAN)),
+                          image_std=tuple(processor.get("image_std", IMAGENET_STD)),
+                          min_pixels=side[0] * side[1], max_pixels=side[0] * side[1], total_pixels=side[0] * side[1],
+                          tokens_per_second=0.0, fixed_size=side, whole_frames=True)
+
+    def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
+        """``Frame{index + 1}: <img>`` before the frame's tokens (after a newline from the second on), ``</img>`` after."""
+        label = self.text_ids(f"{chr(10) if index else ''}Frame{index + 1}: ")
+        return [*label, self._start_image], [self._end_image]
+
+    # -- vision --------------------------------------------------------------------------------
+    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
+        """InternViT, pixel shuffle and projector: ``(T, 3, h, w)`` frames to ``(T * tokens, hidden)``.
+
+        Args:
+            pixel_values: The video's normalised frames (`preprocess_video`).
+            grid_thw: Frames and patch rows/columns.
+            keep: Must be None or all true: the tower attends across the whole frame with absolute
+                position embeddings, so patches cannot be dropped before it.
+        """
+        if keep is not None and not bool(keep.all()):
+            raise ModelError(f"{self.name}: InternVL's encoder takes whole frames; it cannot skip patches")
+        tower = self.model.model.vision_tower
+        pixels = pixel_values.to(device=self.device, dtype=tower.dtype)
+        features = self.model.model.get_image_features(pixel_values=pixels).pooler_output
+        return features.reshape(-1, features.shape[-1]).to(self.dtype)
