@@ -1,7 +1,8 @@
 """Random-weight models of real sizes, for speed and memory benchmarks without downloads.
 
 The 3B and 7B shapes are the published ``config.json`` values of Qwen2.5-VL-3B/7B-Instruct, and
-``llava-onevision-7b`` those of LLaVA-OneVision-Qwen2-7B (llava-hf's ``-ov-hf`` conversion),
+``llava-onevision-7b``/``-0.5b`` those of LLaVA-OneVision-Qwen2-7B/0.5B (llava-hf's ``-ov-hf``
+conversions) and ``internvl3-8b`` those of InternVL3-8B (OpenGVLab's ``-hf`` conversion),
 vocabulary sizes included; text goes through vidsight's byte-level tokenizer, whose chat tokens
 have their own (small) ids. ``small`` pairs the Qwen2.5-0.5B language model with a
 shallower vision tower and frames of 56x56 to 224x224 pixels, so a 5-minute video runs on a 2-core CPU in minutes.
@@ -17,18 +18,20 @@ import torch
 from vidsight.errors import ConfigError
 from vidsight.models.base import VLMAdapter
 from vidsight.models.loading import ADAPTERS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
-from vidsight.models.tiny import (CHAT_TEMPLATE, LLAVA_CHAT_TEMPLATE, build_llava_tokenizer, build_tiny_tokenizer,
-                                  llava_config, qwen_config)
+from vidsight.models.tiny import (CHAT_TEMPLATE, INTERNVL_CHAT_TEMPLATE, LLAVA_CHAT_TEMPLATE, build_internvl_tokenizer,
+                                  build_llava_tokenizer, build_tiny_tokenizer, internvl_config, llava_config,
+                                  qwen_config)
 
 _VISION_3B_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                      spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                      fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)
 
 
+# The Qwen2 decoders of LLaVA-OneVision and InternVL3 (1-D rope).
 # LLaVA-OneVision's tower: SigLIP-so400m at 384x384 without its last layer and head.
 _SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
                       image_size=384, patch_size=14, vision_use_head=False)
-_LLAVA_TEXT = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
+_QWEN2_TEXT = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 
 
@@ -63,14 +66,20 @@ MODEL_SHAPES = {
         min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
     "llava-onevision-7b": Shape(
         family="llava_onevision",
-        text=dict(_LLAVA_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        text=dict(_QWEN2_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                   num_key_value_heads=4, vocab_size=152128, tie_word_embeddings=False),
         vision=_SIGLIP_SO400M),
     "llava-onevision-0.5b": Shape(
         family="llava_onevision",
-        text=dict(_LLAVA_TEXT, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        text=dict(_QWEN2_TEXT, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
         vision=_SIGLIP_SO400M),
+    "internvl3-8b": Shape(
+        family="internvl",
+        text=dict(_QWEN2_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=151674, tie_word_embeddings=False),
+        vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                    image_size=[448, 448], patch_size=[14, 14], attention_bias=True, layer_scale_init_value=0.1)),
 }
 _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
@@ -81,6 +90,7 @@ _FAMILIES = {
     "qwen2_5_vl": (build_tiny_tokenizer, lambda tokenizer, text, vision: qwen_config(
         tokenizer, {**_TEXT_COMMON, **text}, vision), CHAT_TEMPLATE),
     "llava_onevision": (build_llava_tokenizer, llava_config, LLAVA_CHAT_TEMPLATE),
+    "internvl": (build_internvl_tokenizer, internvl_config, INTERNVL_CHAT_TEMPLATE),
 }
 
 
