@@ -8,7 +8,6 @@ import torch
 from PIL import Image
 
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
-from vidsight.engine.chat import ChatSession
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest import FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
@@ -130,8 +129,6 @@ def test_a_full_comp_watch_judges_each_window_as_ask_does(internvl_adapter, make
         assert verdict.answer == alone.answer
 
 
-def test_internvl_frame_labels_refuse_kv_reuse_and_chat(internvl_adapter):
+def test_internvl_frame_labels_refuse_kv_reuse(internvl_adapter):
     with pytest.raises(ConfigError, match="labels each frame"):
         Watcher(internvl_adapter, "Is it red?", WatchConfig(WINDOWS, refresh="anchors"))
-    with pytest.raises(ConfigError, match="around each frame"):
-        ChatSession(internvl_adapter)

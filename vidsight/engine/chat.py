@@ -21,10 +21,10 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
 from vidsight.engine.generate import TextStream, generate
-from vidsight.engine.prompt import patch_rows
+from vidsight.engine.prompt import interleave, patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
-from vidsight.kv import KVCache, TokenTable
+from vidsight.kv import VIDEO, KVCache, TokenTable
 from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
 from vidsight.kv.tiers import TierConfig, TieredKVCache
 from vidsight.models.base import VLMAdapter
@@ -144,9 +144,6 @@ class ChatSession:
 
     def __init__(self, adapter: VLMAdapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
                  tiers: TierConfig | None = None):
-        if any(adapter.patch_text(1, 0.0)):
-            raise ConfigError(f"{adapter.name}: chat prefills a stream patch by patch, and does not yet put the text "
-                              "this family writes around each frame of a video")
         self.adapter, self.config = adapter, config
         self.policy = policy if policy is not None else FullPolicy()
         shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)
@@ -208,20 +205,32 @@ class ChatSession:
             embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
             patches, gh, gw = video.grid_thw
             count = embeds.shape[1]
-            # The positions of the whole span so far, as `ask` computes them; these patches' are the last.
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
-            positions = adapter.video_positions((self._patches - self._span_first_patch + patches, gh, gw),
-                                                seconds_per_patch, self._span_start)[:, -count:]
             firsts = frames[:: spec.temporal_patch_size]
-            rows = patch_rows(self._patches, spec.token_hw((gh, gw)),
-                              torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts]),
-                              positions)
-            self.cache.reserve(count)
+            in_span = self._patches - self._span_first_patch  # the patches' places in the video span
+            texts = [adapter.patch_text(in_span + k, f.pts_s) for k, f in enumerate(firsts)]
+            frame_index, time_s = torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts])
+            if any(before or after for before, after in texts):
+                video_rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s,
+                                        torch.zeros((3, count), dtype=torch.long))
+                table, ids, _, positions = interleave(adapter, (gh, gw), texts, video_rows,
+                                                      torch.ones(count, dtype=torch.bool), self._next_position, 0,
+                                                      seconds_per_patch)
+                rows = TokenTable.concat(table)
+                inputs = adapter.embed_tokens(torch.cat(ids)[None])
+                inputs[0, rows.kind == VIDEO] = embeds[0]
+            else:
+                # The positions of the whole span so far, as `ask` computes them; these patches' are the last.
+                positions = adapter.video_positions((in_span + patches, gh, gw), seconds_per_patch,
+                                                    self._span_start)[:, -count:]
+                rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s, positions)
+                inputs = embeds
+            self.cache.reserve(inputs.shape[1])
             cached = self.cache.length
             per_patch = count // patches
             step = Step("frame", patches=[(f.frame_index, embeds[0, k * per_patch : (k + 1) * per_patch])
                                           for k, f in enumerate(firsts)])
-            forward(adapter, self.cache, embeds, positions, rows, policy=self.policy, step=step)
+            forward(adapter, self.cache, inputs, positions, rows, policy=self.policy, step=step)
         self._patches += patches
         self._next_position = int(positions.max()) + 1
         self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers, patches))

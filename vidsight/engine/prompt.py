@@ -124,8 +124,9 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
         rows, span_ids = [video[keep]], [torch.full((span - plan.suffix_tokens,), placeholder)]
         patch_starts = [start + n for n in [0, *torch.tensor(kept_per_patch).cumsum(0)[:-1].tolist()]]
     else:
-        rows, span_ids, patch_starts, span_positions = _interleaved(adapter, plan, texts, video, keep, start,
-                                                                   placeholder, seconds_per_patch)
+        rows, span_ids, lengths, span_positions = interleave(adapter, plan.grid_thw[1:], texts, video, keep, start,
+                                                             placeholder, seconds_per_patch)
+        patch_starts = [start + n for n in [0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()]]
     ids = layout.input_ids.clone()
     ids[start : start + span - plan.suffix_tokens] = torch.cat(span_ids)
     # The suffix (a separator the model reads after every video) takes positions as the text
@@ -137,20 +138,35 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
                        (suffix_at, suffix_at + plan.suffix_tokens))
 
 
-def _interleaved(adapter: VLMAdapter, plan: VideoPlan, texts: list[tuple[list[int], list[int]]], video: TokenTable,
-                 keep: torch.Tensor, start: int, placeholder: int, seconds_per_patch: float):
-    """The span of a family with text around each patch, segment by segment: text tokens take the
-    next position, and each patch is a one-patch grid placed after what came before it."""
-    rows, ids, patch_starts, positions = [], [], [], []
-    per_patch, at, index = plan.tokens_per_patch, start, start
+def interleave(adapter: VLMAdapter, grid_hw: tuple[int, int], texts: list[tuple[list[int], list[int]]],
+               video: TokenTable, keep: torch.Tensor, start: int, placeholder: int, seconds_per_patch: float):
+    """Consecutive temporal patches with the family's text around each, segment by segment: text
+    tokens take the next position, and each patch is a one-patch grid placed after what came
+    before it (the video span of a family with `VLMAdapter.patch_text`, or a chat step of one).
+
+    Args:
+        adapter: The model.
+        grid_hw: Patch rows and columns of one temporal patch.
+        texts: Each patch's ``(before, after)`` token ids.
+        video: The patches' video rows, patch after patch (their positions are replaced).
+        keep: ``(video rows,)`` bool: the tokens kept.
+        start: The position of the first token.
+        placeholder: The id video tokens carry.
+        seconds_per_patch: Seconds one temporal patch covers.
+
+    Returns:
+        ``(rows, ids, lengths, positions)``: token-table rows and ids of the segments (lists to
+        concatenate), each patch's segment length, and ``(3, n)`` positions.
+    """
+    rows, ids, lengths, positions = [], [], [], []
+    per_patch, at = len(video) // len(texts), start
     for k, (before, after) in enumerate(texts):
-        patch_starts.append(index)
         if before:
             positions.append((torch.arange(len(before)) + at).expand(3, -1))
             rows.append(TokenTable.text(positions[-1]))
             at += len(before)
         chosen = keep[k * per_patch : (k + 1) * per_patch]
-        grid = adapter.video_positions((1, *plan.grid_thw[1:]), seconds_per_patch, at)[:, chosen]
+        grid = adapter.video_positions((1, *grid_hw), seconds_per_patch, at)[:, chosen]
         patch = video[k * per_patch : (k + 1) * per_patch][chosen]
         patch.position = grid.T.cpu().long()
         positions.append(grid)
@@ -162,8 +178,8 @@ def _interleaved(adapter: VLMAdapter, plan: VideoPlan, texts: list[tuple[list[in
             at += len(after)
         ids += [torch.tensor(before, dtype=torch.long), torch.full((int(chosen.sum()),), placeholder),
                 torch.tensor(after, dtype=torch.long)]
-        index += len(before) + int(chosen.sum()) + len(after)
-    return rows, ids, patch_starts, torch.cat(positions, dim=1)
+        lengths.append(len(before) + int(chosen.sum()) + len(after))
+    return rows, ids, lengths, torch.cat(positions, dim=1)
 
 
 def patch_rows(first_patch: int, merged_hw: tuple[int, int], frame_index: torch.Tensor, time_s: torch.Tensor,
