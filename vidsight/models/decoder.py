@@ -128,7 +128,26 @@ class Qwen2DecoderAdapter:
 
 class WholeFrameAdapter(Qwen2DecoderAdapter):
     """A Qwen2 decoder with 1-D rotary positions behind a tower that encodes every frame alone at
-    one square size (LLaVA-OneVision, InternVL): subclasses add `encode_video` and their suffix."""
+    one square size (LLaVA-OneVision, InternVL): subclasses add `_encode_frames` and their suffix."""
+
+    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The tower, its folding and projector: ``(T, 3, h, w)`` frames to ``(T * tokens, hidden)``.
+
+        Args:
+            pixel_values: The video's normalised frames (`preprocess_video`).
+            grid_thw: Frames and patch rows/columns.
+            keep: Must be None or all true: the tower attends across the whole frame with absolute
+                position embeddings, so patches cannot be dropped before it.
+        """
+        if keep is not None and not bool(keep.all()):
+            raise ModelError(f"{self.name}: the {self.family} encoder takes whole frames; it cannot skip patches")
+        tower = self.model.model.vision_tower
+        return self._encode_frames(pixel_values.to(device=self.device, dtype=tower.dtype)).to(self.dtype)
+
+    def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(T, 3, h, w)`` frames in the tower's dtype to ``(T * tokens, hidden)``."""
+        raise NotImplementedError
 
     def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
         """Several videos in one call: every frame is encoded alone, so one batch of all frames is exact."""

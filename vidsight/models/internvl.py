@@ -57,19 +57,7 @@ class InternVLAdapter(WholeFrameAdapter, VLMAdapter):
         return [*label, self._start_image], [self._end_image]
 
     # -- vision --------------------------------------------------------------------------------
-    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
-                     keep: torch.Tensor | None = None) -> torch.Tensor:
-        """InternViT, pixel shuffle and projector: ``(T, 3, h, w)`` frames to ``(T * tokens, hidden)``.
-
-        Args:
-            pixel_values: The video's normalised frames (`preprocess_video`).
-            grid_thw: Frames and patch rows/columns.
-            keep: Must be None or all true: the tower attends across the whole frame with absolute
-                position embeddings, so patches cannot be dropped before it.
-        """
-        if keep is not None and not bool(keep.all()):
-            raise ModelError(f"{self.name}: InternVL's encoder takes whole frames; it cannot skip patches")
-        tower = self.model.model.vision_tower
-        pixels = pixel_values.to(device=self.device, dtype=tower.dtype)
+    def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        """InternViT, pixel shuffle and projector."""
         features = self.model.model.get_image_features(pixel_values=pixels).pooler_output
-        return features.reshape(-1, features.shape[-1]).to(self.dtype)
+        return features.reshape(-1, features.shape[-1])

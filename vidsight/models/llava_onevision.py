@@ -44,22 +44,10 @@ class LlavaOnevisionAdapter(WholeFrameAdapter, VLMAdapter):
                           tokens_per_second=0.0, fixed_size=(side, side), suffix_tokens=1, whole_frames=True)
 
     # -- vision --------------------------------------------------------------------------------
-    def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
-                     keep: torch.Tensor | None = None) -> torch.Tensor:
-        """SigLIP, projector and pooling: ``(T, 3, h, w)`` frames to ``(T * tokens, hidden)``.
-
-        Args:
-            pixel_values: The video's normalised frames (`preprocess_video`).
-            grid_thw: Frames and patch rows/columns.
-            keep: Must be None or all true: the tower attends across the whole frame with absolute
-                position embeddings, so patches cannot be dropped before it.
-        """
-        if keep is not None and not bool(keep.all()):
-            raise ModelError(f"{self.name}: LLaVA-OneVision's encoder takes whole frames; it cannot skip patches")
-        tower = self.model.model.vision_tower
-        pixels = pixel_values.to(device=self.device, dtype=tower.dtype)[None]
-        features = self.model.model.get_video_features(pixels).pooler_output
-        return features[0, : -self.vision.suffix_tokens].to(self.dtype)  # the newline is `video_suffix`
+    def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        """SigLIP, projector and pooling; the newline the model appends is `video_suffix`."""
+        features = self.model.model.get_video_features(pixels[None]).pooler_output
+        return features[0, : -self.vision.suffix_tokens]
 
     def video_suffix(self) -> torch.Tensor:
         return self.model.model.image_newline[None].to(self.dtype)

@@ -125,12 +125,24 @@ def _tiny_qwen2_5_vl(directory: str | Path, seed: int, text: dict) -> Path:
     return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
 
 
+def _tokenizer_with(tokens: list[str], chat_template: str):
+    """The byte-level tokenizer with a family's extra special tokens and its chat template."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, *tokens]})
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def _qwen2_text(tokenizer, text: dict) -> dict:
+    """A Qwen2 decoder's config fields wired to ``tokenizer``'s vocabulary and chat tokens."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    return {"model_type": "qwen2", "vocab_size": len(tokenizer), **text, "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"]}
+
+
 def build_llava_tokenizer():
     """The byte-level tokenizer with LLaVA-OneVision's placeholders and chat template."""
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, "<image>", "<video>"]})
-    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
-    return tokenizer
+    return _tokenizer_with(["<image>", "<video>"], LLAVA_CHAT_TEMPLATE)
 
 
 def llava_config(tokenizer, text: dict, vision: dict):
@@ -143,11 +155,10 @@ def llava_config(tokenizer, text: dict, vision: dict):
     """
     from transformers import LlavaOnevisionConfig
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<image>", "<video>")}
-    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **text,
-                   "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
-    return LlavaOnevisionConfig(text_config=text_config, vision_config={"model_type": "siglip_vision_model", **vision},
-                                image_token_index=ids["<image>"], video_token_index=ids["<video>"])
+    return LlavaOnevisionConfig(text_config=_qwen2_text(tokenizer, text),
+                                vision_config={"model_type": "siglip_vision_model", **vision},
+                                image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                                video_token_index=tokenizer.convert_tokens_to_ids("<video>"))
 
 
 def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
@@ -165,10 +176,7 @@ def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
 
 def build_internvl_tokenizer():
     """The byte-level tokenizer with InternVL's image and video tokens and chat template."""
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, *INTERNVL_TOKENS]})
-    tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
-    return tokenizer
+    return _tokenizer_with(INTERNVL_TOKENS, INTERNVL_CHAT_TEMPLATE)
 
 
 def internvl_config(tokenizer, text: dict, vision: dict):
@@ -181,11 +189,9 @@ def internvl_config(tokenizer, text: dict, vision: dict):
     """
     from transformers import InternVLConfig
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<IMG_CONTEXT>")}
-    text_config = {"model_type": "qwen2", "vocab_size": len(tokenizer), **text,
-                   "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
-    return InternVLConfig(text_config=text_config, vision_config=vision, image_token_id=ids["<IMG_CONTEXT>"],
-                          downsample_ratio=0.5, tie_word_embeddings=text.get("tie_word_embeddings", False))
+    return InternVLConfig(text_config=_qwen2_text(tokenizer, text), vision_config=vision,
+                          image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"), downsample_ratio=0.5,
+                          tie_word_embeddings=text.get("tie_word_embeddings", False))
 
 
 def _tiny_internvl(directory: str | Path, seed: int, text: dict) -> Path:
