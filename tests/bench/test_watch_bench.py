@@ -85,7 +85,7 @@ def test_an_unknown_sweep_axis_is_refused(tmp_path, capsys):
     assert code == 2 and "unknown sweep axis colour" in err and "Traceback" not in err
 
 
-def test_a_whole_frame_encoder_is_benched_without_pruning(tmp_path, llava_adapter):
+def test_configurations_a_family_refuses_are_left_out_with_the_reason(tmp_path, llava_adapter):
     import pytest
 
     from vidsight.bench.watch import run_watch_bench
@@ -96,5 +96,6 @@ def test_a_whole_frame_encoder_is_benched_without_pruning(tmp_path, llava_adapte
     assert list(report["configs"]) == ["full-comp", "refresh"]
     refresh = report["configs"]["refresh"]
     assert refresh["mean_per_window"]["reused"] > 0 and refresh["flops_reduction"] > 1
-    with pytest.raises(ConfigError, match="whole frames"):
+    assert set(report["refused"]) == {"pruning", "pruning+refresh"}
+    with pytest.raises(ConfigError, match="refuses: motion pruning"):
         run_watch_bench(llava_adapter, videos, axes=("tau",))

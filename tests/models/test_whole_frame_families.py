@@ -106,12 +106,12 @@ def test_one_dimensional_re_rotation_equals_rotation_at_the_new_position(family)
     torch.testing.assert_close(moved, apply_rotary(raw, family.rotary(new)), rtol=1e-5, atol=1e-5)
 
 
-def test_motion_pruning_is_refused_with_a_whole_frame_encoder(family, make_test_video):
+def test_motion_pruning_is_refused_where_tokens_pool_across_patch_groups(llava_adapter, make_test_video):
     path, _ = make_test_video(**CASES[0][1])
-    with pytest.raises(ConfigError, match="whole frames"):
-        Asker(family).ask(path, QUESTION, prefill=PrefillConfig(motion=MotionPruneConfig()))
-    with pytest.raises(ConfigError, match="whole frames"):
-        Watcher(family, "Is it red?", WatchConfig(WINDOWS, prune=MotionPruneConfig()))
+    with pytest.raises(ConfigError, match="pools patches across groups"):
+        Asker(llava_adapter).ask(path, QUESTION, prefill=PrefillConfig(motion=MotionPruneConfig()))
+    with pytest.raises(ConfigError, match="pools patches across groups"):
+        Watcher(llava_adapter, "Is it red?", WatchConfig(WINDOWS, prune=MotionPruneConfig()))
 
 
 def test_a_full_comp_watch_judges_each_window_as_ask_does(internvl_adapter, make_test_video):
@@ -132,3 +132,30 @@ def test_a_full_comp_watch_judges_each_window_as_ask_does(internvl_adapter, make
 def test_internvl_frame_labels_refuse_kv_reuse(internvl_adapter):
     with pytest.raises(ConfigError, match="labels each frame"):
         Watcher(internvl_adapter, "Is it red?", WatchConfig(WINDOWS, refresh="anchors"))
+
+
+def test_internvl_skips_merge_groups_inside_its_tower(internvl_adapter):
+    """Every group kept through the skipping path is the full encoding; a frame missing a group
+    yields its other tokens only, and the frames left whole are untouched."""
+    torch.manual_seed(0)
+    video = preprocess_video(torch.randint(0, 256, (3, 90, 160, 3), dtype=torch.uint8), internvl_adapter.vision)
+    tokens_hw = internvl_adapter.vision.token_hw(video.grid_thw[1:])
+    with torch.inference_mode():
+        full = internvl_adapter.encode_video(video.pixel_values, video.grid_thw)
+        every = internvl_adapter._encode_kept(video.pixel_values, torch.ones(3, *tokens_hw, dtype=torch.bool))
+        keep = torch.ones(3, *tokens_hw, dtype=torch.bool)
+        keep[1, 0, 0] = False
+        part = internvl_adapter.encode_video(video.pixel_values, video.grid_thw, keep)
+    torch.testing.assert_close(every, full, rtol=1e-5, atol=1e-5)
+    per_frame = tokens_hw[0] * tokens_hw[1]
+    assert part.shape[0] == full.shape[0] - 1
+    torch.testing.assert_close(part[:per_frame], full[:per_frame])           # frame 0 whole
+    torch.testing.assert_close(part[-per_frame:], full[-per_frame:])         # frame 2 whole
+    assert not torch.equal(part[per_frame : 2 * per_frame - 1], full[per_frame + 1 : 2 * per_frame])
+
+
+def test_internvl_motion_pruning_encodes_fewer_tokens_on_a_static_camera(internvl_adapter, make_test_video):
+    path, _ = make_test_video(width=320, height=240, duration_s=6.0, fps=8, gop=48, bframes=False)
+    pruned = Asker(internvl_adapter).ask(path, QUESTION, prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()),
+                                         generation=GenerationConfig(max_new_tokens=2))
+    assert 0 < pruned.stats.encoded_visual_tokens < pruned.stats.visual_tokens

@@ -52,15 +52,25 @@ FLOP_VIDEOS = 3
 # A verdict reads the first answer token's logits: nothing is generated.
 
 
-def configurations(tau: float = 0.25, windows: WindowConfig = SUITE_WINDOWS,
-                   prunable: bool = True) -> dict[str, WatchConfig]:
-    """Full-Comp, pruning, refresh and both; without pruning for an encoder that takes whole frames."""
+def configurations(tau: float = 0.25, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, WatchConfig]:
     prune = MotionPruneConfig(tau=tau)
-    configs = {"full-comp": WatchConfig(windows),
-               "pruning": WatchConfig(windows, prune=prune),
-               "refresh": WatchConfig(windows, refresh="anchors"),
-               "pruning+refresh": WatchConfig(windows, refresh="anchors", prune=prune)}
-    return configs if prunable else {name: c for name, c in configs.items() if c.prune is None}
+    return {"full-comp": WatchConfig(windows),
+            "pruning": WatchConfig(windows, prune=prune),
+            "refresh": WatchConfig(windows, refresh="anchors"),
+            "pruning+refresh": WatchConfig(windows, refresh="anchors", prune=prune)}
+
+
+def supported(adapter: VLMAdapter, configs: dict[str, WatchConfig]) -> tuple[dict[str, WatchConfig], dict[str, str]]:
+    """The configurations a watch with ``adapter`` accepts, and why it refuses the others."""
+    accepted, refused = {}, {}
+    for name, config in configs.items():
+        try:
+            Watcher(adapter, "?", config)
+        except ConfigError as exc:
+            refused[name] = str(exc)
+        else:
+            accepted[name] = config
+    return accepted, refused
 
 
 def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP) -> list[dict]:
@@ -200,20 +210,21 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
     """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
     the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
-    optionally the motion rules on noisy static-camera scenes (`bench.motion`). A model whose encoder
-    takes whole frames (no motion pruning) runs Full-Comp and refresh only.
+    optionally the motion rules on noisy static-camera scenes (`bench.motion`). Configurations the
+    model's family refuses (motion pruning where tokens pool across patch groups, KV reuse where
+    frames are labelled by their place in the window) are left out, with the reason under ``refused``.
 
     Raises:
-        ConfigError: sweeps or static scenes asked of a model that cannot prune.
+        ConfigError: sweeps or static scenes asked of a model that refuses pruning+refresh.
     """
-    prunable = adapter.vision.merges_patches
-    if not prunable and (axes or static_scenes):
-        raise ConfigError(f"{adapter.name}: its encoder takes whole frames, so it cannot prune; the sweeps and "
-                          "static scenes vary pruning")
+    configs, refused = supported(adapter, configurations(tau, windows))
+    if "pruning+refresh" in refused and (axes or static_scenes):
+        raise ConfigError(f"the sweeps and static scenes vary pruning+refresh, which this model refuses: "
+                          f"{refused['pruning+refresh']}")
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": windows.window_s,
               "stride_fraction": windows.stride_fraction, "fps": windows.fps, "tau": tau,
-              "configs": run_watch(adapter, videos, configurations(tau, windows, prunable), progress)}
+              "configs": run_watch(adapter, videos, configs, progress), "refused": refused}
     both, base = configurations(tau, windows)["pruning+refresh"], report["configs"]["full-comp"]
     report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
                                for value, config in values.items()}

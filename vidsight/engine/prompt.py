@@ -82,6 +82,11 @@ class VideoPrompt:
     def video_end(self) -> int:
         return self.video_start + self.video_tokens
 
+    @property
+    def kept_tokens(self) -> int:
+        """The span's video tokens (kept ones, under motion pruning) and suffix, without its text."""
+        return int((self.rows.kind == VIDEO).sum()) + self.suffix[1] - self.suffix[0]
+
     def fill(self, embeds: torch.Tensor, tokens: torch.Tensor, video_embeds: torch.Tensor,
              suffix: torch.Tensor) -> None:
         """Put the encoder's outputs into ``embeds`` ``(1, len(tokens), hidden)``, the embedded

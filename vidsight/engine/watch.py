@@ -276,7 +276,7 @@ class Watcher:
             logits = adapter.logits(hidden[0, -1])
         reused = done - video_start if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
-        return logits, reused, window.refreshed, window.visual_tokens, prompt.video_tokens
+        return logits, reused, window.refreshed, window.visual_tokens, prompt.kept_tokens
 
 def _nearest_strides(windows, temporal_patch: int) -> str:
     """The workable stride fractions nearest the requested one, as advice for an error message."""

@@ -28,6 +28,8 @@ class VisionSpec:
         suffix_tokens: Video tokens after the last temporal patch (LLaVA-OneVision's newline).
         whole_frames: The encoder takes whole frames ``(T, 3, h, w)`` instead of Qwen's
             flattened patches in merge-group order.
+        prunable: Each token stands for one merge group of patches, so the encoder can skip
+            groups (motion pruning); not so where tokens are pooled across groups (LLaVA-OneVision).
     """
 
     patch_size: int
@@ -42,6 +44,7 @@ class VisionSpec:
     fixed_size: tuple[int, int] | None = None
     suffix_tokens: int = 0
     whole_frames: bool = False
+    prunable: bool = True
 
     @classmethod
     def of(cls, vision_config, image_mean: tuple[float, float, float], image_std: tuple[float, float, float],
@@ -58,12 +61,6 @@ class VisionSpec:
     def factor(self) -> int:
         """Resized sides are multiples of this."""
         return self.patch_size * self.merge_size
-
-    @property
-    def merges_patches(self) -> bool:
-        """Each token is one merge group of whole patches, so patches can be dropped before the
-        encoder group by group (what motion pruning needs)."""
-        return not self.whole_frames
 
     @property
     def max_tokens_per_patch(self) -> int:

@@ -137,16 +137,27 @@ class WholeFrameAdapter(Qwen2DecoderAdapter):
         Args:
             pixel_values: The video's normalised frames (`preprocess_video`).
             grid_thw: Frames and patch rows/columns.
-            keep: Must be None or all true: the tower attends across the whole frame with absolute
-                position embeddings, so patches cannot be dropped before it.
+            keep: ``(T, tokens rows, tokens columns)`` bool: the merge groups to encode (all if
+                None), for a `VisionSpec.prunable` family. The tower then sees only their patches
+                (after its absolute position embeddings are added), so with full attention every
+                kept token's output changes with what was dropped: an approximation, measured in
+                `docs/benchmarks.md`, not an equality.
         """
-        if keep is not None and not bool(keep.all()):
-            raise ModelError(f"{self.name}: the {self.family} encoder takes whole frames; it cannot skip patches")
-        tower = self.model.model.vision_tower
-        return self._encode_frames(pixel_values.to(device=self.device, dtype=tower.dtype)).to(self.dtype)
+        pixels = pixel_values.to(device=self.device, dtype=self.model.model.vision_tower.dtype)
+        if keep is None or bool(keep.all()):
+            return self._encode_frames(pixels).to(self.dtype)
+        if not self.vision.prunable:
+            raise ModelError(f"{self.name}: the {self.family} encoder pools patches across groups; it cannot skip them")
+        if not bool(keep.any()):
+            return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+        return self._encode_kept(pixels, keep.to(self.device)).to(self.dtype)
 
     def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
         """``(T, 3, h, w)`` frames in the tower's dtype to ``(T * tokens, hidden)``."""
+        raise NotImplementedError
+
+    def _encode_kept(self, pixels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The tokens of the ``keep`` merge groups, the tower seeing only their patches."""
         raise NotImplementedError
 
     def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:

@@ -61,3 +61,22 @@ class InternVLAdapter(WholeFrameAdapter, VLMAdapter):
         """InternViT, pixel shuffle and projector."""
         features = self.model.model.get_image_features(pixel_values=pixels).pooler_output
         return features.reshape(-1, features.shape[-1])
+
+    def _encode_kept(self, pixels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Frame by frame: the embedded patches of the kept groups (and the class token) through the
+        encoder, scattered back onto the patch grid for the pixel shuffle (2x2 patches per token, so a
+        kept token's patches are all there), projected, and the kept tokens taken."""
+        model, fold = self.model.model, self.vision.merge_size
+        if model.config.vision_feature_layer != -1 or model.config.vision_feature_select_strategy != "default":
+            raise ModelError(f"{self.name}: skipping patches needs the tower's last layer without its class token")
+        tower, out = model.vision_tower, []
+        for frame, groups in zip(pixels, keep):
+            patches = groups.repeat_interleave(fold, 0).repeat_interleave(fold, 1)  # (grid h, grid w)
+            embedded = tower.embeddings(frame[None])  # (1, 1 + patches, channels), class token first
+            seen = torch.cat([torch.ones(1, dtype=torch.bool, device=patches.device), patches.reshape(-1)])
+            hidden = tower.layernorm(tower.encoder(embedded[:, seen]).last_hidden_state)
+            grid = hidden.new_zeros(1, patches.numel(), hidden.shape[-1])
+            grid[0, patches.reshape(-1)] = hidden[0, 1:]
+            folded = model.pixel_shuffle(grid.view(1, *patches.shape, -1), scale_factor=model.config.downsample_ratio)
+            out.append(model.multi_modal_projector(folded.reshape(1, -1, folded.shape[-1]))[0, groups.reshape(-1)])
+        return torch.cat(out)

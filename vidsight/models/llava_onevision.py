@@ -41,7 +41,8 @@ class LlavaOnevisionAdapter(WholeFrameAdapter, VLMAdapter):
                           image_mean=tuple(processor.get("image_mean", SIGLIP_MEAN)),
                           image_std=tuple(processor.get("image_std", SIGLIP_STD)),
                           min_pixels=side * side, max_pixels=side * side, total_pixels=side * side,
-                          tokens_per_second=0.0, fixed_size=(side, side), suffix_tokens=1, whole_frames=True)
+                          tokens_per_second=0.0, fixed_size=(side, side), suffix_tokens=1, whole_frames=True,
+                          prunable=False)
 
     # -- vision --------------------------------------------------------------------------------
     def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:

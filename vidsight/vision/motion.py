@@ -24,12 +24,12 @@ def check_prunable(spec: VisionSpec) -> None:
     """Refuse motion pruning for an encoder that cannot skip patches.
 
     Raises:
-        ConfigError: the encoder takes whole frames (a full-attention ViT with absolute position
-            embeddings, such as LLaVA-OneVision's SigLIP).
+        ConfigError: the model's tokens do not each stand for one merge group of patches
+            (LLaVA-OneVision pools each frame's patch grid bilinearly).
     """
-    if not spec.merges_patches:
-        raise ConfigError("motion pruning drops merge groups of patches before the vision encoder; this model's "
-                          "encoder takes whole frames, so it cannot (use KV pruning instead)")
+    if not spec.prunable:
+        raise ConfigError("motion pruning skips merge groups of patches in the vision encoder; this model pools "
+                          "patches across groups into its tokens, so it cannot (use KV pruning instead)")
 
 
 def dynamic_patches(codec: CodecInfo, grid_hw: tuple[int, int]) -> torch.Tensor:
