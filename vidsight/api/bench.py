@@ -48,7 +48,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_ask.add_argument("--gop", type=int, default=None,
                            help="keyframe interval of the generated video when no VIDEO is given (default: 250, x264's)")
     bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
-                           "qwen2.5-vl-7b, llava-onevision-0.5b, llava-onevision-7b, internvl3-8b (default: small)")
+                           "qwen2.5-vl-7b, llava-onevision-0.5b, llava-onevision-7b, internvl3-1b, internvl3-8b (default: small)")
     bench_ask.add_argument("--rho", type=_float, nargs="+", default=[0.5, 0.2], help="pruning ratios (default: 0.5 0.2)")
     bench_ask.add_argument("--group-frames", type=int, default=32, help="frames per prefill group (default: 32)")
     bench_ask.add_argument("--workers", type=int, default=None, help="parallel decoders (default: CPU count)")

@@ -2,7 +2,7 @@
 
 The 3B and 7B shapes are the published ``config.json`` values of Qwen2.5-VL-3B/7B-Instruct, and
 ``llava-onevision-7b``/``-0.5b`` those of LLaVA-OneVision-Qwen2-7B/0.5B (llava-hf's ``-ov-hf``
-conversions) and ``internvl3-8b`` those of InternVL3-8B (OpenGVLab's ``-hf`` conversion),
+conversions) and ``internvl3-8b``/``-1b`` those of InternVL3-8B/1B (OpenGVLab's ``-hf`` conversions),
 vocabulary sizes included; text goes through vidsight's byte-level tokenizer, whose chat tokens
 have their own (small) ids. ``small`` pairs the Qwen2.5-0.5B language model with a
 shallower vision tower and frames of 56x56 to 224x224 pixels, so a 5-minute video runs on a 2-core CPU in minutes.
@@ -31,6 +31,9 @@ _VISION_3B_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_hea
 # LLaVA-OneVision's tower: SigLIP-so400m at 384x384 without its last layer and head.
 _SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
                       image_size=384, patch_size=14, vision_use_head=False)
+# InternVL3's tower: InternViT-300M-448px-V2.5.
+_INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                       image_size=[448, 448], patch_size=[14, 14], attention_bias=True, layer_scale_init_value=0.1)
 _QWEN2_TEXT = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 
@@ -78,8 +81,12 @@ MODEL_SHAPES = {
         family="internvl",
         text=dict(_QWEN2_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                   num_key_value_heads=4, vocab_size=151674, tie_word_embeddings=False),
-        vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                    image_size=[448, 448], patch_size=[14, 14], attention_bias=True, layer_scale_init_value=0.1)),
+        vision=_INTERNVIT_300M),
+    "internvl3-1b": Shape(
+        family="internvl",
+        text=dict(_QWEN2_TEXT, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151674, tie_word_embeddings=False),
+        vision=_INTERNVIT_300M),
 }
 _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
