@@ -44,10 +44,10 @@ def internvl_adapter(tmp_path_factory):
     return load_model(write_tiny_model(directory, seed=0, family="internvl"), device="cpu")
 
 
-@pytest.fixture(params=["qwen2_5_vl", "llava_onevision"])
+@pytest.fixture(params=["tiny_adapter", "llava_adapter", "internvl_adapter"])
 def family_adapter(request):
     """The tiny model of each family, in turn."""
-    return request.getfixturevalue({"qwen2_5_vl": "tiny_adapter", "llava_onevision": "llava_adapter"}[request.param])
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -49,8 +49,8 @@ def test_refreshing_every_token_equals_full_comp(family_adapter, stream_video):
 
 
 @pytest.mark.parametrize("mode", ["anchors", "reuse", "deviation"])
-def test_partial_refresh_reuses_most_tokens(tiny_adapter, stream_video, mode):
-    verdicts = list(Watcher(tiny_adapter, QUERY, WatchConfig(WINDOWS, refresh=mode)).watch(
+def test_partial_refresh_reuses_most_tokens(family_adapter, stream_video, mode):
+    verdicts = list(Watcher(family_adapter, QUERY, WatchConfig(WINDOWS, refresh=mode)).watch(
         StreamSource(stream_video, 2.0)))
     later = verdicts[1:]
     assert all(v.reused_tokens == v.visual_tokens * 6 // 8 for v in later)

@@ -129,11 +129,6 @@ def test_a_full_comp_watch_judges_each_window_as_ask_does(internvl_adapter, make
         assert verdict.answer == alone.answer
 
 
-def test_internvl_frame_labels_refuse_kv_reuse(internvl_adapter):
-    with pytest.raises(ConfigError, match="labels each frame"):
-        Watcher(internvl_adapter, "Is it red?", WatchConfig(WINDOWS, refresh="anchors"))
-
-
 def test_internvl_skips_merge_groups_inside_its_tower(internvl_adapter):
     """Every group kept through the skipping path is the full encoding; a frame missing a group
     yields its other tokens only, and the frames left whole are untouched."""

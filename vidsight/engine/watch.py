@@ -26,7 +26,7 @@ from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
-from vidsight.kv import KVCache
+from vidsight.kv import VIDEO, KVCache
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
 from vidsight.models.base import VLMAdapter
@@ -135,9 +135,6 @@ class Watcher:
                               f"{windows.window_s:g} s window at {windows.fps:g} fps with stride "
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
-        if refresh.reuses and any(adapter.patch_text(1, 0.0)):
-            raise ConfigError(f"{adapter.name}: KV reuse carries a window's patches into the next, but this family "
-                              "labels each frame in its prompt by its place in the window; use --refresh full-comp")
         self.adapter, self.query, self.config = adapter, query, config
         self.yes_id = adapter.text_ids("Yes")[0]
         self._kv = WindowKV(adapter, refresh, config.reuse_in_place)
@@ -253,7 +250,7 @@ class Watcher:
         patches = self._kv.reusable_patches(samples, patch_tokens, video_start)
         done, refreshed = 0, torch.empty(0, dtype=torch.long)
         if patches:
-            cache, done, refreshed = self._kv.reuse(patches, positions, rows, video_start, len(ids) + 1, clock)
+            cache, done, refreshed = self._kv.reuse(patches, prompt, len(ids) + 1, clock)
         else:
             cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
                             adapter.device)
@@ -274,7 +271,7 @@ class Watcher:
             prompt.fill(embeds, torch.arange(done, len(prompt.ids)), new_embeds, adapter.video_suffix())
             hidden = forward(adapter, cache, embeds, prompt.positions[:, done:], prompt.rows[done:])
             logits = adapter.logits(hidden[0, -1])
-        reused = done - video_start if patches else 0
+        reused = int((prompt.rows.kind[video_start:done] == VIDEO).sum()) if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, prompt.kept_tokens
 

@@ -10,7 +10,8 @@ import torch
 from vidsight.engine.forward import attend
 from vidsight.engine.refresh import Overlap, RefreshPolicy
 from vidsight.engine.stats import StageClock
-from vidsight.kv import KVCache, TokenTable
+from vidsight.engine.prompt import VideoPrompt
+from vidsight.kv import VIDEO, KVCache, TokenTable
 from vidsight.models.base import VLMAdapter
 
 
@@ -62,33 +63,49 @@ class WindowKV:
             return 0
         return patches
 
-    def reuse(self, patches: int, positions: torch.Tensor, rows: TokenTable, video_start: int, capacity: int,
-               clock: StageClock) -> tuple[KVCache, int, torch.Tensor]:
+    def reuse(self, patches: int, prompt: VideoPrompt, capacity: int, clock: StageClock
+              ) -> tuple[KVCache, int, torch.Tensor]:
         """The window's cache holding the prefix and the reused patches, re-rotated to their new
-        positions and refreshed; returns (cache, tokens filled, slots refreshed)."""
+        positions and refreshed; returns (cache, tokens filled, slots refreshed).
+
+        Text the family writes around each patch (InternVL's frame labels, numbered by place in
+        the window) is recomputed with every reuse: its words change between windows.
+        """
         adapter, previous, tp = self.adapter, self.previous, self.adapter.vision.temporal_patch_size
+        video_start, positions, rows = prompt.video_start, prompt.positions, prompt.rows
         count = sum(previous.patch_tokens[len(previous.patch_tokens) - patches:])
-        first_old = video_start + previous.video_embeds.shape[0] - count  # the previous video's last tokens
-        done = video_start + count
+        done = prompt.patch_starts[patches] if patches < len(prompt.patch_starts) else prompt.suffix[0]
+        region = rows[video_start:done]
+        video = torch.nonzero(region.kind == VIDEO).flatten() + video_start    # reused tokens' new slots
+        text = torch.nonzero(region.kind != VIDEO).flatten() + video_start     # labels: recomputed
+        old_video = torch.nonzero(previous.cache.tokens.kind == VIDEO).flatten()[-count:] if count else video[:0]
         with clock.stage("prefill"):
-            source = torch.cat([torch.arange(video_start), torch.arange(first_old, first_old + count)])
+            source = torch.arange(done)
+            source[video] = old_video
+            source[text] = 0  # a stand-in: these slots are recomputed below
             old_positions = previous.cache.tokens.position[source].T
             new_positions = positions[:, :done]
             with clock.part("carry_s"):
-                cache = self._carry(source, rows[:done], capacity, old_positions, new_positions)
+                # In place, the carried tokens close up at the front: labels between them need the copy.
+                cache = self._carry(source, rows[:done], capacity, old_positions, new_positions,
+                                    self.in_place and not len(text))
             overlap = Overlap(previous.patch_tokens[len(previous.patch_tokens) - patches:],
                               previous.gop_starts[len(previous.gop_starts) - patches * tp:], tp)
             picked = self.policy.choose(overlap)
-            refreshed = _refresh(adapter, cache, picked + video_start, previous.video_embeds[-count:][picked],
-                                 positions[:, picked + video_start], self.policy)
-        return cache, done, refreshed
+            slots, order = torch.cat([video[picked], text]).sort()
+            embeds = torch.cat([previous.video_embeds[-count:][picked].to(adapter.dtype),
+                                adapter.embed_tokens(prompt.ids[text]).to(adapter.dtype)])[order]
+            always = (order >= len(picked))
+            refreshed = _refresh(adapter, cache, slots, embeds, positions[:, slots], self.policy, always)
+        return cache, done, refreshed[~torch.isin(refreshed, text)]
 
     def _carry(self, source: torch.Tensor, rows: TokenTable, capacity: int, old_positions: torch.Tensor,
-               new_positions: torch.Tensor) -> KVCache:
+               new_positions: torch.Tensor, in_place: bool) -> KVCache:
         """A cache of ``capacity`` slots holding the previous cache's tokens at ``source`` first,
-        keys re-rotated to ``new_positions``: the previous cache itself when reusing in place."""
+        keys re-rotated to ``new_positions``: the previous cache itself ``in_place`` (``source``
+        then ascending and without repeats)."""
         adapter, old, done = self.adapter, self.previous.cache, len(source)
-        if self.in_place:
+        if in_place:
             old.retain(source, rows, lambda keys, kept: adapter.rerotate_keys(keys, old_positions[:, kept],
                                                                                new_positions[:, kept]))
             old.reserve(capacity - done)
@@ -104,9 +121,10 @@ class WindowKV:
 
 
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-             policy: RefreshPolicy) -> torch.Tensor:
-    """Recompute the KV of the tokens at ``slots`` from their visual ``embeds`` (``(n, hidden)``), each
-    attending to every cached token before it. Returns the slots the last layer refreshed."""
+             policy: RefreshPolicy, always: torch.Tensor) -> torch.Tensor:
+    """Recompute the KV of the tokens at ``slots`` (ascending) from their input ``embeds``
+    (``(n, hidden)``), each attending to every cached token before it; the policy's narrowing
+    never drops the ``always`` ones. Returns the slots the last layer refreshed."""
     if len(slots) == 0:
         return slots
     hidden = embeds[None].to(adapter.dtype)
@@ -114,7 +132,10 @@ def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: t
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, (cos, sin))
         if layer == policy.narrow_layer:
-            keep = policy.narrow(v, cache.read(layer, slots)[1])
+            optional = torch.nonzero(~always).flatten()
+            narrowed = (optional[policy.narrow(v[:, :, optional], cache.read(layer, slots[optional])[1])]
+                        if len(optional) else optional)
+            keep = torch.cat([narrowed, torch.nonzero(always).flatten()]).sort().values
             slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
                                                 q[:, :, keep], k[:, :, keep], v[:, :, keep])
         cache.overwrite(layer, slots, k, v)
