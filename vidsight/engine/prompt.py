@@ -37,6 +37,10 @@ class VideoPlan:
     def video_tokens(self) -> int:
         return self.patch_tokens + self.suffix_tokens
 
+    def with_frames(self, frames: int, temporal_patch_size: int) -> "VideoPlan":
+        """The same frame size for another frame count (the frames a decoder could not read dropped)."""
+        return dataclasses.replace(self, frames=frames, grid_thw=(-(-frames // temporal_patch_size), *self.grid_thw[1:]))
+
 
 def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
     """The plan of ``frames`` frames of ``height`` x ``width`` pixels for ``adapter``'s model."""

@@ -75,6 +75,8 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
                           f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
     with request.clock.memory():
         plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
+        if plan.frames != len(feed):  # decoded first, frames it could not read dropped: a prompt for the rest
+            plan = plan.with_frames(len(feed), adapter.vision.temporal_patch_size)
         return _prefill_groups(adapter, feed, plan, question, sampled_fps, config, max_new_tokens, request)
 
 
