@@ -154,3 +154,9 @@ def test_internvl_motion_pruning_encodes_fewer_tokens_on_a_static_camera(internv
     pruned = Asker(internvl_adapter).ask(path, QUESTION, prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()),
                                          generation=GenerationConfig(max_new_tokens=2))
     assert 0 < pruned.stats.encoded_visual_tokens < pruned.stats.visual_tokens
+
+
+def test_the_newline_counts_among_visual_and_kept_tokens_alike(llava_adapter, make_test_video):
+    path, _ = make_test_video(**CASES[0][1])
+    result = Asker(llava_adapter).ask(path, QUESTION, generation=GenerationConfig(max_new_tokens=1))
+    assert result.stats.kept_visual_tokens == result.stats.visual_tokens == result.stats.frames * 9 + 1

@@ -297,15 +297,15 @@ class ChatSession:
             raise ModelError(f"{self.adapter.name}: the chat template puts text that depends on the question "
                              "before the video; a stream cannot be prefilled ahead of its questions")
         # The video so far ends here: its suffix (LLaVA-OneVision's newline), then the question's text.
-        suffix = layout.input_ids[layout.video_start :]
+        question_ids = layout.input_ids[layout.video_start :]
         before = self.cache.length
         stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
         question_step, answer_step = Step("question"), Step("answer")
         with torch.inference_mode():
-            video_end = self.adapter.video_suffix()
-            length = video_end.shape[0] + len(suffix)
+            video_suffix = self.adapter.video_suffix()
+            length = video_suffix.shape[0] + len(question_ids)
             positions = (torch.arange(length) + self._next_position).expand(3, -1)
-            hidden = self._prefill_text(suffix, positions, question_step, video_end)
+            hidden = self._prefill_text(question_ids, positions, question_step, video_suffix)
             logits = self.adapter.logits(hidden[0, -1])
             first_token = time.perf_counter()
             stream = TextStream(self.adapter, on_text) if on_text is not None else None

@@ -1,6 +1,6 @@
 """The prompt around one video span, built once for ask and watch: its shape (`VideoPlan`), its
 token ids, positions and token-table rows (`VideoPrompt`). Chat builds its rows patch by patch
-with `patch_rows`."""
+with `patch_rows`, and with `interleave` for a family that writes text around each patch."""
 
 from __future__ import annotations
 

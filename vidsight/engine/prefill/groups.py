@@ -143,7 +143,8 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
     with clock.stage("prefill"), torch.inference_mode():
         logits = adapter.logits(hidden[0, -1])
     stats.visual_tokens, stats.prompt_tokens = plan.video_tokens, len(ids)
-    stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum())
+    # The suffix (a text row, never pruned) counts as the video token it is in `visual_tokens` too.
+    stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum()) + plan.suffix_tokens
     stats.groups = len(chunks)
     return Prefilled(cache, logits, prompt.next_position)
 
