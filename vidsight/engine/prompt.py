@@ -130,12 +130,11 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
     if not text_tokens:
         # The patches' tokens run on, at their grid's positions (Qwen's rule: temporal index from time).
         span_positions = video.position.T[:, keep]
-        rows, span_ids = [video[keep]], [torch.full((span - plan.suffix_tokens,), placeholder)]
-        patch_starts = [start + n for n in [0, *torch.tensor(kept_per_patch).cumsum(0)[:-1].tolist()]]
+        rows, span_ids, lengths = [video[keep]], [torch.full((span - plan.suffix_tokens,), placeholder)], kept_per_patch
     else:
         rows, span_ids, lengths, span_positions = interleave(adapter, plan.grid_thw[1:], texts, video, keep, start,
                                                              placeholder, seconds_per_patch)
-        patch_starts = [start + n for n in [0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()]]
+    patch_starts = [start + n for n in [0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()]]
     ids = layout.input_ids.clone()
     ids[start : start + span - plan.suffix_tokens] = torch.cat(span_ids)
     # The suffix (a separator the model reads after every video) takes positions as the text

@@ -23,11 +23,10 @@ class VisionSpec:
         max_pixels: Largest per-frame pixel count after resizing.
         total_pixels: Pixel budget for a whole video; frames shrink to fit it (Qwen's rule).
         tokens_per_second: Temporal M-RoPE ticks per second of video.
-        fixed_size: Every frame is resized to this ``(height, width)``, aspect ratio not kept
-            (towers with absolute position embeddings of one size); None: Qwen's resize rule.
+        fixed_size: Every frame is resized to this ``(height, width)``, aspect ratio not kept,
+            and the encoder takes whole frames ``(T, 3, h, w)`` (towers with absolute position
+            embeddings of one size); None: Qwen's resize rule and flattened patches.
         suffix_tokens: Video tokens after the last temporal patch (LLaVA-OneVision's newline).
-        whole_frames: The encoder takes whole frames ``(T, 3, h, w)`` instead of Qwen's
-            flattened patches in merge-group order.
         prunable: Each token stands for one merge group of patches, so the encoder can skip
             groups (motion pruning); not so where tokens are pooled across groups (LLaVA-OneVision).
     """
@@ -43,7 +42,6 @@ class VisionSpec:
     tokens_per_second: float
     fixed_size: tuple[int, int] | None = None
     suffix_tokens: int = 0
-    whole_frames: bool = False
     prunable: bool = True
 
     @classmethod
@@ -56,6 +54,15 @@ class VisionSpec:
                    merge_size=field("spatial_merge_size"), image_mean=tuple(image_mean), image_std=tuple(image_std),
                    min_pixels=int(min_pixels), max_pixels=int(max_pixels), total_pixels=int(total_pixels),
                    tokens_per_second=float(field("tokens_per_second")))
+
+    @classmethod
+    def square(cls, side: int, patch_size: int, merge_size: int, image_mean, image_std, **fields) -> "VisionSpec":
+        """The spec of a tower that encodes each frame alone at ``side`` x ``side`` (one frame per
+        temporal patch; the pixel bounds are that square, and no time enters the positions)."""
+        return cls(patch_size=patch_size, temporal_patch_size=1, merge_size=merge_size,
+                   image_mean=tuple(image_mean), image_std=tuple(image_std), min_pixels=side * side,
+                   max_pixels=side * side, total_pixels=side * side, tokens_per_second=0.0,
+                   fixed_size=(side, side), **fields)
 
     @property
     def factor(self) -> int:

@@ -1,4 +1,4 @@
-"""The language-model side shared by families whose decoder is Qwen2's (Qwen2.5-VL, LLaVA-OneVision):
+"""The language-model side shared by families whose decoder is Qwen2's (Qwen2.5-VL, LLaVA-OneVision, InternVL3):
 prompt building through the checkpoint's chat template, embeddings, per-layer projections and
 norms, and key re-rotation. Each family adds its vision tower and its rotary positions."""
 
@@ -82,6 +82,14 @@ class Qwen2DecoderAdapter:
         """No text around a video's patches (the span is the patches' tokens alone)."""
         return [], []
 
+    def video_suffix(self) -> torch.Tensor:
+        """No suffix after the last patch."""
+        return self._no_tokens()
+
+    def _no_tokens(self) -> torch.Tensor:
+        """``(0, hidden)`` language-model inputs: a video part with nothing in it."""
+        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+
     def text_ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -149,7 +157,7 @@ class WholeFrameAdapter(Qwen2DecoderAdapter):
         if not self.vision.prunable:
             raise ModelError(f"{self.name}: the {self.family} encoder pools patches across groups; it cannot skip them")
         if not bool(keep.any()):
-            return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+            return self._no_tokens()
         return self._encode_kept(pixels, keep.to(self.device)).to(self.dtype)
 
     def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -165,10 +173,6 @@ class WholeFrameAdapter(Qwen2DecoderAdapter):
         frames = torch.cat([p for p, _ in videos])
         tokens = [t * self._tokens_per_frame(h, w) for _, (t, h, w) in videos]
         return list(self.encode_video(frames, (len(frames), *videos[0][1][1:])).split(tokens))
-
-    def video_suffix(self) -> torch.Tensor:
-        """No suffix after the last frame."""
-        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
 
     def _tokens_per_frame(self, h: int, w: int) -> int:
         rows, columns = self.vision.token_hw((h, w))

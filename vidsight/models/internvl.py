@@ -45,11 +45,8 @@ class InternVLAdapter(WholeFrameAdapter, VLMAdapter):
             raise ModelError(f"InternVL with image size {side}, patch {patch} and downsample ratio "
                              f"{config.downsample_ratio} is not supported (square frames, a whole fold)")
         processor = {**image_processor, **video_processor}
-        return VisionSpec(patch_size=patch[0], temporal_patch_size=1, merge_size=fold,
-                          image_mean=tuple(processor.get("image_mean", IMAGENET_MEAN)),
-                          image_std=tuple(processor.get("image_std", IMAGENET_STD)),
-                          min_pixels=side[0] * side[1], max_pixels=side[0] * side[1], total_pixels=side[0] * side[1],
-                          tokens_per_second=0.0, fixed_size=side, whole_frames=True)
+        return VisionSpec.square(side[0], patch[0], fold, processor.get("image_mean", IMAGENET_MEAN),
+                                 processor.get("image_std", IMAGENET_STD))
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """``Frame{index + 1}: <img>`` before the frame's tokens (after a newline from the second on), ``</img>`` after."""

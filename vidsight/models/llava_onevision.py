@@ -37,12 +37,8 @@ class LlavaOnevisionAdapter(WholeFrameAdapter, VLMAdapter):
         if size and (size.get("height"), size.get("width")) != (side, side):
             raise ModelError(f"video processor size {size} differs from the vision tower's {side}x{side} input")
         processor = {**image_processor, **video_processor}
-        return VisionSpec(patch_size=int(vision.patch_size), temporal_patch_size=1, merge_size=POOL,
-                          image_mean=tuple(processor.get("image_mean", SIGLIP_MEAN)),
-                          image_std=tuple(processor.get("image_std", SIGLIP_STD)),
-                          min_pixels=side * side, max_pixels=side * side, total_pixels=side * side,
-                          tokens_per_second=0.0, fixed_size=(side, side), suffix_tokens=1, whole_frames=True,
-                          prunable=False)
+        return VisionSpec.square(side, int(vision.patch_size), POOL, processor.get("image_mean", SIGLIP_MEAN),
+                                 processor.get("image_std", SIGLIP_STD), suffix_tokens=1, prunable=False)
 
     # -- vision --------------------------------------------------------------------------------
     def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,7 @@ class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
         if keep is None or bool(keep.all()):
             return self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype)
         if not bool(keep.any()):
-            return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+            return self._no_tokens()
         subset = self._kept_patches(grid, keep.to(self.device).reshape(-1))
         unit = self.vision.merge_size ** 2
         pixels = pixels.view(-1, unit, pixels.shape[-1])[subset.pop("units")].reshape(-1, pixels.shape[-1])
@@ -108,10 +108,6 @@ class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
         return video_grid_positions(
             grid_thw, self.vision.merge_size, second_per_grid_t, self.vision.tokens_per_second, start
         )
-
-    def video_suffix(self) -> torch.Tensor:
-        """Qwen's video span ends with its last patch: no suffix."""
-        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
 
     # -- language model ------------------------------------------------------------------------
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,13 +27,19 @@ _VISION_3B_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_hea
                      fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)
 
 
-# The Qwen2 decoders of LLaVA-OneVision and InternVL3 (1-D rope).
+# The language models every family here builds on: Qwen2(.5)-7B and -0.5B (the layer sizes; each
+# checkpoint sets its vocabulary and whether its output head is tied).
+_QWEN2_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                 num_key_value_heads=4)
+_QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                   num_key_value_heads=2)
 # LLaVA-OneVision's tower: SigLIP-so400m at 384x384 without its last layer and head.
 _SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
                       image_size=384, patch_size=14, vision_use_head=False)
 # InternVL3's tower: InternViT-300M-448px-V2.5.
 _INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        image_size=[448, 448], patch_size=[14, 14], attention_bias=True, layer_scale_init_value=0.1)
+# The Qwen2 decoders of LLaVA-OneVision and InternVL3 (1-D rope).
 _QWEN2_TEXT = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 
@@ -53,39 +59,33 @@ class Shape:
 
 MODEL_SHAPES = {
     "qwen2.5-vl-7b": Shape(
-        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+        text=dict(_QWEN2_7B, vocab_size=152064, tie_word_embeddings=False),
         vision=dict(_VISION_3B_7B, out_hidden_size=3584)),
     "qwen2.5-vl-3b": Shape(
         text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
         vision=dict(_VISION_3B_7B, out_hidden_size=2048)),
     "small": Shape(
-        text=dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+        text=dict(_QWEN2_0_5B, vocab_size=151936, tie_word_embeddings=True,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]}),
         vision=dict(_VISION_3B_7B, depth=8, hidden_size=640, intermediate_size=1712, num_heads=10,
                     fullatt_block_indexes=[3, 7], out_hidden_size=896),
         min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
     "llava-onevision-7b": Shape(
         family="llava_onevision",
-        text=dict(_QWEN2_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, vocab_size=152128, tie_word_embeddings=False),
+        text=dict(_QWEN2_TEXT, **_QWEN2_7B, vocab_size=152128, tie_word_embeddings=False),
         vision=_SIGLIP_SO400M),
     "llava-onevision-0.5b": Shape(
         family="llava_onevision",
-        text=dict(_QWEN2_TEXT, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+        text=dict(_QWEN2_TEXT, **_QWEN2_0_5B, vocab_size=151936, tie_word_embeddings=True),
         vision=_SIGLIP_SO400M),
     "internvl3-8b": Shape(
         family="internvl",
-        text=dict(_QWEN2_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, vocab_size=151674, tie_word_embeddings=False),
+        text=dict(_QWEN2_TEXT, **_QWEN2_7B, vocab_size=151674, tie_word_embeddings=False),
         vision=_INTERNVIT_300M),
     "internvl3-1b": Shape(
         family="internvl",
-        text=dict(_QWEN2_TEXT, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151674, tie_word_embeddings=False),
+        text=dict(_QWEN2_TEXT, **_QWEN2_0_5B, vocab_size=151674, tie_word_embeddings=False),
         vision=_INTERNVIT_300M),
 }
 _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,

@@ -1,5 +1,5 @@
-"""Random-weight checkpoints of the real architectures (Qwen2.5-VL, LLaVA-OneVision), written
-without any download.
+"""Random-weight checkpoints of the real architectures (Qwen2.5-VL, LLaVA-OneVision, InternVL3),
+written without any download.
 
 The directory has the layout of a Hugging Face checkpoint (config, safetensors weights,
 tokenizer, chat template, preprocessor configs) and loads through `load_model` exactly like a
@@ -58,13 +58,15 @@ LLAVA_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# InternVL3's chat format as its -hf checkpoints write it (Qwen2's turns; ``<video>`` before the text).
+# InternVL3's chat format: Qwen2's turns with ``<video>`` before the text, where its -hf template
+# puts it (the tiny model keeps Qwen's default system turn).
 INTERNVL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
 # A 6x6 patch grid folds to 3x3 tokens.
 TINY_INTERNVIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       image_size=[84, 84], patch_size=[14, 14])
-TINY_LLAVA_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+# The tiny Qwen2 decoder of the LLaVA-OneVision and InternVL tiny models (1-D rope).
+TINY_QWEN2_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 # A 5x5 patch grid pools to 3x3 tokens: odd, as the released 27x27 grid is.
@@ -165,7 +167,7 @@ def _tiny_llava_onevision(directory: str | Path, seed: int, text: dict) -> Path:
     from transformers import LlavaOnevisionForConditionalGeneration
 
     tokenizer = build_llava_tokenizer()
-    config = llava_config(tokenizer, {**TINY_LLAVA_TEXT, **text}, TINY_SIGLIP)
+    config = llava_config(tokenizer, {**TINY_QWEN2_TEXT, **text}, TINY_SIGLIP)
     torch.manual_seed(seed)
     model = LlavaOnevisionForConditionalGeneration(config).eval()
     side = {"height": TINY_SIGLIP["image_size"], "width": TINY_SIGLIP["image_size"]}
@@ -198,7 +200,7 @@ def _tiny_internvl(directory: str | Path, seed: int, text: dict) -> Path:
     from transformers import InternVLForConditionalGeneration
 
     tokenizer = build_internvl_tokenizer()
-    config = internvl_config(tokenizer, {**TINY_LLAVA_TEXT, **text}, TINY_INTERNVIT)
+    config = internvl_config(tokenizer, {**TINY_QWEN2_TEXT, **text}, TINY_INTERNVIT)
     torch.manual_seed(seed)
     model = InternVLForConditionalGeneration(config).eval()
     side = {"height": TINY_INTERNVIT["image_size"][0], "width": TINY_INTERNVIT["image_size"][1]}

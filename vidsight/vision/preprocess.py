@@ -26,7 +26,7 @@ class VideoInput:
     Attributes:
         pixel_values: ``(T/tp * gh * gw, 3 * tp * p * p)`` float patches, rows ordered by
             temporal patch, then merge group (row-major), then patch inside the group; or
-            ``(T, 3, h, w)`` whole frames for a spec with ``whole_frames``.
+            ``(T, 3, h, w)`` whole frames for a spec with a ``fixed_size``.
         grid_thw: ``(T/tp, gh, gw)``: temporal patches and patch rows/columns.
         resized_hw: Frame size after resizing, in pixels.
         frames: Frames fed in, after padding to a whole number of temporal patches.
@@ -136,7 +136,7 @@ def preprocess_video(
         frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
     size = size or video_size(spec, frames.shape[0], frames.shape[1], frames.shape[2])
     normalised = normalize(resize_frames(frames, size), spec, dtype)
-    if spec.whole_frames:
+    if spec.fixed_size is not None:
         pixels, grid = normalised, (frames.shape[0] // spec.temporal_patch_size, size[0] // spec.patch_size,
                                     size[1] // spec.patch_size)
     else:
