@@ -44,7 +44,13 @@ def internvl_adapter(tmp_path_factory):
     return load_model(write_tiny_model(directory, seed=0, family="internvl"), device="cpu")
 
 
-@pytest.fixture(params=["tiny_adapter", "llava_adapter", "internvl_adapter"])
+@pytest.fixture(scope="session")
+def qwen3_adapter(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("models") / "tiny-qwen3-vl"
+    return load_model(write_tiny_model(directory, seed=0, family="qwen3_vl"), device="cpu")
+
+
+@pytest.fixture(params=["tiny_adapter", "qwen3_adapter", "llava_adapter", "internvl_adapter"])
 def family_adapter(request):
     """The tiny model of each family, in turn."""
     return request.getfixturevalue(request.param)

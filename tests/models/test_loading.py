@@ -49,7 +49,7 @@ def test_directory_without_config(tmp_path):
 
 def test_unsupported_family(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(ModelError, match="not supported.*qwen2_5_vl, llava_onevision"):
+    with pytest.raises(ModelError, match="not supported.*qwen2_5_vl, qwen3_vl, llava_onevision, internvl"):
         load_model(tmp_path)
 
 

@@ -18,11 +18,13 @@ def parameter_counts(name):
 
 # Published sizes: Qwen2.5-VL-7B-Instruct has 8.29 B parameters, -3B 3.75 B; Qwen2.5-0.5B's LM 0.49 B;
 # LLaVA-OneVision-Qwen2-7B 8.03 B, of which Qwen2-7B 7.62 B; LLaVA-OneVision-Qwen2-0.5B 0.89 B;
-# InternVL3-8B 7.94 B, of which Qwen2.5-7B 7.62 B; InternVL3-1B 0.94 B (its decoder's output head untied).
+# InternVL3-8B 7.94 B, of which Qwen2.5-7B 7.62 B; InternVL3-1B 0.94 B (its decoder's output head untied);
+# Qwen3-VL-8B-Instruct 8.77 B, of which its decoder 8.19 B; Qwen3-VL-2B-Instruct 2.13 B (output head tied).
 @pytest.mark.parametrize("name,total,language", [("qwen2.5-vl-7b", 8.29e9, 7.62e9), ("qwen2.5-vl-3b", 3.75e9, 3.09e9),
                                                   ("small", 0.54e9, 0.494e9), ("llava-onevision-7b", 8.03e9, 7.62e9),
                                                   ("llava-onevision-0.5b", 0.894e9, 0.494e9),
-                                                  ("internvl3-8b", 7.94e9, 7.62e9), ("internvl3-1b", 0.938e9, 0.630e9)])
+                                                  ("internvl3-8b", 7.94e9, 7.62e9), ("internvl3-1b", 0.938e9, 0.630e9),
+                                                  ("qwen3-vl-8b", 8.77e9, 8.19e9), ("qwen3-vl-2b", 2.13e9, 1.72e9)])
 def test_shapes_have_the_published_sizes(name, total, language):
     lm, vision = parameter_counts(name)
     assert lm + vision == pytest.approx(total, rel=0.01)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from vidsight.engine.config import GenerationConfig
-from vidsight.engine.forward import forward
+from vidsight.engine.forward import first_level, forward
 from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prompt import interleave, patch_rows
 from vidsight.errors import ConfigError, ModelError
@@ -154,6 +154,7 @@ class ChatSession:
         self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
         self._size: tuple[int, int] | None = None  # resized (height, width), fixed by the first frame
         self._input_hw: tuple[int, int] | None = None
+        self._origin_s = 0.0
         self._patches = 0
         self._next_position = len(self._prefix)  # after the video so far
         # The video span the stream is in: its first position and first temporal patch (a kept
@@ -186,7 +187,7 @@ class ChatSession:
         if frame.rgb.ndim != 3 or frame.rgb.shape[2] != 3 or frame.rgb.dtype != torch.uint8:
             raise ConfigError(f"a frame must be (H, W, 3) uint8, got {tuple(frame.rgb.shape)} {frame.rgb.dtype}")
         if self._input_hw is None:
-            self._input_hw = hw
+            self._input_hw, self._origin_s = hw, frame.pts_s  # the stream's times count from its first frame
             spec = self.adapter.vision
             # The stream has no known length, so no whole-video pixel budget: each frame gets
             # the per-frame bound (what `ask` gives a video short enough not to reach the budget).
@@ -208,7 +209,9 @@ class ChatSession:
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
             firsts = frames[:: spec.temporal_patch_size]
             in_span = self._patches - self._span_first_patch  # the patches' places in the video span
-            texts = [adapter.patch_text(in_span + k, f.pts_s) for k, f in enumerate(firsts)]
+            lasts = frames[spec.temporal_patch_size - 1 :: spec.temporal_patch_size]
+            texts = [adapter.patch_text(in_span + k, (first.pts_s + last.pts_s) / 2 - self._origin_s)
+                     for k, (first, last) in enumerate(zip(firsts, lasts))]
             frame_index, time_s = torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts])
             if any(before or after for before, after in texts):
                 video_rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s,
@@ -228,7 +231,7 @@ class ChatSession:
             self.cache.reserve(inputs.shape[1])
             cached = self.cache.length
             per_patch = count // patches
-            step = Step("frame", patches=[(f.frame_index, embeds[0, k * per_patch : (k + 1) * per_patch])
+            step = Step("frame", patches=[(f.frame_index, first_level(embeds[0, k * per_patch : (k + 1) * per_patch]))
                                           for k, f in enumerate(firsts)])
             forward(adapter, self.cache, inputs, positions, rows, policy=self.policy, step=step)
         self._patches += patches

@@ -36,6 +36,27 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
+def split_levels(embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token inputs ``(1, L, hidden)``, or ``(1, L, levels, hidden)`` for a family with DeepStack
+    levels, as the first layer's input ``(1, L, hidden)`` and what is added after each of the
+    first layers ``(1, L, levels - 1, hidden)`` (None: nothing)."""
+    if embeds.ndim == 3:
+        return embeds, None
+    return embeds[:, :, 0], embeds[:, :, 1:]
+
+
+def first_level(embeds: torch.Tensor) -> torch.Tensor:
+    """The input embeddings of ``(n, hidden)`` or ``(n, levels, hidden)`` token inputs: ``(n, hidden)``."""
+    return embeds if embeds.ndim == 2 else embeds[:, 0]
+
+
+def add_level(hidden: torch.Tensor, added: torch.Tensor | None, layer: int) -> torch.Tensor:
+    """``hidden`` after ``layer`` with that layer's DeepStack addition, where there is one (zero for text)."""
+    if added is None or layer >= added.shape[2]:
+        return hidden
+    return hidden + added[:, :, layer]
+
+
 @torch.inference_mode()
 def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
             hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
@@ -45,7 +66,8 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
     Args:
         adapter: The model's primitives.
         cache: Holds every earlier token of the sequence.
-        embeds: ``(1, L, hidden)`` input embeddings of the chunk.
+        embeds: ``(1, L, hidden)`` input embeddings of the chunk (``(1, L, levels, hidden)`` with
+            DeepStack levels, see `split_levels`).
         positions: ``(3, L)`` M-RoPE positions of the chunk, computed by the caller.
         rows: What the chunk's tokens are, for the cache's token table.
         hook: Sees each layer's q, k, v after the chunk attended; what it returns is the part of
@@ -61,7 +83,7 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
         tokens that reached it: all of the chunk's unless the hook skipped some; text always does.
     """
     rotary = adapter.rotary(positions)
-    hidden = embeds
+    hidden, added = split_levels(embeds)
     alive = None  # chunk offsets of the tokens still computed; None: all of them
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, rotary)
@@ -86,12 +108,14 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
             step.layers += 1
         hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2],
                                                             past_mask=past_mask))
+        hidden = add_level(hidden, added, layer)
         kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None
         cache.keep(layer, k.shape[2], kept, alive)
         if kept is not None and hook.skip_pruned:
             alive = kept if alive is None else alive[kept]
             device_kept = kept.to(hidden.device)
             hidden = hidden[:, device_kept]
+            added = added[:, device_kept] if added is not None else None
             rotary = tuple(part[:, device_kept] for part in rotary)
     cache.commit(rows)
     return hidden

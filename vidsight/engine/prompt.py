@@ -117,9 +117,12 @@ def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, fram
     """
     spec, patches = adapter.vision, plan.grid_thw[0]
     first_frame = torch.clamp(torch.arange(patches) * spec.temporal_patch_size, max=len(frame_index) - 1)
+    last_frame = torch.clamp(first_frame + spec.temporal_patch_size - 1, max=len(frame_index) - 1)
     keep = torch.ones(plan.patch_tokens, dtype=torch.bool) if keep is None else keep.reshape(-1)
     kept_per_patch = keep.view(patches, -1).sum(dim=1).tolist()
-    texts = [adapter.patch_text(k, float(time_s[first_frame[k]])) for k in range(patches)]
+    # A patch's time is counted from the video's first frame, as Qwen's processors time a clip.
+    middle = (time_s[first_frame] + time_s[last_frame]) / 2 - time_s[0]
+    texts = [adapter.patch_text(k, float(middle[k])) for k in range(patches)]
     text_tokens = sum(len(before) + len(after) for before, after in texts)
     span = sum(kept_per_patch) + text_tokens + plan.suffix_tokens
     layout = adapter.build_prompt(question, span)

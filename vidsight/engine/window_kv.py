@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from vidsight.engine.forward import attend
+from vidsight.engine.forward import add_level, attend, split_levels
 from vidsight.engine.refresh import Overlap, RefreshPolicy
 from vidsight.engine.stats import StageClock
 from vidsight.engine.prompt import VideoPrompt
@@ -123,11 +123,11 @@ class WindowKV:
 def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
              policy: RefreshPolicy, always: torch.Tensor) -> torch.Tensor:
     """Recompute the KV of the tokens at ``slots`` (ascending) from their input ``embeds``
-    (``(n, hidden)``), each attending to every cached token before it; the policy's narrowing
+    (``(n, hidden)``, or ``(n, levels, hidden)``), each attending to every cached token before it; the policy's narrowing
     never drops the ``always`` ones. Returns the slots the last layer refreshed."""
     if len(slots) == 0:
         return slots
-    hidden = embeds[None].to(adapter.dtype)
+    hidden, added = split_levels(embeds[None].to(adapter.dtype))
     cos, sin = adapter.rotary(positions)  # (1, n, head_dim) each
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, (cos, sin))
@@ -138,9 +138,11 @@ def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: t
             keep = torch.cat([narrowed, torch.nonzero(always).flatten()]).sort().values
             slots, cos, sin, hidden, q, k, v = (slots[keep], cos[:, keep], sin[:, keep], hidden[:, keep],
                                                 q[:, :, keep], k[:, :, keep], v[:, :, keep])
+            added = added[:, keep] if added is not None else None
         cache.overwrite(layer, slots, k, v)
         keys, values = cache.read(layer)
-        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, 0, query_slots=slots))
+        hidden = add_level(adapter.finish_layer(layer, hidden, attend(q, keys, values, 0, query_slots=slots)),
+                           added, layer)
     return slots
 
 

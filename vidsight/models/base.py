@@ -29,6 +29,10 @@ class VisionSpec:
         suffix_tokens: Video tokens after the last temporal patch (LLaVA-OneVision's newline).
         prunable: Each token stands for one merge group of patches, so the encoder can skip
             groups (motion pruning); not so where tokens are pooled across groups (LLaVA-OneVision).
+        deepstack_layers: Decoder layers after which the tower's intermediate features are added
+            to the video tokens' hidden states (Qwen3-VL's DeepStack). A token's inputs are then
+            ``1 + deepstack_layers`` levels, ``(..., levels, hidden)``: its embedding, then what is
+            added after each of those layers (zeros for text).
     """
 
     patch_size: int
@@ -43,6 +47,7 @@ class VisionSpec:
     fixed_size: tuple[int, int] | None = None
     suffix_tokens: int = 0
     prunable: bool = True
+    deepstack_layers: int = 0
 
     @classmethod
     def of(cls, vision_config, image_mean: tuple[float, float, float], image_std: tuple[float, float, float],
@@ -124,9 +129,9 @@ class VLMAdapter(Protocol):
         """The chat-templated prompt around one video span of ``video_tokens`` tokens."""
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
-        """Token ids the family puts around temporal patch ``index`` of a video (its first frame
-        shown at ``time_s``): before its tokens and after them (InternVL's frame labels; none for
-        Qwen2.5-VL)."""
+        """Token ids the family puts around temporal patch ``index`` of a video (``time_s`` the
+        mean presentation time of its first and last frames): before its tokens and after them
+        (InternVL's frame labels, Qwen3-VL's timestamps; none for Qwen2.5-VL)."""
 
     def text_ids(self, text: str) -> list[int]:
         """``text`` as token ids, without special tokens."""
@@ -137,7 +142,8 @@ class VLMAdapter(Protocol):
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
                      keep: torch.Tensor | None = None) -> torch.Tensor:
         """``(tokens, hidden)`` language-model inputs of one video's temporal patches (only its
-        ``keep`` merge groups), without the suffix."""
+        ``keep`` merge groups), without the suffix; ``(tokens, levels, hidden)`` for a family with
+        DeepStack levels (`VisionSpec.deepstack_layers`)."""
 
     def video_suffix(self) -> torch.Tensor:
         """``(vision.suffix_tokens, hidden)`` language-model inputs that follow a video's last patch."""
@@ -146,7 +152,7 @@ class VLMAdapter(Protocol):
         """Several videos in one vision call, each attending only within itself."""
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """``(L, hidden)`` embeddings of token ids."""
+        """``(L, hidden)`` embeddings of token ids (``(L, levels, hidden)``, as `encode_video`'s)."""
 
     def video_positions(self, grid_thw: tuple[int, int, int], second_per_grid_t: float, start: int) -> torch.Tensor:
         """``(3, tokens)`` rotary positions of a video's patch tokens, beginning at position ``start``

@@ -1,4 +1,5 @@
-"""The language-model side shared by families whose decoder is Qwen2's (Qwen2.5-VL, LLaVA-OneVision, InternVL3):
+"""The language-model side shared by families whose decoder is Qwen2's (Qwen2.5-VL, LLaVA-OneVision, InternVL3)
+or Qwen3's (Qwen3-VL):
 prompt building through the checkpoint's chat template, embeddings, per-layer projections and
 norms, and key re-rotation. Each family adds its vision tower and its rotary positions."""
 
@@ -74,9 +75,13 @@ class Qwen2DecoderAdapter:
         slots = torch.nonzero(ids == self.template_video_id).flatten()
         if len(slots) != 1:
             raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
-        start = int(slots[0])
+        start, end = self._template_video(ids, int(slots[0]))
         video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
-        return PromptLayout(torch.cat([ids[:start], video, ids[start + 1 :]]), start, video_tokens)
+        return PromptLayout(torch.cat([ids[:start], video, ids[end:]]), start, video_tokens)
+
+    def _template_video(self, ids: torch.Tensor, slot: int) -> tuple[int, int]:
+        """The template's tokens the video span replaces: its video mark alone."""
+        return slot, slot + 1
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """No text around a video's patches (the span is the patches' tokens alone)."""
@@ -87,8 +92,8 @@ class Qwen2DecoderAdapter:
         return self._no_tokens()
 
     def _no_tokens(self) -> torch.Tensor:
-        """``(0, hidden)`` language-model inputs: a video part with nothing in it."""
-        return torch.empty((0, self.model.config.text_config.hidden_size), dtype=self.dtype, device=self.device)
+        """Language-model inputs of no tokens: a video part with nothing in it."""
+        return self.embed_tokens(torch.empty(0, dtype=torch.long))
 
     def text_ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

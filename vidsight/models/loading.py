@@ -14,11 +14,13 @@ from vidsight.models.internvl import InternVLAdapter
 from vidsight.models.llava_onevision import LlavaOnevisionAdapter
 from vidsight.models.qwen2_5_vl import (CLIP_MEAN, CLIP_STD, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,  # noqa: F401
                                         VIDEO_TOTAL_PIXELS, Qwen25VLAdapter)
+from vidsight.models.qwen3_vl import Qwen3VLAdapter
 
 log = logging.getLogger(__name__)
 
 # Each family's adapter, by the ``model_type`` of a checkpoint's config.json.
-ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter, "llava_onevision": LlavaOnevisionAdapter, "internvl": InternVLAdapter}
+ADAPTERS = {"qwen2_5_vl": Qwen25VLAdapter, "qwen3_vl": Qwen3VLAdapter, "llava_onevision": LlavaOnevisionAdapter,
+            "internvl": InternVLAdapter}
 
 
 def _looks_like_path(name: str) -> bool:

@@ -2,7 +2,8 @@
 
 The 3B and 7B shapes are the published ``config.json`` values of Qwen2.5-VL-3B/7B-Instruct, and
 ``llava-onevision-7b``/``-0.5b`` those of LLaVA-OneVision-Qwen2-7B/0.5B (llava-hf's ``-ov-hf``
-conversions) and ``internvl3-8b``/``-1b`` those of InternVL3-8B/1B (OpenGVLab's ``-hf`` conversions),
+conversions), ``internvl3-8b``/``-1b`` those of InternVL3-8B/1B (OpenGVLab's ``-hf`` conversions) and
+``qwen3-vl-8b``/``-2b`` those of Qwen3-VL-8B/2B-Instruct,
 vocabulary sizes included; text goes through vidsight's byte-level tokenizer, whose chat tokens
 have their own (small) ids. ``small`` pairs the Qwen2.5-0.5B language model with a
 shallower vision tower and frames of 56x56 to 224x224 pixels, so a 5-minute video runs on a 2-core CPU in minutes.
@@ -18,9 +19,12 @@ import torch
 from vidsight.errors import ConfigError
 from vidsight.models.base import VLMAdapter
 from vidsight.models.loading import ADAPTERS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
+from vidsight.models.qwen3_vl import VIDEO_MAX_PIXELS as QWEN3_MAX_PIXELS
+from vidsight.models.qwen3_vl import VIDEO_MIN_PIXELS as QWEN3_MIN_PIXELS
+from vidsight.models.qwen3_vl import VIDEO_TOTAL_PIXELS as QWEN3_TOTAL_PIXELS
 from vidsight.models.tiny import (CHAT_TEMPLATE, INTERNVL_CHAT_TEMPLATE, LLAVA_CHAT_TEMPLATE, build_internvl_tokenizer,
                                   build_llava_tokenizer, build_tiny_tokenizer, internvl_config, llava_config,
-                                  qwen_config)
+                                  qwen3_config, qwen_config)
 
 _VISION_3B_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                      spatial_merge_size=2, temporal_patch_size=2, window_size=112,
@@ -39,6 +43,14 @@ _SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layer
 # InternVL3's tower: InternViT-300M-448px-V2.5.
 _INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        image_size=[448, 448], patch_size=[14, 14], attention_bias=True, layer_scale_init_value=0.1)
+# Qwen3-VL's decoder settings (interleaved M-RoPE) and towers: SigLIP 2 so400m (8B) and large (2B)
+# with 16-pixel patches, a 48x48 learnt position grid, and DeepStack from three of their blocks.
+_QWEN3_TEXT = dict(head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                   rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
+                                    "mrope_interleaved": True})
+_QWEN3_VISION = dict(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                     hidden_act="gelu_pytorch_tanh")
+_QWEN3_PIXELS = dict(min_pixels=QWEN3_MIN_PIXELS, max_pixels=QWEN3_MAX_PIXELS, total_pixels=QWEN3_TOTAL_PIXELS)
 # The Qwen2 decoders of LLaVA-OneVision and InternVL3 (1-D rope).
 _QWEN2_TEXT = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
@@ -71,6 +83,20 @@ MODEL_SHAPES = {
         vision=dict(_VISION_3B_7B, depth=8, hidden_size=640, intermediate_size=1712, num_heads=10,
                     fullatt_block_indexes=[3, 7], out_hidden_size=896),
         min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
+    "qwen3-vl-8b": Shape(
+        family="qwen3_vl",
+        text=dict(_QWEN3_TEXT, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                  num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=False),
+        vision=dict(_QWEN3_VISION, depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
+                    deepstack_visual_indexes=[8, 16, 24]),
+        **_QWEN3_PIXELS),
+    "qwen3-vl-2b": Shape(
+        family="qwen3_vl",
+        text=dict(_QWEN3_TEXT, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=True),
+        vision=dict(_QWEN3_VISION, depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                    deepstack_visual_indexes=[5, 11, 17]),
+        **_QWEN3_PIXELS),
     "llava-onevision-7b": Shape(
         family="llava_onevision",
         text=dict(_QWEN2_TEXT, **_QWEN2_7B, vocab_size=152128, tie_word_embeddings=False),
@@ -96,6 +122,7 @@ _TEXT_COMMON = dict(max_position_embeddings=128000, rms_norm_eps=1e-6,
 _FAMILIES = {
     "qwen2_5_vl": (build_tiny_tokenizer, lambda tokenizer, text, vision: qwen_config(
         tokenizer, {**_TEXT_COMMON, **text}, vision), CHAT_TEMPLATE),
+    "qwen3_vl": (build_tiny_tokenizer, qwen3_config, CHAT_TEMPLATE),
     "llava_onevision": (build_llava_tokenizer, llava_config, LLAVA_CHAT_TEMPLATE),
     "internvl": (build_internvl_tokenizer, internvl_config, INTERNVL_CHAT_TEMPLATE),
 }

@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of the real architectures (Qwen2.5-VL, LLaVA-OneVision, InternVL3),
+"""Random-weight checkpoints of the real architectures (Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision, InternVL3),
 written without any download.
 
 The directory has the layout of a Hugging Face checkpoint (config, safetensors weights,
@@ -45,6 +45,18 @@ TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, o
                    fullatt_block_indexes=[1], tokens_per_second=2)
 # Small frames keep the tiny model fast: at most 224x224 per frame, at least 56x56.
 TINY_VIDEO_PIXELS = dict(min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 256)
+
+# Qwen3-VL: a three-layer Qwen3 decoder (per-head q/k norms, rotary axes interleaved over 8
+# frequencies as the released [24, 20, 20] split is over 64) and a two-block tower of 16-pixel
+# patches whose blocks both feed DeepStack (added after decoder layers 0 and 1, not after 2).
+TINY_QWEN3_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2],
+                                        "mrope_interleaved": True})
+TINY_QWEN3_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                         spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                         deepstack_visual_indexes=[0, 1])
+TINY_QWEN3_PIXELS = dict(min_pixels=64 * 64, max_pixels=192 * 192, total_pixels=192 * 192 * 256)
 
 # LLaVA-OneVision's chat format (Qwen2's turns; the video before the text of a user turn).
 LLAVA_CHAT_TEMPLATE = (
@@ -125,6 +137,41 @@ def _tiny_qwen2_5_vl(directory: str | Path, seed: int, text: dict) -> Path:
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     return save_checkpoint(directory, model, tokenizer, **TINY_VIDEO_PIXELS)
+
+
+def qwen3_config(tokenizer, text: dict, vision: dict):
+    """A ``Qwen3VLConfig`` wired to ``tokenizer``'s special tokens (Qwen's, as Qwen2.5-VL's).
+
+    Args:
+        tokenizer: Carries Qwen's special tokens (``SPECIAL_TOKENS``).
+        text: The language model's fields; ``vocab_size`` defaults to the tokenizer's, and
+            ``tie_word_embeddings`` is the model's.
+        vision: The vision tower's fields; its output size follows the language model's.
+    """
+    from transformers import Qwen3VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(text)
+    tied = text.pop("tie_word_embeddings", False)
+    text_config = {"vocab_size": len(tokenizer), **text, "bos_token_id": ids["<|endoftext|>"],
+                   "eos_token_id": ids["<|im_end|>"]}
+    return Qwen3VLConfig(text_config=text_config, vision_config={**vision, "out_hidden_size": text["hidden_size"]},
+                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                         tie_word_embeddings=tied)
+
+
+def _tiny_qwen3_vl(directory: str | Path, seed: int, text: dict) -> Path:
+    from transformers import Qwen3VLForConditionalGeneration
+
+    tokenizer = build_tiny_tokenizer()
+    config = qwen3_config(tokenizer, {**TINY_QWEN3_TEXT, **text}, TINY_QWEN3_VISION)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    pixels = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5]}
+    return _save(directory, model, tokenizer, {"image_processor_type": "Qwen2VLImageProcessor", **pixels},
+                 {"video_processor_type": "Qwen3VLVideoProcessor", **pixels, **TINY_QWEN3_PIXELS})
 
 
 def _tokenizer_with(tokens: list[str], chat_template: str):
@@ -210,7 +257,8 @@ def _tiny_internvl(directory: str | Path, seed: int, text: dict) -> Path:
 
 
 # The families `write_tiny_model` builds, by model type.
-TINY_FAMILIES = {"qwen2_5_vl": _tiny_qwen2_5_vl, "llava_onevision": _tiny_llava_onevision, "internvl": _tiny_internvl}
+TINY_FAMILIES = {"qwen2_5_vl": _tiny_qwen2_5_vl, "qwen3_vl": _tiny_qwen3_vl, "llava_onevision": _tiny_llava_onevision,
+                 "internvl": _tiny_internvl}
 
 
 def qwen_config(tokenizer, text: dict, vision: dict, pad_token: str | None = None):
