@@ -27,6 +27,16 @@ def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
     assert results["refresh"]["mean_per_window"]["carry"] > 0 and both["mean_per_window"]["carry"] > 0
 
 
+def test_without_a_flop_count_the_timings_are_reported_and_the_flops_are_nan(tmp_path, tiny_adapter):
+    import math
+
+    videos = anomaly_videos(tmp_path, count=1, gop=32)
+    configs = {name: c for name, c in configurations().items() if name in ("full-comp", "refresh")}
+    results = run_watch(tiny_adapter, videos, configs, flop_videos=0)
+    assert results["refresh"]["speedup_vision_prefill"] > 0 and results["refresh"]["mean_per_window"]["reused"] > 0
+    assert all(math.isnan(r["mean_per_window"]["flops"]) and math.isnan(r["flops_reduction"]) for r in results.values())
+
+
 def test_window_labels_match_the_suites_own(tmp_path, tiny_adapter):
     videos = anomaly_videos(tmp_path, count=2, gop=32)
     config = configurations()["full-comp"]

@@ -157,3 +157,59 @@ def test_every_group_kept_equals_the_full_encoding_and_pruned_groups_are_left_ou
     assert kept.shape[0] == full.shape[0] - gw // 2
     # later temporal patches attend only within themselves: untouched by the first patch's pruning
     torch.testing.assert_close(kept[-(gh * gw // 4) * (t - 1):], full[-(gh * gw // 4) * (t - 1):])
+
+
+class _DropAtFirstLayer:
+    """Keeps the chunk offsets ``kept`` at layer 0; the rest skip every later layer."""
+
+    skip_pruned = True
+
+    def __init__(self, kept: torch.Tensor):
+        self.kept = kept
+
+    def after_attention(self, layer, q, k, v, rows):
+        return self.kept if layer == 0 else None
+
+
+def test_tokens_that_skip_later_layers_carry_their_own_deepstack_features(qwen3_adapter, make_test_video):
+    """Against transformers' own decoder layers and DeepStack step: the whole chunk through layer 0
+    and its features, then only the kept tokens, each with its own features, through the rest."""
+    from vidsight.engine.forward import forward
+    from vidsight.kv import KVCache, TokenTable
+
+    adapter, lm = qwen3_adapter, qwen3_adapter.model.model.language_model
+    path, _ = make_test_video(**CASES[1][1])
+    info = probe(path)
+    video = preprocess_video(decode_frames(path, sample_frames(info, SamplingConfig(fps=2.0)), info=info).data,
+                             adapter.vision)
+    with torch.inference_mode():
+        visual = adapter.encode_video(video.pixel_values, video.grid_thw)
+        text = adapter.embed_tokens(torch.tensor(adapter.text_ids("a b c")))
+        embeds = torch.cat([text[:3], visual, text[3:]])[None]  # (1, L, levels, hidden)
+        length = embeds.shape[1]
+        positions = torch.arange(length).expand(3, -1)
+        kept = torch.cat([torch.arange(3), torch.arange(3, 3 + len(visual), 2), torch.arange(3 + len(visual), length)])
+        cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, length, adapter.dtype, adapter.device)
+        ours = forward(adapter, cache, embeds, positions, TokenTable.text(positions), _DropAtFirstLayer(kept))
+
+        hidden, levels = embeds[:, :, 0], embeds[:, :, 1:]
+        rotary = lm.rotary_emb(hidden, positions[:, None, :])
+        for layer, block in enumerate(lm.layers):
+            hidden = block(hidden, attention_mask=None, position_embeddings=rotary)
+            if layer < levels.shape[2]:
+                hidden = hidden + levels[:, :, layer]
+            if layer == 0:
+                hidden, levels = hidden[:, kept], levels[:, kept]
+                rotary = tuple(part[:, kept] for part in rotary)
+    assert adapter.vision.deepstack_layers == 2 < adapter.num_layers
+    torch.testing.assert_close(ours, hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_motion_pruning_encodes_fewer_tokens_on_a_static_camera(qwen3_adapter, make_test_video):
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    path, _ = make_test_video(width=320, height=240, duration_s=6.0, fps=8, gop=48, bframes=False)
+    pruned = Asker(qwen3_adapter).ask(path, QUESTION, prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()),
+                                      generation=GenerationConfig(max_new_tokens=2))
+    assert 0 < pruned.stats.encoded_visual_tokens < pruned.stats.visual_tokens
+    assert pruned.stats.kept_visual_tokens == pruned.stats.encoded_visual_tokens  # every encoded token prefilled

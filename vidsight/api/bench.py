@@ -68,6 +68,11 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                                             help="Full-Comp vs motion pruning vs KV refresh vs both on labelled videos")
     bench_watch.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint (default: {TASK_MODEL})")
     bench_watch.add_argument("--shape", default=None, help="time a random-weight model shape instead of --model")
+    bench_watch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                             help="weights and activations (default: float32; bfloat16 fits the 7-8 B shapes in 24 GiB)")
+    bench_watch.add_argument("--flop-videos", type=int, default=3,
+                             help="videos whose windows are run again to count FLOPs (default: 3; 0 skips the count, "
+                                  "for shapes too slow to run twice)")
     bench_watch.add_argument("--suite", default="anomaly", choices=("anomaly", "hard"),
                              help="anomaly: the task model's anomaly videos (default); hard: families where motion "
                                   "vectors miss events (recolour, appear, creep, brief, pan, lighting, noise)")
@@ -214,11 +219,16 @@ def _run_bench_watch(args) -> int:
             raise ConfigError(f"--window-s {args.window_s:g} is longer than the {args.video_s:g}-s videos")
         videos = suite(args.root, args.videos, args.gop)
     windows = dataclasses.replace(SUITE_WINDOWS, window_s=args.window_s)
-    adapter = build_shape(args.shape) if args.shape else load_model(args.model)
+    if args.flop_videos < 0:
+        raise ConfigError(f"--flop-videos must be 0 or more, got {args.flop_videos}")
+    import torch
+
+    dtype = getattr(torch, args.dtype)
+    adapter = build_shape(args.shape, dtype=dtype) if args.shape else load_model(args.model, dtype=dtype)
     report = run_watch_bench(adapter, videos, args.tau, axes, args.root, args.static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
-                             windows=windows)
+                             windows=windows, flop_videos=args.flop_videos)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0

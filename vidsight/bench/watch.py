@@ -143,15 +143,16 @@ def window_label(scene, verdict: WindowVerdict, fps: float) -> bool:
 
 
 def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchConfig], progress: bool = False,
-              base: dict | None = None) -> dict:
+              base: dict | None = None, flop_videos: int = FLOP_VIDEOS) -> dict:
     """Watch every video under every configuration; the report described in the module docstring.
-    Ratios are against ``base`` (a Full-Comp result) or the ``full-comp`` configuration."""
+    Ratios are against ``base`` (a Full-Comp result) or the ``full-comp`` configuration. FLOPs are
+    counted on ``flop_videos`` of the videos (0: not counted, reported as NaN)."""
     results = {}
     labelled = all("scene" in video for video in videos)
     for name, config in configs.items():
         windows, flops, predicted, actual, right = [], [], [], [], {}
         window_predicted, window_actual = [], []
-        counted = set(np.linspace(0, len(videos) - 1, min(FLOP_VIDEOS, len(videos))).round().astype(int).tolist())
+        counted = set(np.linspace(0, len(videos) - 1, min(flop_videos, len(videos))).round().astype(int).tolist())
         for number, video in enumerate(tqdm(videos, desc=name, disable=not progress, leave=False)):
             verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
             if number in counted:
@@ -167,7 +168,7 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
                          "refreshed": v.refreshed_tokens}
                         for v in verdicts[1:]]  # the first window has nothing to reuse
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
-        mean["vision_flops"], mean["flops"] = (float(np.mean(column)) for column in zip(*flops))
+        mean["vision_flops"], mean["flops"] = (float(np.mean(column)) for column in zip(*flops)) if flops else (float("nan"),) * 2
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
                          **precision_recall_f1(predicted, actual),
@@ -206,7 +207,7 @@ SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "str
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
                     root: str | Path = "", static_scenes: bool = False, progress: bool = False,
                     videos_at: Callable[[int], list[dict]] | None = None,
-                    windows: WindowConfig = SUITE_WINDOWS) -> dict:
+                    windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS) -> dict:
     """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
     the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
@@ -224,7 +225,7 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": windows.window_s,
               "stride_fraction": windows.stride_fraction, "fps": windows.fps, "tau": tau,
-              "configs": run_watch(adapter, videos, configs, progress), "refused": refused}
+              "configs": run_watch(adapter, videos, configs, progress, flop_videos=flop_videos), "refused": refused}
     both, base = configurations(tau, windows)["pruning+refresh"], report["configs"]["full-comp"]
     report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
                                for value, config in values.items()}
