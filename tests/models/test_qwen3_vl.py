@@ -14,14 +14,7 @@ from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.models.decoder import apply_rotary
 from vidsight.vision import preprocess_video, video_size
 
-QUESTION = "What colour is the square?"
-NEW_TOKENS = 12
-CASES = [
-    ("odd frames, B-frames, 320x240", dict(width=320, height=240, duration_s=2.5, bframes=True), 2.0),
-    ("even frames, no B-frames, 320x240", dict(width=320, height=240, duration_s=2.0, bframes=False), 4.0),
-    ("odd frames, no B-frames, 176x144", dict(width=176, height=144, duration_s=1.5, bframes=False), 2.0),
-    ("even frames, B-frames, 176x144", dict(width=176, height=144, duration_s=3.0, bframes=True, seed=2), 4.0),
-]
+from tests.models.family_reference import CASE_IDS, CASES, QUESTION, check_first_token_logits, check_greedy_answer
 
 
 def processor_prompt(adapter, indices: list[int], fps: float, tokens_per_patch: int) -> torch.Tensor:
@@ -52,29 +45,13 @@ def reference_inputs(adapter, path, sampling):
                 mm_token_type_ids=(ids == adapter.video_token_id).int() * 2), frames
 
 
-@pytest.mark.parametrize("name,fields,fps", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,fields,fps", CASES, ids=CASE_IDS)
 def test_greedy_answer_equals_transformers_generate(qwen3_adapter, make_test_video, name, fields, fps):
-    path, _ = make_test_video(**fields)
-    sampling = SamplingConfig(fps=fps)
-    result = Asker(qwen3_adapter).ask(path, QUESTION, sampling=sampling, prefill=PrefillConfig(group_frames=2),
-                                      generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
-    inputs, frames = reference_inputs(qwen3_adapter, path, sampling)
-    assert result.stats.frames == len(frames) and len(frames) % 2 == (0 if "even" in name else 1)
-    assert result.stats.prompt_tokens == inputs["input_ids"].shape[1]
-    out = qwen3_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert result.token_ids == out[0, inputs["input_ids"].shape[1]:].tolist()
-    assert len(set(result.token_ids)) > 1
+    check_greedy_answer(qwen3_adapter, make_test_video, name, fields, fps, reference_inputs)
 
 
 def test_first_token_logits_match_transformers_for_any_group_size(qwen3_adapter, make_test_video):
-    path, _ = make_test_video(**CASES[0][1])
-    inputs, _ = reference_inputs(qwen3_adapter, path, SamplingConfig(fps=2.0))
-    with torch.inference_mode():
-        reference = qwen3_adapter.model(**inputs).logits[0, -1]
-    for group_frames in [0, 2, 4]:
-        ours = Asker(qwen3_adapter).prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=2.0),
-                                                   prefill=PrefillConfig(group_frames=group_frames))
-        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    check_first_token_logits(qwen3_adapter, make_test_video, reference_inputs, [0, 2, 4])
 
 
 def test_deepstack_reaches_the_answer(qwen3_adapter, make_test_video):

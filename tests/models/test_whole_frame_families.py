@@ -16,14 +16,8 @@ from vidsight.ingest.stream import StreamSource, WindowConfig
 from vidsight.models.decoder import apply_rotary
 from vidsight.vision import preprocess_video
 
-QUESTION = "What colour is the square?"
-NEW_TOKENS = 12
-CASES = [
-    ("odd frames, B-frames, 320x240", dict(width=320, height=240, duration_s=2.5, bframes=True), 2.0),
-    ("even frames, no B-frames, 320x240", dict(width=320, height=240, duration_s=2.0, bframes=False), 4.0),
-    ("odd frames, no B-frames, 176x144", dict(width=176, height=144, duration_s=1.5, bframes=False), 2.0),
-    ("even frames, B-frames, 176x144", dict(width=176, height=144, duration_s=3.0, bframes=True, seed=2), 4.0),
-]
+from tests.models.family_reference import CASE_IDS, CASES, QUESTION, check_first_token_logits, check_greedy_answer
+
 WINDOWS = WindowConfig(window_s=2.0, stride_fraction=0.5, fps=2.0)
 
 
@@ -56,29 +50,13 @@ def reference_inputs(adapter, path, sampling):
     return dict(input_ids=ids, attention_mask=torch.ones_like(ids), **pixels), frames
 
 
-@pytest.mark.parametrize("name,fields,fps", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,fields,fps", CASES, ids=CASE_IDS)
 def test_greedy_answer_equals_transformers_generate(family, make_test_video, name, fields, fps):
-    path, _ = make_test_video(**fields)
-    sampling = SamplingConfig(fps=fps)
-    result = Asker(family).ask(path, QUESTION, sampling=sampling, prefill=PrefillConfig(group_frames=2),
-                               generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
-    inputs, frames = reference_inputs(family, path, sampling)
-    assert result.stats.frames == len(frames) and len(frames) % 2 == (0 if "even" in name else 1)
-    assert result.stats.prompt_tokens == inputs["input_ids"].shape[1]
-    out = family.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert result.token_ids == out[0, inputs["input_ids"].shape[1]:].tolist()
-    assert len(set(result.token_ids)) > 1  # an answer that says something, not one token repeated
+    check_greedy_answer(family, make_test_video, name, fields, fps, reference_inputs)
 
 
 def test_first_token_logits_match_transformers_for_any_group_size(family, make_test_video):
-    path, _ = make_test_video(**CASES[0][1])
-    inputs, _ = reference_inputs(family, path, SamplingConfig(fps=2.0))
-    with torch.inference_mode():
-        reference = family.model(**inputs).logits[0, -1]
-    for group_frames in [0, 1, 2, 3]:
-        ours = Asker(family).prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=2.0),
-                                            prefill=PrefillConfig(group_frames=group_frames))
-        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    check_first_token_logits(family, make_test_video, reference_inputs, [0, 1, 2, 3])
 
 
 def test_frames_are_resized_to_the_towers_square_and_normalised_as_published(family):
