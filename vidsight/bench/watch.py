@@ -168,7 +168,8 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
                          "refreshed": v.refreshed_tokens}
                         for v in verdicts[1:]]  # the first window has nothing to reuse
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
-        mean["vision_flops"], mean["flops"] = (float(np.mean(column)) for column in zip(*flops)) if flops else (float("nan"),) * 2
+        counts = [float(np.mean(column)) for column in zip(*flops)] or [float("nan")] * 2
+        mean["vision_flops"], mean["flops"] = counts
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
                          **precision_recall_f1(predicted, actual),
@@ -227,7 +228,7 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
               "stride_fraction": windows.stride_fraction, "fps": windows.fps, "tau": tau,
               "configs": run_watch(adapter, videos, configs, progress, flop_videos=flop_videos), "refused": refused}
     both, base = configurations(tau, windows)["pruning+refresh"], report["configs"]["full-comp"]
-    report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base)["both"]
+    report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base, flop_videos)["both"]
                                for value, config in values.items()}
                         for axis, values in sweeps(tau, windows).items() if axis in axes}
     if "stride" in axes:
@@ -235,10 +236,12 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
         for stride in (0.1, 0.2, 0.4):
             strided = WindowConfig(windows.window_s, stride, windows.fps)
             configs = {"full-comp": WatchConfig(strided), "both": dataclasses.replace(both, windows=strided)}
-            report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress)["both"]
+            report["sweeps"]["stride"][stride] = run_watch(adapter, videos, configs, progress,
+                                                           flop_videos=flop_videos)["both"]
     if "gop" in axes and videos_at is not None:
         report["sweeps"]["gop"] = {gop: run_watch(adapter, videos_at(gop), {"full-comp": WatchConfig(windows),
-                                                                           "both": both}, progress)["both"]
+                                                                           "both": both}, progress,
+                                                     flop_videos=flop_videos)["both"]
                                    for gop in (8, 32, 64)}
     if static_scenes:
         report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root),
