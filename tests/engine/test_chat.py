@@ -87,6 +87,12 @@ def test_a_baseline_that_covers_the_whole_history_equals_full(tiny_adapter, make
     assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
 
 
+def question_step(adapter, cache, tokens):
+    """A question step of ``tokens`` after what ``cache`` holds, as the forward pass fills it in."""
+    positions = (torch.arange(tokens) + int(cache.tokens.position.max()) + 1).expand(3, -1)
+    return Step("question", positions=positions, unrotate=lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at)))
+
+
 def test_rekv_at_a_question_selects_every_slot_when_k_covers_every_block(tiny_adapter, make_test_video):
     """With a one-token local window, what the question sees comes from retrieval alone."""
     batch = sampled(make_test_video, VIDEOS[1])
@@ -95,12 +101,12 @@ def test_rekv_at_a_question_selects_every_slot_when_k_covers_every_block(tiny_ad
     cache, filled = session.cache, session.cache.filled[0]
     q = torch.randn(1, tiny_adapter.num_heads, 5, tiny_adapter.head_dim)
     policy = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=len(batch) // 2))
-    step = Step("question")
+    step = question_step(tiny_adapter, cache, 5)
     for layer in range(tiny_adapter.num_layers):
         assert torch.equal(policy.select(layer, cache, q, step), torch.arange(filled))
     video = int((cache.tokens.kind == VIDEO).sum())
     assert step.retrieved == tiny_adapter.num_layers * (video - 1)  # all video, bar the window's one token
-    fewer = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=2)).select(0, cache, q, Step("question"))
+    fewer = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=2)).select(0, cache, q, question_step(tiny_adapter, cache, 5))
     assert len(fewer) < filled
 
 
@@ -177,8 +183,8 @@ def test_rekvs_index_kept_across_questions_chooses_as_a_fresh_one(tiny_adapter, 
     q = torch.randn(1, tiny_adapter.num_heads, 3, tiny_adapter.head_dim)
     fresh = ReKVPolicy(ReKVConfig(local_tokens=8, top_frames=2))
     for layer in range(tiny_adapter.num_layers):
-        assert torch.equal(kept.select(layer, session.cache, q, Step("question")),
-                           fresh.select(layer, session.cache, q, Step("question")))
+        assert torch.equal(kept.select(layer, session.cache, q, question_step(tiny_adapter, session.cache, 3)),
+                           fresh.select(layer, session.cache, q, question_step(tiny_adapter, session.cache, 3)))
 
 
 def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tiny_adapter, make_test_video):

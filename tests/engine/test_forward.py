@@ -4,6 +4,7 @@ import torch
 
 from vidsight.engine.forward import attend, forward
 from vidsight.kv import TEXT, VIDEO, GroupPruner, KVCache, PruneConfig, TokenTable
+from vidsight.kv.retrieval import Step
 
 KINDS = [TEXT] * 3 + [VIDEO] * 12 + [TEXT] * 2
 
@@ -69,3 +70,36 @@ def test_per_layer_pruning_passes_every_token_through_every_layer(tiny_adapter):
     # Pruning after the chunk attended leaves the chunk's own hidden states untouched.
     assert torch.allclose(hidden, plain_hidden, atol=1e-5)
     assert all(filled == 3 + 6 + 2 for filled in cache.filled)
+
+
+class Recorder:
+    """A policy that attends to everything and keeps what a policy sees at each layer."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.seen = {}
+
+    def report(self):
+        return {}
+
+    def select(self, layer, cache, q, step):
+        self.seen[layer] = (q, step.positions, step.unrotate)
+        return None
+
+
+def test_a_step_takes_queries_and_keys_back_to_before_the_rotary_embedding(family_adapter):
+    adapter = family_adapter
+    embeds, positions, rows = chunk(adapter, seed=3)
+    positions = positions + torch.tensor([[200], [3], [5]])   # late in a stream, off the diagonal
+    cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(KINDS), adapter.dtype,
+                    adapter.device)
+    recorder = Recorder()
+    forward(adapter, cache, embeds, positions, rows, policy=recorder, step=Step("frame"))
+    q, seen_positions, unrotate = recorder.seen[0]
+    assert torch.equal(seen_positions, positions)
+    # At position 0 the rotary embedding is the identity: the projections as they were before it.
+    plain_q, plain_k, _ = adapter.qkv(0, embeds, adapter.rotary(torch.zeros_like(positions)))
+    assert torch.allclose(unrotate(q, positions), plain_q, atol=1e-4)
+    assert torch.allclose(unrotate(cache.read(0)[0], positions), plain_k, atol=1e-4)
+    assert not torch.allclose(q, plain_q, atol=1e-2)

@@ -29,13 +29,15 @@ def test_key_word_is_the_shape_or_colour_asked_about():
     assert key_word("What colour is the square?") == "square"
     assert key_word("What colour was the triangle?") == "triangle"
     assert key_word("What shape is the red object?") == "red"
+    assert key_word("Which appeared first, the circle or the square?") == "square"
     assert key_word("How many objects are there?") is None
 
 
 def test_key_word_targets_sit_on_the_key_word_and_name_the_answer():
     adapter = build_adapter(seed=0)
     tokenizer = adapter.tokenizer
-    for sample in [make_sample("attribute", seed) for seed in range(4)] + [make_sample("count", 0)]:
+    samples = [make_sample("attribute", seed) for seed in range(4)] + [make_sample("count", 0), make_sample("order", 1)]
+    for sample in samples:
         batch = make_batch([sample], adapter, augment=False, probes=3)
         ids, targets, labels = batch.input_ids[0], batch.key_targets[0], batch.labels[0]
         start = int(batch.answer_start[0])

@@ -28,6 +28,9 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             "default: the streams' own questions)")
     train.add_argument("--order-weight", type=float, default=TrainConfig.order_weight, metavar="W",
                        help="weight of the training-only probe on objects' order of appearance (default: 0, off)")
+    train.add_argument("--retrieval-weight", type=float, default=TrainConfig.retrieval_weight, metavar="W",
+                       help="weight of the training-only loss pointing a chat question's mean query at the "
+                            "patches it is about, as frame retrieval scores them (default: 0, off)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
@@ -43,7 +46,8 @@ def run_train(args) -> int:
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
                          warmup=args.warmup, init=args.init,
                          offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
-                         chat_questions=tuple(args.chat_questions), order_weight=args.order_weight)
+                         chat_questions=tuple(args.chat_questions), order_weight=args.order_weight,
+                         retrieval_weight=args.retrieval_weight)
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
     return 0

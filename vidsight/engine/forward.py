@@ -83,6 +83,9 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
         tokens that reached it: all of the chunk's unless the hook skipped some; text always does.
     """
     rotary = adapter.rotary(positions)
+    if step is not None:
+        step.positions = positions
+        step.unrotate = lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at))
     hidden, added = split_levels(embeds)
     alive = None  # chunk offsets of the tokens still computed; None: all of them
     for layer in range(adapter.num_layers):
@@ -117,5 +120,7 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
             hidden = hidden[:, device_kept]
             added = added[:, device_kept] if added is not None else None
             rotary = tuple(part[:, device_kept] for part in rotary)
+            if step is not None:
+                step.positions = step.positions[:, kept.to(step.positions.device)]
     cache.commit(rows)
     return hidden

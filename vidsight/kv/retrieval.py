@@ -11,7 +11,7 @@ window with attention sinks (``recent``) and ReKV's frame retrieval (``rekv``; D
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -35,6 +35,10 @@ class Step:
             ``(tokens, hidden)`` (the vision tower's merged output), for policies that organise
             memory by what frames look like.
         summaries: Summary entries attended beside the cached tokens (see `Selection`).
+        positions: ``(3, L)`` rotary positions of the step's own tokens (set by the forward pass).
+        unrotate: Set by the forward pass: takes ``(1, heads, n, head_dim)`` queries or keys rotated
+            at ``(3, n)`` positions back to position 0 (what they were before the rotary embedding),
+            for policies that compare content regardless of where tokens sit.
     """
 
     kind: str
@@ -44,6 +48,8 @@ class Step:
     layers: int = 0
     patches: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)
     summaries: int = 0
+    positions: torch.Tensor | None = None
+    unrotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __post_init__(self):
         if self.kind not in STEP_KINDS:
@@ -154,10 +160,14 @@ class ReKVConfig:
         local_tokens: The most recent cached tokens every step attends to (ReKV's ``n_local``).
         top_frames: Frame blocks retrieved per layer at a question (ReKV's ``retrieve_size``); a
             block here is one temporal patch (two frames for Qwen2.5-VL).
+        rotated: Score blocks with keys and queries after the rotary embedding. ReKV's code
+            scores them before it (its context memory keeps keys unrotated), so blocks are
+            compared by content alone, wherever they sit in the stream; the default follows it.
     """
 
     local_tokens: int = 15000
     top_frames: int = 64
+    rotated: bool = False
 
     def __post_init__(self):
         if self.local_tokens < 1 or self.top_frames < 1:
@@ -203,9 +213,9 @@ class ReKVPolicy:
         filled = cache.filled[layer]
         keep = sink_mask(cache, layer, first_frame=False) | window_mask(filled, self.config.local_tokens)
         if step.kind == "frame":
-            self._update(layer, cache)
+            self._update(layer, cache, step)
         elif step.kind == "question":
-            self._retrieved[layer] = self._retrieve(layer, cache, q)
+            self._retrieved[layer] = self._retrieve(layer, cache, q, step)
             self._question_start[layer] = filled
         if step.kind != "frame" and layer in self._retrieved:
             retrieved = torch.zeros(filled, dtype=torch.bool)
@@ -215,7 +225,11 @@ class ReKVPolicy:
             keep |= retrieved
         return torch.nonzero(keep).flatten()
 
-    def _update(self, layer: int, cache: KVCache) -> _BlockIndex:
+    def _content(self, x: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
+        """``(1, heads, n, head_dim)`` queries or keys as scored: unrotated unless ``rotated``."""
+        return x if self.config.rotated else step.unrotate(x, positions.to(x.device))
+
+    def _update(self, layer: int, cache: KVCache, step: Step) -> _BlockIndex:
         """The layer's index, with the video slots written since it was last read.
 
         A temporal patch is written whole in one step, so the slots since then form new blocks;
@@ -232,7 +246,8 @@ class ReKVPolicy:
         new = torch.nonzero(cache.tokens.kind[rows[index.indexed : filled]] == VIDEO).flatten() + index.indexed
         if len(new):
             frames, block_of = torch.unique(cache.tokens.frame_index[rows[new]], return_inverse=True)
-            keys = cache.read(layer, new)[0][0].float().cpu()                    # (kv_heads, n, head_dim)
+            keys = self._content(cache.read(layer, new)[0], cache.tokens.position[rows[new]].T, step)
+            keys = keys[0].float().cpu()                                          # (kv_heads, n, head_dim)
             sums = torch.zeros((keys.shape[0], len(frames), keys.shape[2]))
             sums.index_add_(1, block_of, keys)
             index.frames = torch.cat([index.frames, frames])
@@ -241,9 +256,10 @@ class ReKVPolicy:
         index.indexed = filled
         return index
 
-    def _retrieve(self, layer: int, cache: KVCache, q: torch.Tensor) -> torch.Tensor:
+    def _retrieve(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> torch.Tensor:
         """Slots of the ``top_frames`` blocks whose mean key best matches the question's mean query."""
-        index = self._update(layer, cache)
+        index = self._update(layer, cache, step)
+        q = self._content(q, step.positions, step)
         if len(index.frames) == 0:
             return torch.empty(0, dtype=torch.long)
         heads, kv_heads = q.shape[1], index.sums.shape[0]

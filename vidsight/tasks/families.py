@@ -252,12 +252,15 @@ def probe_questions(sample: Sample) -> list[tuple[str, str]]:
 
 
 def key_word(question: str) -> str | None:
-    """The word a colour or shape question hinges on (the shape asked about, or the colour), else None."""
+    """The word a question hinges on: the shape a colour question asks about, the colour a shape
+    question names, the second shape an order question names (the first is read by then); else None."""
     words = question.rstrip("?").split()
     if words[:2] == ["What", "colour"]:
         return words[-1]
     if words[:2] == ["What", "shape"]:
         return words[-2]
+    if words[:3] == ["Which", "appeared", "first,"]:
+        return words[-1]
     return None
 
 

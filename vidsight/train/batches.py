@@ -9,6 +9,7 @@ import torch
 
 from vidsight.tasks.families import SAMPLE_FPS, Sample, key_word, probe_questions
 from vidsight.models.positions import prompt_positions
+from vidsight.train.retrieval import asked_patches
 from vidsight.vision import preprocess_video
 
 IGNORE = -100
@@ -39,6 +40,9 @@ class Batch:
     token_labels: torch.Tensor     # (B, L) what covers each video token's cell (`Sample.cell_labels`), IGNORE elsewhere
     key_targets: torch.Tensor      # (B, L) at each question's key word (`key_word`), its answer's first token
     order_targets: torch.Tensor    # (B, L) shapes seen before each video token's object (`Sample.cell_earlier`)
+    video_span: torch.Tensor       # (B, 3) first video token, end, temporal patches
+    question_span: torch.Tensor    # (B, 2) the first turn's tokens after the video, before the answer
+    asked_patches: torch.Tensor    # (B, patches) bool: patches showing what a chat question names (`train.retrieval`)
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
@@ -76,6 +80,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
     questions about the clip (`probe_questions`) as later turns, all supervised.
     """
     rows, labels, positions, pixels, grids, starts, cells, keys, orders = [], [], [], [], [], [], [], [], []
+    video_spans, asked = [], []
     tokenizer = adapter.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for sample in samples:
@@ -105,6 +110,10 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         orders.append(order)
         first_keys = _key_targets(layout.input_ids.tolist(), sample.question, answer[0], tokenizer)
         keys.append(torch.tensor(first_keys + [IGNORE] * len(answer) + later_keys, dtype=torch.long))
+        video_end = layout.video_start + layout.video_tokens
+        video_spans.append((layout.video_start, video_end, int(video.grid_thw[0])))
+        shown = asked_patches(sample, spec.temporal_patch_size) if sample.family.startswith("chat") else []
+        asked.append(torch.as_tensor(shown, dtype=torch.bool))
         rows.append(ids), labels.append(label), positions.append(pos), pixels.append(video.pixel_values)
         grids.append(video.grid_thw), starts.append(len(layout.input_ids))
     length = max(len(r) for r in rows)
@@ -123,4 +132,7 @@ def make_batch(samples: list[Sample], adapter, augment: bool, probes: int = 0) -
         token_labels=torch.stack([padded(c, IGNORE) for c in cells]),
         key_targets=torch.stack([padded(k, IGNORE) for k in keys]),
         order_targets=torch.stack([padded(o, IGNORE) for o in orders]),
+        video_span=torch.tensor(video_spans),
+        question_span=torch.tensor([(end, start) for (_, end, _), start in zip(video_spans, starts)]),
+        asked_patches=torch.nn.utils.rnn.pad_sequence(asked, batch_first=True, padding_value=False),
     )

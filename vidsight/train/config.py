@@ -25,6 +25,8 @@ class TrainConfig:
         key_weight: Weight of the training-only loss at questions' key words (`loop.TrainingHeads`).
         order_weight: Weight of the training-only loss on objects' order of appearance
             (`loop.TrainingHeads`); 0 (the committed base recipe) leaves it out.
+        retrieval_weight: Weight of the training-only loss that points a chat question's mean
+            query at the patches it is about (`train.retrieval`); 0 leaves it out.
         init: A checkpoint directory to start from (fine-tuning) instead of random weights.
         offset_patches: Clips start up to this many temporal patches into a stream (positions
             shifted, frames the same; drawn per clip, half of them at 0), so the model reads
@@ -48,6 +50,7 @@ class TrainConfig:
     cell_weight: float = 1.0
     key_weight: float = 1.0
     order_weight: float = 0.0
+    retrieval_weight: float = 0.0
     init: str | None = None
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
@@ -63,7 +66,7 @@ class TrainConfig:
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
-        if min(self.probes, self.cell_weight, self.key_weight, self.order_weight) < 0:
-            raise ConfigError("probes, cell_weight, key_weight and order_weight must be non-negative")
+        if min(self.probes, self.cell_weight, self.key_weight, self.order_weight, self.retrieval_weight) < 0:
+            raise ConfigError("probes and the loss weights must be non-negative")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")

@@ -24,6 +24,7 @@ from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
 from vidsight.train import recipe
 from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
+from vidsight.train.retrieval import ProjectionTap, retrieval_loss
 from vidsight.train.tokenizer import build_task_tokenizer
 
 log = logging.getLogger(__name__)
@@ -120,12 +121,23 @@ class TrainingHeads(torch.nn.Module):
 
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
     batch = batch.to(model.device)
-    out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
-                pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
-                output_hidden_states=heads is not None)
+    text = model.config.text_config
+    tap = ProjectionTap(model.model.language_model.layers) if heads is not None and config.retrieval_weight else None
+    try:
+        out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
+                    pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
+                    output_hidden_states=heads is not None)
+    finally:
+        if tap is not None:
+            tap.close()
     loss = out.loss
     if heads is None:
         return loss
+    if tap is not None:
+        retrieval = retrieval_loss(tap, batch.video_span, batch.question_span, batch.asked_patches,
+                                   text.num_attention_heads, text.num_key_value_heads)
+        if retrieval is not None:
+            loss = loss + config.retrieval_weight * retrieval
     for head, states, targets, weight in ((heads.cells, out.hidden_states[-1], batch.token_labels, config.cell_weight),
                                           (heads.keys, out.hidden_states[KEY_LAYER], batch.key_targets,
                                            config.key_weight),
