@@ -64,6 +64,8 @@ def test_the_chat_suite_with_tiers_reports_each_policys_device_peak(tiny_adapter
     assert report["settings"]["mosaic:top_frames=2"] == {"local_tokens": 32}
     peaks = report["device_peak_tokens"]
     assert peaks["full"] > peaks["mosaic:top_frames=2"] > 0 and report["bytes_moved"]["full"] > 0
+    # Full attention brings the offloaded history up at the question, so some bytes move while answering.
+    assert 0 < report["question_bytes_moved"]["full"] <= report["bytes_moved"]["full"]
     assert report["policy_reports"]["mosaic:top_frames=2"]["index_bytes"] > 0
     assert "device peak" in format_chat_accuracy(report) and not list(tmp_path.iterdir())
 

@@ -44,12 +44,17 @@ def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny
         assert (table.owner[video] >= 0).all()  # every video token belongs to a cluster
         for cluster in torch.nonzero(table.count > 0).flatten().tolist():
             members = table.members(cluster)
-            keys, values = (_flat(x) for x in cache.read(layer, members))
+            rotated, values = cache.read(layer, members)
+            at = cache.tokens.position[cache.rows(layer)[members]].T
+            # Clustered and scored by content: the keys before the rotary embedding.
+            plain = _flat(tiny_adapter.rerotate_keys(rotated, at, torch.zeros_like(at)))
+            keys, values = _flat(rotated), _flat(values)
             assert table.count[cluster] == len(members)
             torch.testing.assert_close(table.key_sum[cluster], keys.sum(dim=0), atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(table.value_sum[cluster], values.sum(dim=0), atol=1e-3, rtol=1e-4)
-            torch.testing.assert_close(table.unit_sum[cluster], unit(keys).sum(dim=0), atol=1e-4, rtol=1e-4)
-            assert abs(table.variance(cluster) - float(cosine_variance(unit(keys).sum(0), torch.tensor(len(keys) * 1.))))\
+            torch.testing.assert_close(table.score_sum[cluster], plain.sum(dim=0), atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(table.unit_sum[cluster], unit(plain).sum(dim=0), atol=1e-4, rtol=1e-4)
+            assert abs(table.variance(cluster) - float(cosine_variance(unit(plain).sum(0), torch.tensor(len(plain) * 1.))))\
                 < 1e-5
 
 
@@ -60,6 +65,11 @@ class Offloaded(KVCache):
         return False
 
 
+def unrotated(kind):
+    """A one-token step at position 0, where the rotary embedding is the identity."""
+    return Step(kind, positions=torch.zeros((3, 1), dtype=torch.long), unrotate=lambda x, at: x)
+
+
 def scripted(cache_type, split):
     """Two patches of four tokens pointing two ways, then a question that fetches everything."""
     policy = MosaicPolicy(MosaicConfig(split=split, prefetch=False, min_split_size=1, **EVERYTHING))
@@ -67,7 +77,7 @@ def scripted(cache_type, split):
     directions = [torch.tensor([1.0, 0.1, 0.0, 0.0]), torch.tensor([0.0, 0.1, 1.0, 0.0])]
     q = torch.ones(1, 1, 1, 4)
     for patch, direction in enumerate(directions):
-        policy.select(0, cache, q, Step("frame"))
+        policy.select(0, cache, q, unrotated("frame"))
         keys = (direction + 0.01 * torch.arange(4.0)[:, None])[None, None]
         cache.write(0, keys, keys)
         cache.keep(0, 4)
@@ -75,7 +85,7 @@ def scripted(cache_type, split):
         rows.kind[:] = VIDEO
         rows.frame_index[:] = 2 * patch
         cache.commit(rows)
-    policy.select(0, cache, q, Step("question"))
+    policy.select(0, cache, q, unrotated("question"))
     table = policy._layers[0]
     return {frozenset(table.members(c).tolist()) for c in range(table.size) if table.count[c] > 0}, policy
 

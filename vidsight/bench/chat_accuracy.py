@@ -54,7 +54,8 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
                          "ttft_s": answer.stats.ttft_s, "policy_report": policy.report(),
                          "device_peak_tokens": chat.cache.device_peak_tokens if tiers is not None else None,
-                         "bytes_moved": sum(answer.stats.bytes_moved.values())})
+                         "bytes_moved": sum(answer.stats.bytes_moved.values()),
+                         "question_bytes_moved": sum(answer.stats.question_bytes_moved.values())})
     return rows
 
 
@@ -109,6 +110,7 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
             "device_peak_tokens": {n: max((q["device_peak_tokens"] or 0) for q in mine(n)) if tiers else None
                                    for n in policies},
             "bytes_moved": {n: share(mine(n), "bytes_moved") for n in policies},
+            "question_bytes_moved": {n: share(mine(n), "question_bytes_moved") for n in policies},
             "questions": questions}
 
 
@@ -129,9 +131,10 @@ def format_chat_accuracy(report: dict) -> str:
                      f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
     if any(v is not None for v in report["device_peak_tokens"].values()):
-        lines.append("device peak (tokens summed over layers, during a question); bytes moved by question time (mean): "
-                     + "; ".join(f"{n} {report['device_peak_tokens'][n]}, {report['bytes_moved'][n] / 2**20:.1f} MiB"
-                                 for n in report["accuracy"]))
+        lines.append("device peak (tokens summed over layers, during a question); bytes moved by the answer, "
+                     "and while answering (means): "
+                     + "; ".join(f"{n} {report['device_peak_tokens'][n]}, {report['bytes_moved'][n] / 2**20:.1f} MiB, "
+                                 f"{report['question_bytes_moved'][n] / 2**20:.1f} MiB" for n in report["accuracy"]))
     for name, policy_report in report["policy_reports"].items():
         if policy_report:
             lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()))

@@ -78,6 +78,7 @@ class ChatStats:
         answer_s: From the question to the whole answer.
         tokens_by_tier: Cached tokens (summed over layers) on the device, host and disk after the answer.
         bytes_moved: Bytes copied up and down between the tiers since the session began.
+        question_bytes_moved: Of those, the bytes copied while this question was answered.
         copy_s: Seconds those copies took, up and down (copies down run beside the computation).
     """
 
@@ -90,6 +91,7 @@ class ChatStats:
     answer_s: float = 0.0
     tokens_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
+    question_bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
     copy_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -304,6 +306,7 @@ class ChatSession:
         before = self.cache.length
         stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
         question_step, answer_step = Step("question"), Step("answer")
+        moved_before = dict(self.cache.bytes_moved)
         with torch.inference_mode():
             video_suffix = self.adapter.video_suffix()
             length = video_suffix.shape[0] + len(question_ids)
@@ -325,6 +328,7 @@ class ChatSession:
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
         stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
+        stats.question_bytes_moved = {way: moved - moved_before[way] for way, moved in stats.bytes_moved.items()}
         stats.copy_s = {way: round(seconds, 6) for way, seconds in self.cache.copy_seconds.items()}
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
 

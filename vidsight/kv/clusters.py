@@ -52,6 +52,7 @@ class ClusterTable:
     Attributes:
         count: ``(C,)`` members per cluster (0: merged away).
         unit_sum: ``(C, F)`` sum of members' unit vectors.
+        score_sum: ``(C, F)`` sum of the vectors retrieval scores (keys before the rotary embedding).
         key_sum: ``(C, F)`` sum of members' raw vectors (keys: the representative key).
         value_sum: ``(C, F)`` sum of members' values (the representative value).
         visual: ``(C,)`` the visual partition a cluster belongs to.
@@ -64,7 +65,7 @@ class ClusterTable:
 
     def __init__(self):
         self.count = torch.zeros(0)
-        self.unit_sum = self.key_sum = self.value_sum = None
+        self.unit_sum = self.score_sum = self.key_sum = self.value_sum = None
         self.visual = torch.zeros(0, dtype=torch.long)
         self.first = torch.zeros(0, dtype=torch.long)
         self.lazy = torch.zeros(0, dtype=torch.bool)
@@ -79,14 +80,14 @@ class ClusterTable:
     def live(self) -> int:
         return int((self.count > 0).sum())
 
-    def add(self, units, keys, values, visual: int, first: int, parent: int = -1) -> int:
+    SUMS = ("unit_sum", "score_sum", "key_sum", "value_sum")
+
+    def add(self, units, scores, keys, values, visual: int, first: int, parent: int = -1) -> int:
         """A new cluster of the given rows; its id."""
-        sums = [x.float().sum(dim=0, keepdim=True) for x in (units, keys, values)]
-        if self.unit_sum is None:
-            self.unit_sum, self.key_sum, self.value_sum = sums
-        else:
-            self.unit_sum, self.key_sum, self.value_sum = (
-                torch.cat([old, new]) for old, new in zip((self.unit_sum, self.key_sum, self.value_sum), sums))
+        for name, rows in zip(self.SUMS, (units, scores, keys, values)):
+            new = rows.float().sum(dim=0, keepdim=True)
+            old = getattr(self, name)
+            setattr(self, name, new if old is None else torch.cat([old, new]))
         self.count = torch.cat([self.count, torch.tensor([float(len(units))])])
         self.visual = torch.cat([self.visual, torch.tensor([visual])])
         self.first = torch.cat([self.first, torch.tensor([first])])
@@ -94,11 +95,10 @@ class ClusterTable:
         self.parent = torch.cat([self.parent, torch.tensor([parent])])
         return self.size - 1
 
-    def extend(self, cluster: int, slots, units, keys, values) -> None:
+    def extend(self, cluster: int, slots, units, scores, keys, values) -> None:
         """Add rows to ``cluster`` (eqs. 3-4: running sums, old members untouched)."""
-        self.unit_sum[cluster] += units.float().sum(dim=0)
-        self.key_sum[cluster] += keys.float().sum(dim=0)
-        self.value_sum[cluster] += values.float().sum(dim=0)
+        for name, rows in zip(self.SUMS, (units, scores, keys, values)):
+            getattr(self, name)[cluster] += rows.float().sum(dim=0)
         self.count[cluster] += len(units)
         if slots is not None:
             self.owner[slots] = cluster
@@ -119,9 +119,9 @@ class ClusterTable:
         if self.size:
             best = int((unit(self.unit_sum) @ vector[0]).argmax())
             if self.variance_with(best, vector) <= threshold(int(self.count[best]) + 1):
-                self.extend(best, None, vector, vector, vector)
+                self.extend(best, None, vector, vector, vector, vector)
                 return best
-        return self.add(vector, vector, vector, visual=self.size, first=first)
+        return self.add(vector, vector, vector, vector, visual=self.size, first=first)
 
     def members(self, cluster: int) -> torch.Tensor:
         return torch.nonzero(self.owner == cluster).flatten()
@@ -129,21 +129,21 @@ class ClusterTable:
     def merge_waiting(self, cluster: int) -> None:
         """Fold the newcomers waiting on ``cluster``'s split back into it."""
         for waiting in torch.nonzero(self.parent == cluster).flatten().tolist():
-            for sums in (self.unit_sum, self.key_sum, self.value_sum):
+            for sums in (getattr(self, name) for name in self.SUMS):
                 sums[cluster] += sums[waiting]
                 sums[waiting] = 0
             self.count[cluster] += self.count[waiting]
             self.count[waiting], self.parent[waiting] = 0, -1
             self.owner[self.owner == waiting] = cluster
 
-    def replace(self, cluster: int, members, second: torch.Tensor, units, keys, values) -> int:
+    def replace(self, cluster: int, members, second: torch.Tensor, units, scores, keys, values) -> int:
         """Split ``cluster``: its ``members`` where ``second`` is False stay, the rest form a new cluster."""
         stay = ~second
-        for sums, rows in ((self.unit_sum, units), (self.key_sum, keys), (self.value_sum, values)):
-            sums[cluster] = rows[stay].float().sum(dim=0)
+        for name, rows in zip(self.SUMS, (units, scores, keys, values)):
+            getattr(self, name)[cluster] = rows[stay].float().sum(dim=0)
         self.count[cluster] = float(stay.sum())
         self.first[cluster] = int(members[stay][0])
-        new = self.add(units[second], keys[second], values[second], visual=int(self.visual[cluster]),
+        new = self.add(units[second], scores[second], keys[second], values[second], visual=int(self.visual[cluster]),
                        first=int(members[second][0]))
         self.owner[members[second]] = new
         return new
@@ -153,13 +153,16 @@ class ClusterTable:
         owned = self.owner[~keep[: len(self.owner)]]
         return torch.bincount(owned[owned >= 0], minlength=self.size)
 
+    def mean_scores(self, clusters: torch.Tensor) -> torch.Tensor:
+        return self.score_sum[clusters] / self.count[clusters, None]
+
     def mean_keys(self, clusters: torch.Tensor) -> torch.Tensor:
         return self.key_sum[clusters] / self.count[clusters, None]
 
     def mean_values(self, clusters: torch.Tensor) -> torch.Tensor:
         return self.value_sum[clusters] / self.count[clusters, None]
 
-    def partition_mean_keys(self, partitions: torch.Tensor) -> torch.Tensor:
-        """``(P, F)`` the mean key of each visual partition's members."""
+    def partition_mean_scores(self, partitions: torch.Tensor) -> torch.Tensor:
+        """``(P, F)`` the mean scored vector of each visual partition's members."""
         where = (self.visual[:, None] == partitions[None]).float()   # (C, P)
-        return (where.T @ self.key_sum) / (where.T @ self.count).clamp(min=1)[:, None]
+        return (where.T @ self.score_sum) / (where.T @ self.count).clamp(min=1)[:, None]

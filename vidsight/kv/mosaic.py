@@ -59,6 +59,9 @@ class MosaicConfig:
         split: ``deferred`` (Algorithm 1: wait until the cluster is fetched) or ``eager``.
         summaries: Attend to the representatives of the clusters not retrieved.
         prefetch: Predict layer l+1's clusters from layer l's query and count the hits.
+        rotated: Cluster and score keys and queries after the rotary embedding. Mosaic does not
+            say; the default compares them before it, as ReKV's code does, so clusters gather
+            tokens by content wherever they sit in the stream (summaries are rotated keys either way).
     """
 
     local_tokens: int = 15000
@@ -74,6 +77,7 @@ class MosaicConfig:
     split: str = "deferred"
     summaries: bool = True
     prefetch: bool = True
+    rotated: bool = False
 
     def __post_init__(self):
         if min(self.local_tokens, self.top_frames, self.visual_top, self.min_split_size, self.max_clusters) < 1 \
@@ -130,7 +134,7 @@ class MosaicPolicy:
         """Live clusters (visual; semantic per layer on average), splits, transfers, prefetch hits."""
         layers = [t.live() for t in self._layers.values()]
         tables = [self.visual, *self._layers.values()]
-        index = sum(x.nbytes for t in tables for x in (t.unit_sum, t.key_sum, t.value_sum) if x is not None)
+        index = sum(x.nbytes for t in tables for name in ClusterTable.SUMS if (x := getattr(t, name)) is not None)
         return {"visual_clusters": self.visual.live(), "semantic_clusters_per_layer": sum(layers) / max(len(layers), 1),
                 **dataclasses.asdict(self.stats), "prefetch_hit_rate": self.stats.prefetch_hit_rate,
                 "index_bytes": index}
@@ -141,6 +145,7 @@ class MosaicPolicy:
             self.__init__(self.config)
             self._cache_id = id(cache)
             cache.set_layout(self._group_of)  # offloaded KV stays cluster-contiguous
+        self._unrotate = step.unrotate
         if layer == 0:
             for frame_index, embeds in step.patches:
                 self._place_frame(frame_index, embeds)
@@ -152,7 +157,7 @@ class MosaicPolicy:
             slots = torch.cat([chosen.slots, torch.arange(self._question_start[layer], filled)])
             return Selection(slots, chosen.keys, chosen.values)
         keep = self._kept(cache, layer)
-        query = _query(q, self._shape[0])
+        query = _query(q if self.config.rotated else step.unrotate(q, step.positions.to(q.device)), self._shape[0])
         chosen = self._retrieve(layer, cache, table, query, keep)
         if layer in self._predicted:
             self.stats.prefetch_hits += len(self._predicted.pop(layer) & set(chosen))
@@ -198,7 +203,7 @@ class MosaicPolicy:
         """Put a temporal patch in the visual cluster it looks most like, or a new one."""
         vector = unit(embeds.float().mean(dim=0).cpu())[None]
         if self.config.clustering in ("semantic", "none"):
-            partition = 0 if self.visual.size else self.visual.add(vector, vector, vector, visual=0, first=frame_index)
+            partition = 0 if self.visual.size else self.visual.add(vector, vector, vector, vector, visual=0, first=frame_index)
         else:
             partition = self.visual.assign(vector, lambda n: self.config.visual_tau, first=frame_index)
         self._frame_partition[frame_index] = partition
@@ -219,46 +224,54 @@ class MosaicPolicy:
         self._frames.setdefault(layer, set()).update(frames.tolist())
         if self.config.clustering == "none":
             return table
-        keys, values = (_flat(x) for x in cache.read(layer, new))
+        scores, keys, values = self._read(layer, cache, new)
         partition = torch.tensor([self._frame_partition.get(f, 0) for f in frames.tolist()])
         for group in torch.unique(partition).tolist():
             mine = partition == group
-            self._absorb(layer, table, cache, new[mine], keys[mine], values[mine], group)
+            self._absorb(layer, table, cache, new[mine], scores[mine], keys[mine], values[mine], group)
         return table
 
-    def _absorb(self, layer: int, table: ClusterTable, cache: KVCache, slots, keys, values, group: int) -> None:
+    def _read(self, layer: int, cache: KVCache, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(n, kv_heads * head_dim)`` float32 rows of ``slots``: the keys as scored, the keys, the values."""
+        keys, values = cache.read(layer, slots)
+        scores = keys if self.config.rotated else self._unrotate(
+            keys, cache.tokens.position[cache.rows(layer)[slots]].T.to(keys.device))
+        return _flat(scores), _flat(keys), _flat(values)
+
+    def _absorb(self, layer: int, table: ClusterTable, cache: KVCache, slots, scores, keys, values, group: int
+                ) -> None:
         """Assign one visual partition's new tokens; split, or defer splitting, the clusters they make invalid."""
-        units = unit(keys)
+        units = unit(scores)
         candidates = table.candidates(group)
         if len(candidates) == 0:
-            table.owner[slots] = table.add(units, keys, values, visual=group, first=int(slots[0]))
+            table.owner[slots] = table.add(units, scores, keys, values, visual=group, first=int(slots[0]))
             if self.config.clustering != "visual":
                 self._check(layer, table, table.size - 1, cache)
             return
         if self.config.clustering == "visual":  # one cluster per visual partition: never split
-            table.extend(int(candidates[0]), slots, units, keys, values)
+            table.extend(int(candidates[0]), slots, units, scores, keys, values)
             return
         best = candidates[(units @ unit(table.unit_sum[candidates]).T).argmax(dim=1)]
         for cluster in torch.unique(best).tolist():
             mine = best == cluster
             if table.lazy[cluster]:   # already waiting for its split: newcomers wait beside it
-                self._wait(table, cluster, slots[mine], units[mine], keys[mine], values[mine])
+                self._wait(table, cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 continue
             size = int(table.count[cluster]) + int(mine.sum())
             cohesive = not self._splittable(table, cluster, size) or table.variance_with(
                 cluster, units[mine]) <= size_threshold(size, self.config)
             if cohesive or self.config.split == "eager" or cache.resident(layer, table.members(cluster)):
-                table.extend(cluster, slots[mine], units[mine], keys[mine], values[mine])
+                table.extend(cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 if not cohesive:
                     self._split(layer, table, cluster, cache, fetched=False)
             else:   # Algorithm 1, lines 7-10: offloaded, so the newcomers wait as a cluster of their own
                 table.lazy[cluster] = True
                 self.stats.deferred_splits += 1
-                self._wait(table, cluster, slots[mine], units[mine], keys[mine], values[mine])
+                self._wait(table, cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
 
     @staticmethod
-    def _wait(table: ClusterTable, parent: int, slots, units, keys, values) -> None:
-        table.owner[slots] = table.add(units, keys, values, visual=int(table.visual[parent]), first=int(slots[0]),
+    def _wait(table: ClusterTable, parent: int, slots, units, scores, keys, values) -> None:
+        table.owner[slots] = table.add(units, scores, keys, values, visual=int(table.visual[parent]), first=int(slots[0]),
                                        parent=parent)
 
     def _splittable(self, table: ClusterTable, cluster: int, size: int) -> bool:
@@ -278,10 +291,10 @@ class MosaicPolicy:
         members = table.members(cluster)
         if not fetched and not cache.resident(layer, members):
             self.stats.maintenance_transfers += 1
-        keys, values = (_flat(x) for x in cache.read(layer, members))
-        second = split_in_two(unit(keys))
+        scores, keys, values = self._read(layer, cache, members)
+        second = split_in_two(unit(scores))
         if second is not None:
-            table.replace(cluster, members, second, unit(keys), keys, values)
+            table.replace(cluster, members, second, unit(scores), scores, keys, values)
             self.stats.splits += 1
 
     # -- retrieval -----------------------------------------------------------------------------------
@@ -299,10 +312,10 @@ class MosaicPolicy:
         live = torch.nonzero(outside > 0).flatten()
         if len(live) == 0:
             return []
-        scores = table.mean_keys(live) @ query
+        scores = table.mean_scores(live) @ query
         if self.config.clustering == "nested":   # stage 1: the best visual partitions
             partitions = torch.unique(table.visual[live])
-            best = torch.topk(table.partition_mean_keys(partitions) @ query, min(self.config.visual_top, len(partitions)))
+            best = torch.topk(table.partition_mean_scores(partitions) @ query, min(self.config.visual_top, len(partitions)))
             inside = torch.isin(table.visual[live], partitions[best.indices])
             live, scores = live[inside], scores[inside]
         taken, used = [], 0
@@ -312,14 +325,14 @@ class MosaicPolicy:
                 used += int(outside[cluster])
         return taken
 
-    @staticmethod
-    def _top_tokens(layer: int, cache: KVCache, query: torch.Tensor, keep: torch.Tensor, budget: int) -> list[int]:
+    def _top_tokens(self, layer: int, cache: KVCache, query: torch.Tensor, keep: torch.Tensor, budget: int
+                    ) -> list[int]:
         """The ablation without clusters: the ``budget`` video tokens whose keys best match the query."""
         rows = cache.rows(layer)
         candidates = torch.nonzero((cache.tokens.kind[rows] == VIDEO) & ~keep).flatten()
         if len(candidates) == 0:
             return []
-        scores = _flat(cache.read(layer, candidates)[0]) @ query
+        scores = self._read(layer, cache, candidates)[0] @ query
         return candidates[torch.topk(scores, min(budget, len(candidates))).indices].tolist()
 
     def _summaries(self, table: ClusterTable, attended: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
