@@ -10,7 +10,7 @@ from PIL import Image
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
-from vidsight.ingest import FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest import FrameBatch, decode_frames, probe, sample_frames
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.stream import StreamSource, WindowConfig
 from vidsight.models.decoder import apply_rotary

@@ -243,7 +243,7 @@ class Watcher:
             keep = self._keep(frames, plan.grid_thw)
         prompt = build_video_prompt(adapter, self.query, plan, batch.indices, batch.pts_s, self.config.windows.fps,
                                     keep.reshape(-1) if keep is not None else None)
-        ids, positions, rows, video_start = prompt.ids, prompt.positions, prompt.rows, prompt.video_start
+        ids, video_start = prompt.ids, prompt.video_start
         patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None
                         else [plan.tokens_per_patch] * plan.grid_thw[0])
         samples = [f.index for f in frames]

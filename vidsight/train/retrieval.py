@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vidsight.tasks.families import SAMPLE_FPS, Sample
+from vidsight.tasks.families import Sample
 
 
 def asked_patches(sample: Sample, temporal_patch: int) -> np.ndarray:
