@@ -1,10 +1,12 @@
 import numpy as np
+import pytest
 import torch
 
 from vidsight.tasks.families import key_word, make_sample
 from vidsight.models import load_model
 from vidsight.models.positions import prompt_positions
-from vidsight.train import TrainConfig, train
+from vidsight.errors import ConfigError
+from vidsight.train import TrainConfig, export_checkpoint, train
 from vidsight.train.batches import IGNORE, make_batch, yuv420_roundtrip
 from vidsight.train.loop import build_adapter, step_samples
 
@@ -110,10 +112,17 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
 
     base = train(tmp_path / "base", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2), progress=False)
     tuned = train(tmp_path / "tuned", TrainConfig(steps=1, eval_every=1, eval_per_family=1, batch=2, init=str(base),
-                                                   chat_frames=(64,), offset_patches=8), progress=False)
+                                                   chat_frames=(64,), offset_patches=8, mrope_section=(8, 4, 4),
+                                                   rope_theta=1e6), progress=False)
     record = json.loads((tuned / "vidsight_training.json").read_text())
     assert record["base"]["steps_trained"] == 2 and record["config"]["init"] == str(base)
     assert "chat" in record["held_out_accuracy"]
+    # The fine-tune's rotary embedding is the one asked for, in the checkpoint and in its re-export.
+    for directory in (tuned, export_checkpoint(tmp_path / "tuned")):
+        rope = load_model(directory, device="cpu").model.config.text_config.rope_parameters
+        assert rope["mrope_section"] == [8, 4, 4] and rope["rope_theta"] == 1e6
+    with pytest.raises(ConfigError, match="mrope_section"):
+        TrainConfig(mrope_section=(4, 4, 4))
     start = build_adapter(0, str(base)).model.state_dict()
     assert all(torch.equal(a, b) for a, b in zip(start.values(), load_model(base, device="cpu").model.state_dict().values()))
 

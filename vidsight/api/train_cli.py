@@ -31,6 +31,10 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--retrieval-weight", type=float, default=TrainConfig.retrieval_weight, metavar="W",
                        help="weight of the training-only loss pointing a chat question's mean query at the "
                             "patches it is about, as frame retrieval scores them (default: 0, off)")
+    train.add_argument("--mrope-section", type=int, nargs=3, default=list(TrainConfig.mrope_section),
+                       metavar=("T", "H", "W"), help="rotary frequency pairs per axis, 16 in all (default: 4 6 6)")
+    train.add_argument("--rope-theta", type=float, default=TrainConfig.rope_theta,
+                       help="the rotary embedding's base (default: 10000)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")
@@ -47,7 +51,8 @@ def run_train(args) -> int:
                          warmup=args.warmup, init=args.init,
                          offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
                          chat_questions=tuple(args.chat_questions), order_weight=args.order_weight,
-                         retrieval_weight=args.retrieval_weight)
+                         retrieval_weight=args.retrieval_weight, mrope_section=tuple(args.mrope_section),
+                         rope_theta=args.rope_theta)
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))
     return 0

@@ -27,6 +27,10 @@ class TrainConfig:
             (`loop.TrainingHeads`); 0 (the committed base recipe) leaves it out.
         retrieval_weight: Weight of the training-only loss that points a chat question's mean
             query at the patches it is about (`train.retrieval`); 0 leaves it out.
+        mrope_section: Rotary frequency pairs of the temporal, height and width axes (16 in all; the
+            temporal axis takes the fastest ones, as Qwen2.5-VL's does).
+        rope_theta: The rotary embedding's base: with it the section sets the temporal axis's longest
+            period, and so how far apart two moments can be told in order by position alone.
         init: A checkpoint directory to start from (fine-tuning) instead of random weights.
         offset_patches: Clips start up to this many temporal patches into a stream (positions
             shifted, frames the same; drawn per clip, half of them at 0), so the model reads
@@ -51,6 +55,8 @@ class TrainConfig:
     key_weight: float = 1.0
     order_weight: float = 0.0
     retrieval_weight: float = 0.0
+    mrope_section: tuple[int, int, int] = (4, 6, 6)
+    rope_theta: float = 10000.0
     init: str | None = None
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
@@ -60,6 +66,11 @@ class TrainConfig:
     def __post_init__(self):
         object.__setattr__(self, "chat_frames", tuple(self.chat_frames))
         object.__setattr__(self, "chat_questions", tuple(self.chat_questions))
+        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        if len(self.mrope_section) != 3 or sum(self.mrope_section) != 16 or min(self.mrope_section) < 1 \
+                or self.rope_theta <= 1:
+            raise ConfigError(f"mrope_section must be three positive counts summing to 16 (the task model's "
+                              f"head_dim / 2) and rope_theta above 1; got {self.mrope_section}, {self.rope_theta}")
         if not set(self.chat_questions) <= {"colour", "shape", "order"}:
             raise ConfigError(f"chat_questions must be colour, shape or order; got {self.chat_questions}")
         if self.offset_patches < 0 or any(f < 64 or f % 2 for f in (*self.chat_frames, self.eval_chat_frames)):

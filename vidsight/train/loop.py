@@ -45,13 +45,14 @@ ORDER_CLASSES = 2 ** len(OBJECT_SHAPES)
 VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 
 
-def build_adapter(seed: int, init: str | None = None) -> Qwen25VLAdapter:
-    """The task model to train: random weights from ``seed``, or a checkpoint's with ``init``."""
+def build_adapter(seed: int, init: str | None = None, config: TrainConfig = TrainConfig()) -> Qwen25VLAdapter:
+    """The task model to train: random weights from ``seed``, or a checkpoint's with ``init``; its
+    rotary embedding as ``config`` sets it (a checkpoint's weights carry over to a new one)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_task_tokenizer()
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(model_config(tokenizer))
+    model = Qwen2_5_VLForConditionalGeneration(model_config(tokenizer, config.mrope_section, config.rope_theta))
     if init is not None:
         from vidsight.models.loading import load_model
 
@@ -201,7 +202,7 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    adapter = build_adapter(config.seed, config.init)
+    adapter = build_adapter(config.seed, config.init, config)
     model = adapter.model.to(resolve_device(device)).train()
     heads = TrainingHeads(model)
     optimizer = torch.optim.AdamW([*model.parameters(), *heads.parameters()], lr=config.lr,
@@ -253,9 +254,10 @@ def export_checkpoint(out: str | Path, seed: int = 0) -> Path:
     if not checkpoint.exists():
         raise ConfigError(f"{checkpoint}: no checkpoint to export")
     state = torch.load(checkpoint, weights_only=False, map_location="cpu")
-    adapter = build_adapter(seed)
+    config = TrainConfig(**state["config"])
+    adapter = build_adapter(seed, config=config)
     adapter.model.load_state_dict(state["model"])
-    record = _record(TrainConfig(**state["config"]), state["history"])
+    record = _record(config, state["history"])
     return write_checkpoint(out / "model", adapter.model.eval(), adapter.tokenizer, record)
 
 

@@ -18,8 +18,15 @@ VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_h
 PIXELS = dict(min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024)
 
 
-def model_config(tokenizer):
-    return qwen_config(tokenizer, TEXT, VISION, pad_token="<|endoftext|>")
+def model_config(tokenizer, mrope_section: tuple[int, int, int] | None = None, rope_theta: float | None = None):
+    """The task model's configuration; ``mrope_section`` and ``rope_theta`` replace the rotary
+    embedding's (rotary frequencies per temporal, height and width axis, and their base)."""
+    rope = dict(TEXT["rope_parameters"])
+    if mrope_section is not None:
+        rope["mrope_section"] = list(mrope_section)
+    if rope_theta is not None:
+        rope["rope_theta"] = float(rope_theta)
+    return qwen_config(tokenizer, {**TEXT, "rope_parameters": rope}, VISION, pad_token="<|endoftext|>")
 
 
 TRAINING_RECORD = "vidsight_training.json"
