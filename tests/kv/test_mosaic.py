@@ -16,10 +16,12 @@ QUESTION = "What colour is the square?"
 EVERYTHING = dict(local_tokens=1, top_frames=100_000, visual_top=100_000)
 
 
-@pytest.mark.parametrize("clustering", ["nested", "visual", "semantic", "none"])
-def test_a_budget_that_retrieves_every_cluster_equals_full(ask_along, tiny_adapter, frames, clustering):
+@pytest.mark.parametrize("clustering, rotated", [("nested", True), ("nested", False), ("visual", True),
+                                                 ("semantic", True), ("none", True), ("none", False)])
+def test_a_budget_that_retrieves_every_cluster_equals_full(ask_along, tiny_adapter, frames, clustering, rotated):
     full, _ = ask_along(tiny_adapter, frames, make_policy("full"))
-    mosaic, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(clustering=clustering, **EVERYTHING)))
+    config = MosaicConfig(clustering=clustering, rotated=rotated, **EVERYTHING)
+    mosaic, _ = ask_along(tiny_adapter, frames, MosaicPolicy(config))
     for a, b in zip(full, mosaic, strict=True):
         assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
 
@@ -35,8 +37,10 @@ def test_prefetch_never_changes_what_is_attended(ask_along, tiny_adapter, frames
     assert report["prefetch_wanted"] > 0 and 0 <= report["prefetch_hit_rate"] <= 1
 
 
-def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny_adapter, frames):
-    _, session = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2)))
+@pytest.mark.parametrize("rotated", [True, False], ids=["keys as cached", "keys before the rotary embedding"])
+def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny_adapter, frames, rotated):
+    config = MosaicConfig(local_tokens=40, top_frames=2, rotated=rotated)
+    _, session = ask_along(tiny_adapter, frames, MosaicPolicy(config))
     policy, cache = session.policy, session.cache
     assert policy.report()["splits"] > 0
     for layer, table in policy._layers.items():
@@ -44,18 +48,17 @@ def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny
         assert (table.owner[video] >= 0).all()  # every video token belongs to a cluster
         for cluster in torch.nonzero(table.count > 0).flatten().tolist():
             members = table.members(cluster)
-            rotated, values = cache.read(layer, members)
+            cached, values = cache.read(layer, members)
             at = cache.tokens.position[cache.rows(layer)[members]].T
-            # Clustered and scored by content: the keys before the rotary embedding.
-            plain = _flat(tiny_adapter.rerotate_keys(rotated, at, torch.zeros_like(at)))
-            keys, values = _flat(rotated), _flat(values)
+            keys, values = _flat(cached), _flat(values)
+            scored = keys if rotated else _flat(tiny_adapter.rerotate_keys(cached, at, torch.zeros_like(at)))
             assert table.count[cluster] == len(members)
             torch.testing.assert_close(table.key_sum[cluster], keys.sum(dim=0), atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(table.value_sum[cluster], values.sum(dim=0), atol=1e-3, rtol=1e-4)
-            torch.testing.assert_close(table.score_sum[cluster], plain.sum(dim=0), atol=1e-3, rtol=1e-4)
-            torch.testing.assert_close(table.unit_sum[cluster], unit(plain).sum(dim=0), atol=1e-4, rtol=1e-4)
-            assert abs(table.variance(cluster) - float(cosine_variance(unit(plain).sum(0), torch.tensor(len(plain) * 1.))))\
-                < 1e-5
+            torch.testing.assert_close(table.score_sum[cluster], scored.sum(dim=0), atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(table.unit_sum[cluster], unit(scored).sum(dim=0), atol=1e-4, rtol=1e-4)
+            expected = cosine_variance(unit(scored).sum(0), torch.tensor(len(scored) * 1.))
+            assert abs(table.variance(cluster) - float(expected)) < 1e-5
 
 
 class Offloaded(KVCache):
