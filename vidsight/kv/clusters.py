@@ -52,7 +52,8 @@ class ClusterTable:
     Attributes:
         count: ``(C,)`` members per cluster (0: merged away).
         unit_sum: ``(C, F)`` sum of members' unit vectors.
-        score_sum: ``(C, F)`` sum of the vectors retrieval scores (keys before the rotary embedding).
+        score_sum: ``(C, F)`` sum of the vectors retrieval scores and clusters by (for keys: as cached,
+            or before the rotary embedding).
         key_sum: ``(C, F)`` sum of members' raw vectors (keys: the representative key).
         value_sum: ``(C, F)`` sum of members' values (the representative value).
         visual: ``(C,)`` the visual partition a cluster belongs to.
@@ -143,8 +144,8 @@ class ClusterTable:
             getattr(self, name)[cluster] = rows[stay].float().sum(dim=0)
         self.count[cluster] = float(stay.sum())
         self.first[cluster] = int(members[stay][0])
-        new = self.add(units[second], scores[second], keys[second], values[second], visual=int(self.visual[cluster]),
-                       first=int(members[second][0]))
+        new = self.add(units[second], scores[second], keys[second], values[second],
+                       visual=int(self.visual[cluster]), first=int(members[second][0]))
         self.owner[members[second]] = new
         return new
 

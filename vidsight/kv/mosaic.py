@@ -205,7 +205,8 @@ class MosaicPolicy:
         """Put a temporal patch in the visual cluster it looks most like, or a new one."""
         vector = unit(embeds.float().mean(dim=0).cpu())[None]
         if self.config.clustering in ("semantic", "none"):
-            partition = 0 if self.visual.size else self.visual.add(vector, vector, vector, vector, visual=0, first=frame_index)
+            partition = 0 if self.visual.size else self.visual.add(vector, vector, vector, vector, visual=0,
+                                                                   first=frame_index)
         else:
             partition = self.visual.assign(vector, lambda n: self.config.visual_tau, first=frame_index)
         self._frame_partition[frame_index] = partition
