@@ -8,6 +8,7 @@ from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.engine.prefill import prefill_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
+from vidsight.engine.forward import unrotation
 from vidsight.engine.generate import generate
 from vidsight.errors import ConfigError
 from vidsight.ingest import FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
@@ -90,7 +91,7 @@ def test_a_baseline_that_covers_the_whole_history_equals_full(tiny_adapter, make
 def question_step(adapter, cache, tokens):
     """A question step of ``tokens`` after what ``cache`` holds, as the forward pass fills it in."""
     positions = (torch.arange(tokens) + int(cache.tokens.position.max()) + 1).expand(3, -1)
-    return Step("question", positions=positions, unrotate=lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at)))
+    return Step("question", positions=positions, unrotate=unrotation(adapter))
 
 
 def test_rekv_at_a_question_selects_every_slot_when_k_covers_every_block(tiny_adapter, make_test_video):

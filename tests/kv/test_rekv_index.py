@@ -2,6 +2,7 @@
 
 import torch
 
+from vidsight.engine.forward import unrotation
 from vidsight.kv import VIDEO, KVCache, TokenTable
 from vidsight.kv.retrieval import ReKVConfig, ReKVPolicy, Step
 
@@ -55,8 +56,7 @@ def test_rekv_scores_blocks_by_their_content_before_the_rotary_embedding(tiny_ad
     question_at = torch.full((3, 2), 400) + torch.arange(2)
     plain_q = direction.repeat_interleave(heads // kv_heads, dim=1).expand(-1, -1, 2, -1)
     q = adapter.rerotate_keys(plain_q.to(adapter.dtype), torch.zeros_like(question_at), question_at)
-    step = Step("question", positions=question_at,
-                unrotate=lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at)))
+    step = Step("question", positions=question_at, unrotate=unrotation(adapter))
     chosen = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=1)).select(0, cache, q, step)
     assert chosen.tolist() == [4, 5, 6, 7, 11]   # the middle block, and the local window's last slot
     rotated = ReKVPolicy(ReKVConfig(local_tokens=1, top_frames=1, rotated=True)).select(0, cache, q, step)

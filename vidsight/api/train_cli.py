@@ -32,9 +32,10 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="weight of the training-only loss pointing a chat question's mean query at the "
                             "patches it is about, as frame retrieval scores them (default: 0, off)")
     train.add_argument("--mrope-section", type=int, nargs=3, default=list(TrainConfig.mrope_section),
-                       metavar=("T", "H", "W"), help="rotary frequency pairs per axis, 16 in all (default: 4 6 6)")
+                       metavar=("T", "H", "W"), help="rotary frequency pairs per axis, 16 in all (default: "
+                       + " ".join(map(str, TrainConfig.mrope_section)) + ")")
     train.add_argument("--rope-theta", type=float, default=TrainConfig.rope_theta,
-                       help="the rotary embedding's base (default: 10000)")
+                       help=f"the rotary embedding's base (default: {TrainConfig.rope_theta:g})")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--export", action="store_true", help="only write OUT/model from OUT/checkpoint.pt")

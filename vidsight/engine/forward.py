@@ -57,6 +57,12 @@ def add_level(hidden: torch.Tensor, added: torch.Tensor | None, layer: int) -> t
     return hidden + added[:, :, layer]
 
 
+def unrotation(adapter: VLMAdapter):
+    """``(x, positions) -> x`` rotated back to position 0, where the rotary embedding is the
+    identity: what a `Step` carries as ``unrotate``."""
+    return lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at))
+
+
 @torch.inference_mode()
 def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
             hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
@@ -85,7 +91,7 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
     rotary = adapter.rotary(positions)
     if step is not None:
         step.positions = positions
-        step.unrotate = lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at))
+        step.unrotate = unrotation(adapter)
     hidden, added = split_levels(embeds)
     alive = None  # chunk offsets of the tokens still computed; None: all of them
     for layer in range(adapter.num_layers):

@@ -122,7 +122,6 @@ class TrainingHeads(torch.nn.Module):
 
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
     batch = batch.to(model.device)
-    text = model.config.text_config
     tap = ProjectionTap(model.model.language_model.layers) if heads is not None and config.retrieval_weight else None
     try:
         out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
@@ -135,6 +134,7 @@ def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: 
     if heads is None:
         return loss
     if tap is not None:
+        text = model.config.text_config
         retrieval = retrieval_loss(tap, batch.video_span, batch.question_span, batch.asked_patches,
                                    text.num_attention_heads, text.num_key_value_heads)
         if retrieval is not None:

@@ -9,8 +9,7 @@ from vidsight.tasks.families import FRAME
 from vidsight.models.tiny import qwen_config, save_checkpoint
 
 TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
+            num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6)
 VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_hidden_size=128, patch_size=14,
               spatial_merge_size=2, temporal_patch_size=2, window_size=FRAME, fullatt_block_indexes=[3],
               tokens_per_second=2)
@@ -18,14 +17,10 @@ VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_h
 PIXELS = dict(min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024)
 
 
-def model_config(tokenizer, mrope_section: tuple[int, int, int] | None = None, rope_theta: float | None = None):
-    """The task model's configuration; ``mrope_section`` and ``rope_theta`` replace the rotary
-    embedding's (rotary frequencies per temporal, height and width axis, and their base)."""
-    rope = dict(TEXT["rope_parameters"])
-    if mrope_section is not None:
-        rope["mrope_section"] = list(mrope_section)
-    if rope_theta is not None:
-        rope["rope_theta"] = float(rope_theta)
+def model_config(tokenizer, mrope_section: tuple[int, int, int], rope_theta: float):
+    """The task model's configuration, with its rotary embedding's frequency pairs per temporal,
+    height and width axis and their base (`TrainConfig` holds them)."""
+    rope = {"rope_type": "default", "rope_theta": float(rope_theta), "mrope_section": list(mrope_section)}
     return qwen_config(tokenizer, {**TEXT, "rope_parameters": rope}, VISION, pad_token="<|endoftext|>")
 
 
