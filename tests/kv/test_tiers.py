@@ -201,3 +201,25 @@ def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and
         keys, values = cache.read(layer)
         assert torch.equal(keys[0], written[layer][0]) and torch.equal(values[0], written[layer][1])
     cache.close()
+
+
+def test_a_split_group_is_laid_out_again_so_reading_one_half_moves_only_that_half():
+    """After the layout gives some of a group's slots to a new group (a cluster split), the host
+    block is divided, so fetching one of the two moves its own slots and nothing else."""
+    heads, dim = 2, 4
+    cache = TieredKVCache(1, heads, dim, torch.float32, torch.device("cpu"), TierConfig(device_tokens=4))
+    layout = {"groups": 2}
+    cache.set_layout(lambda layer, slots: slots % layout["groups"])
+    for _ in range(12):
+        k, v = torch.randn(2, 1, heads, 1, dim)
+        cache.write(0, k, v, torch.empty(0, dtype=torch.long))
+        cache.keep(0, 1)
+        cache.commit(TokenTable.text(torch.zeros(3, 1, dtype=torch.long)))
+    layout["groups"] = 4   # groups 0 and 1 split: slots 2, 6 and 3, 7 leave them
+    cache.commit(TokenTable.text(torch.zeros(3, 0, dtype=torch.long)))
+    host = [b for b in cache.blocks[0] if b.tier == "host"]
+    assert all(torch.equal(b.slots % 4, torch.full_like(b.slots, b.group)) for b in host)
+    wanted = torch.tensor([2, 6])
+    before = sum(cache.bytes_moved.values())
+    cache.read(0, wanted)
+    assert sum(cache.bytes_moved.values()) - before == 2 * heads * len(wanted) * dim * 4

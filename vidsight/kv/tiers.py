@@ -331,15 +331,25 @@ class TieredKVCache:
                 self._down(block, DISK)
 
     def _regroup(self, layer: int) -> None:
-        """Fold the layer's newly arrived host blocks into one host block per group."""
-        loose = [b for b in self.blocks[layer] if b.tier == HOST and not b.grouped and b.transfer is None]
+        """Fold the layer's host blocks into one host block per group: newly arrived blocks, and
+        grouped ones whose slots the layout has since given to other groups (a split cluster)."""
+        host = [b for b in self.blocks[layer] if b.tier == HOST and b.transfer is None]
+        if not host:
+            return
+        groups_by_block = self._layout(layer, torch.cat([b.slots for b in host])).split([b.length for b in host])
+        loose, groups, grouped = [], [], {}
+        for block, its_groups in zip(host, groups_by_block):
+            if block.grouped and bool((its_groups == block.group).all()):
+                grouped[block.group] = block
+            else:
+                loose.append(block)
+                groups.append(its_groups)
         if not loose:
             return
         slots = torch.cat([b.slots for b in loose])
         data = torch.cat([b.data for b in loose], dim=2)
         used = torch.cat([torch.full((b.length,), b.last_used) for b in loose])
-        groups = self._layout(layer, slots)
-        grouped = {b.group: b for b in self.blocks[layer] if b.tier == HOST and b.grouped and b.transfer is None}
+        groups = torch.cat(groups)
         for block in loose:
             self.blocks[layer].remove(block)
         self._owners[layer] = None
