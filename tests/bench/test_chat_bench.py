@@ -72,7 +72,8 @@ def test_the_chat_suite_with_tiers_reports_each_policys_device_peak(tiny_adapter
 
 def test_mosaic_is_timed_on_a_memory_it_built_as_the_stream_arrived(tmp_path, tiny_shape):
     report = run_chat_bench(tiny_shape, histories=(60, 200), timed_patches=1, dtype="float32", out=tmp_path,
-                            policies=("recent", "mosaic"), settings={"mosaic": {"local_tokens": 16, "top_frames": 1}})
+                            policies=("recent", "mosaic"), settings={"mosaic": {"local_tokens": 16, "top_frames": 1,
+                                                                     "visual_tau": 2.0}})  # one partition: splits
     mosaic = [r for r in report["rows"] if r["policy"] == "mosaic"]
     assert len(mosaic) == 2 and mosaic[-1]["patch_attended_tokens"] < mosaic[-1]["history_tokens"] / 2
     # Its clusters span the whole stream, patch by patch, not one pass over a fork's history.

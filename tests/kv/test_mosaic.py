@@ -14,6 +14,8 @@ from vidsight.kv.retrieval import Step, make_policy
 
 QUESTION = "What colour is the square?"
 EVERYTHING = dict(local_tokens=1, top_frames=100_000, visual_top=100_000)
+# One visual partition for the short test video, so its semantic clusters grow large enough to split.
+ONE_PARTITION = dict(visual_tau=2.0)
 
 
 @pytest.mark.parametrize("clustering, rotated", [("nested", True), ("nested", False), ("visual", True),
@@ -39,7 +41,7 @@ def test_prefetch_never_changes_what_is_attended(ask_along, tiny_adapter, frames
 
 @pytest.mark.parametrize("rotated", [True, False], ids=["keys as cached", "keys before the rotary embedding"])
 def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny_adapter, frames, rotated):
-    config = MosaicConfig(local_tokens=40, top_frames=2, rotated=rotated)
+    config = MosaicConfig(local_tokens=40, top_frames=2, rotated=rotated, **ONE_PARTITION)
     _, session = ask_along(tiny_adapter, frames, MosaicPolicy(config))
     policy, cache = session.policy, session.cache
     assert policy.report()["splits"] > 0
@@ -135,7 +137,7 @@ def tiered_answers(adapter, frames, policy, tiers):
 def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefetch(ask_along, tiny_adapter, frames, tmp_path):
     from vidsight.kv.tiers import TierConfig
 
-    settings = dict(local_tokens=40, top_frames=2)
+    settings = dict(local_tokens=40, top_frames=2, **ONE_PARTITION)
     tiers = TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path)
     # Eager splits decide alike wherever the tokens are, so offloading must change nothing.
     plain, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(split="eager", **settings)))

@@ -109,7 +109,7 @@ POLICY_FLAGS = {
     "--tau-small": ("tau_small", _float, ("mosaic",), "mosaic: variance threshold of small clusters (default: 0.05)"),
     "--tau-large": ("tau_large", _float, ("mosaic",), "mosaic: variance threshold of large clusters (default: 0.15)"),
     "--tau-rate": ("tau_rate", _float, ("mosaic",), "mosaic: cluster size of the threshold's transition (default: 16)"),
-    "--visual-tau": ("visual_tau", _float, ("mosaic",), "mosaic: variance threshold of visual clusters (default: 0.01)"),
+    "--visual-tau": ("visual_tau", _float, ("mosaic",), "mosaic: variance threshold of visual clusters (default: 0.002)"),
     "--min-split-size": ("min_split_size", int, ("mosaic",), "mosaic: clusters smaller than this never split (default: 32)"),
     "--max-clusters": ("max_clusters", int, ("mosaic",),
                        "mosaic: semantic clusters per visual partition and layer before splits stop (default: 64)"),

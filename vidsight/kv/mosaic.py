@@ -47,8 +47,11 @@ class MosaicConfig:
         tau_small: Variance threshold of a one-token cluster (the stricter one).
         tau_large: Variance threshold of a large cluster (the looser one).
         tau_rate: Cluster size over which the threshold moves from ``tau_small`` to ``tau_large``.
-        visual_tau: Variance threshold of a visual cluster (pooled frame embeddings vary far
-            less than keys: consecutive frames of one shot are nearly identical).
+        visual_tau: Variance threshold of a visual cluster. Pooled frame embeddings vary far
+            less than keys (consecutive frames of one shot are nearly identical); at 0.002 the
+            chat suite's streams (two to four shots, three brief objects each) form about five
+            visual clusters, at 0.01 under three, merging the frames that show an object into
+            their shot (the sweep: docs/benchmarks.md).
         min_split_size: Clusters smaller than this are never split (the paper: small clusters are
             unstable and should not be split aggressively).
         max_clusters: Semantic clusters per visual partition and layer past which none is split:
@@ -72,7 +75,7 @@ class MosaicConfig:
     tau_small: float = 0.05
     tau_large: float = 0.15
     tau_rate: float = 16.0
-    visual_tau: float = 0.01
+    visual_tau: float = 0.002
     min_split_size: int = 32
     max_clusters: int = 64
     clustering: str = "nested"
