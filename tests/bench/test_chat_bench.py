@@ -1,8 +1,11 @@
 """`bench chat`: every policy timed on the same patches at each history length."""
 
+import math
+
 import pytest
 
 from vidsight.bench.chat import format_chat_report, run_chat_bench
+from vidsight.bench.chat_accuracy import _mean_report
 from vidsight.errors import ConfigError
 
 
@@ -78,3 +81,9 @@ def test_mosaic_is_timed_on_a_memory_it_built_as_the_stream_arrived(tmp_path, ti
     assert len(mosaic) == 2 and mosaic[-1]["patch_attended_tokens"] < mosaic[-1]["history_tokens"] / 2
     # Its clusters span the whole stream, patch by patch, not one pass over a fork's history.
     assert mosaic[-1]["policy_report"]["visual_clusters"] >= 1 and mosaic[-1]["policy_report"]["splits"] > 0
+
+
+def test_a_report_field_undefined_for_some_questions_is_averaged_over_the_others():
+    reports = [{"splits": 2, "prefetch_hit_rate": math.nan}, {"splits": 4, "prefetch_hit_rate": 0.5}]
+    assert _mean_report(reports) == {"splits": 3.0, "prefetch_hit_rate": 0.5}
+    assert math.isnan(_mean_report(reports[:1])["prefetch_hit_rate"])

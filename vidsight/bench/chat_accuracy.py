@@ -7,6 +7,8 @@ chat does by default) and the stream goes on. The first answer word is scored ag
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -115,9 +117,11 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
 
 
 def _mean_report(reports: list[dict]) -> dict:
-    """Each numeric field of the policies' reports, averaged over the questions."""
+    """Each numeric field of the policies' reports, averaged over the questions where it is defined
+    (a prefetch hit rate is not when nothing was predicted: NaN then)."""
     fields = reports[0].keys() if reports else ()
-    return {f: float(np.nanmean([r[f] for r in reports])) for f in fields}
+    defined = {f: [r[f] for r in reports if not math.isnan(r[f])] for f in fields}
+    return {f: float(np.mean(values)) if values else math.nan for f, values in defined.items()}
 
 
 def format_chat_accuracy(report: dict) -> str:
