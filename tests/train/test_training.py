@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -111,11 +113,16 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
     import json
 
     base = train(tmp_path / "base", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2), progress=False)
-    tuned = train(tmp_path / "tuned", TrainConfig(steps=1, eval_every=1, eval_per_family=1, batch=2, init=str(base),
+    # Two steps: the second is a chat step, with both training-only chat losses.
+    tuned = train(tmp_path / "tuned", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2, init=str(base),
                                                    chat_frames=(64,), offset_patches=8, mrope_section=(8, 4, 4),
-                                                   rope_theta=1e6), progress=False)
+                                                   rope_theta=1e6, retrieval_weight=1.0, attention_weight=1.0),
+                  progress=False)
     record = json.loads((tuned / "vidsight_training.json").read_text())
     assert record["base"]["steps_trained"] == 2 and record["config"]["init"] == str(base)
+    assert record["config"]["attention_weight"] == 1.0
+    last = json.loads((tmp_path / "tuned" / "log.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 2 and math.isfinite(last["loss"])
     assert "chat" in record["held_out_accuracy"]
     # The fine-tune's rotary embedding is the one asked for, in the checkpoint and in its re-export.
     for directory in (tuned, export_checkpoint(tmp_path / "tuned")):

@@ -27,6 +27,9 @@ class TrainConfig:
             (`loop.TrainingHeads`); 0 (the committed base recipe) leaves it out.
         retrieval_weight: Weight of the training-only loss that points a chat question's mean
             query at the patches it is about (`train.retrieval`); 0 leaves it out.
+        attention_weight: Weight of the training-only loss that asks one head of the first layers to
+            attend, at a chat question's key word, to the patches it is about (`train.attention`);
+            0 leaves it out.
         mrope_section: Rotary frequency pairs of the temporal, height and width axes (16 in all; the
             temporal axis takes the fastest ones, as Qwen2.5-VL's does).
         rope_theta: The rotary embedding's base: with it the section sets the temporal axis's longest
@@ -55,6 +58,7 @@ class TrainConfig:
     key_weight: float = 1.0
     order_weight: float = 0.0
     retrieval_weight: float = 0.0
+    attention_weight: float = 0.0
     mrope_section: tuple[int, int, int] = (4, 6, 6)
     rope_theta: float = 10000.0
     init: str | None = None
@@ -77,7 +81,8 @@ class TrainConfig:
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
-        if min(self.probes, self.cell_weight, self.key_weight, self.order_weight, self.retrieval_weight) < 0:
+        if min(self.probes, self.cell_weight, self.key_weight, self.order_weight, self.retrieval_weight,
+               self.attention_weight) < 0:
             raise ConfigError("probes and the loss weights must be non-negative")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")

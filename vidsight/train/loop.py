@@ -24,6 +24,7 @@ from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
 from vidsight.train import recipe
 from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
+from vidsight.train.attention import RotaryTap, attention_loss, key_word_rows
 from vidsight.train.retrieval import ProjectionTap, retrieval_loss
 from vidsight.train.tokenizer import build_task_tokenizer
 
@@ -122,23 +123,33 @@ class TrainingHeads(torch.nn.Module):
 
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
     batch = batch.to(model.device)
-    tap = ProjectionTap(model.model.language_model.layers) if heads is not None and config.retrieval_weight else None
+    layers = model.model.language_model.layers
+    supervised = heads is not None and (config.retrieval_weight or config.attention_weight)
+    tap = ProjectionTap(layers) if supervised else None
+    rotary = RotaryTap(layers) if heads is not None and config.attention_weight else None
     try:
         out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
                     pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
                     output_hidden_states=heads is not None)
     finally:
-        if tap is not None:
-            tap.close()
+        for hook in (tap, rotary):
+            if hook is not None:
+                hook.close()
     loss = out.loss
     if heads is None:
         return loss
-    if tap is not None:
-        text = model.config.text_config
+    text = model.config.text_config
+    if config.retrieval_weight:
         retrieval = retrieval_loss(tap, batch.video_span, batch.question_span, batch.asked_patches,
                                    text.num_attention_heads, text.num_key_value_heads)
         if retrieval is not None:
             loss = loss + config.retrieval_weight * retrieval
+    if config.attention_weight:
+        rows = key_word_rows(batch.key_targets, batch.question_span, IGNORE)
+        attention = attention_loss(tap, rotary, KEY_LAYER, batch.video_span, rows, batch.asked_patches,
+                                   text.num_attention_heads, text.num_key_value_heads)
+        if attention is not None:
+            loss = loss + config.attention_weight * attention
     for head, states, targets, weight in ((heads.cells, out.hidden_states[-1], batch.token_labels, config.cell_weight),
                                           (heads.keys, out.hidden_states[KEY_LAYER], batch.key_targets,
                                            config.key_weight),
