@@ -109,9 +109,9 @@ class TrainingHeads(torch.nn.Module):
     the shapes of the objects that appeared before it (clips whose objects appear one after
     another). Rotary positions cannot tell apart times far beyond the temporal axis's longest
     period (17.5 s with the default rotary settings), but causal attention can: a token can see
-    what came before it. A first
-    version asked for the object's rank of appearance; it learnt ranks 0 and 1 but not 2 (counting),
-    so the target is now the set of earlier shapes, which needs no counting.
+    what came before it. A first version asked for the object's rank of appearance; it learnt
+    ranks 0 and 1 but not 2 (counting), so the target is now the set of earlier shapes, which
+    needs no counting.
     """
 
     def __init__(self, model):
