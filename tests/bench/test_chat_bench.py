@@ -1,9 +1,11 @@
 """`bench chat`: every policy timed on the same patches at each history length."""
 
+import json
 import math
 
 import pytest
 
+from vidsight.api.cli import main
 from vidsight.bench.chat import format_chat_report, run_chat_bench
 from vidsight.bench.chat_accuracy import _mean_report
 from vidsight.errors import ConfigError
@@ -18,6 +20,21 @@ def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
     full = [r for r in rows if r["policy"] == "full"]
     assert all(r["question_attended_tokens"] > r["history_tokens"] for r in full)  # history + the timed patch
     assert set(report["growth"]) == {"full", "recent", "rekv"} and "ms/patch" in format_chat_report(report)
+
+
+def test_a_checkpoint_is_timed_instead_of_a_shape(tmp_path, tiny_model_dir):
+    report = run_chat_bench("no such shape", histories=(60,), policies=("full", "resv"), timed_patches=1,
+                            dtype="float32", out=tmp_path, model=tiny_model_dir)
+    assert report["model"] == str(tiny_model_dir) and report["shape"] is None
+    assert [r["policy"] for r in report["rows"]] == ["full", "resv"]
+    assert f"model {tiny_model_dir}" in format_chat_report(report)
+
+
+def test_the_cli_times_a_checkpoint_given_with_model(tmp_path, tiny_model_dir, capsys):
+    code = main(["bench", "chat", "--model", str(tiny_model_dir), "--histories", "60", "--policies", "full",
+                 "resv:rows=mean", "--timed-patches", "1", "--dtype", "float32", "--out", str(tmp_path), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["model"] == str(tiny_model_dir) and len(report["rows"]) == 2
 
 
 @pytest.mark.parametrize("settings", [dict(histories=(400, 100)), dict(policies=("everything",)),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vidsight.errors import ConfigError
-from vidsight.kv.resv import ReSVConfig, ReSVPolicy, hamming, hash_bits, wicsum
+from vidsight.kv.resv import ReSVConfig, ReSVPolicy, _Clusters, hamming, hash_bits, wicsum
 from vidsight.kv.retrieval import make_policy
 
 
@@ -22,6 +22,36 @@ def test_packed_hash_bits_and_hamming_distances_match_a_plain_reference():
             assert int(distances[i, j]) == bin(int(bits[i]) ^ int(bits[7 + j])).count("1")
 
 
+def test_tokens_join_the_nearest_cluster_under_the_threshold_in_token_order():
+    generator = torch.Generator().manual_seed(4)
+    policy = ReSVPolicy(ReSVConfig(hyperplanes=16, hamming_threshold=4))
+    policy._planes = torch.randn(8, 16, generator=generator)
+    centres = torch.randn(6, 8, generator=generator)
+    table = _Clusters(torch.zeros((0, 8)), torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    owners = []
+    for step in range(3):   # three steps of 40 tokens near six centres
+        keys = centres[torch.randint(0, 6, (40,), generator=generator)] + 0.3 * torch.randn(40, 8, generator=generator)
+        before = table.bits.tolist()
+        table.owner = torch.cat([table.owner, torch.full((40,), -1)])
+        policy._cluster(table, torch.arange(40 * step, 40 * (step + 1)), keys)
+        # Plain reference: the nearest earlier cluster (first on ties), else the nearest begun in this step.
+        leaders, expected = [], []
+        for k in hash_bits(keys, policy._planes).tolist():
+            for candidates, base in ((before, 0), ([b for _, b in leaders], len(before))):
+                distances = [bin(k ^ b).count("1") for b in candidates]
+                if distances and min(distances) < 4:
+                    expected.append(base + distances.index(min(distances)))
+                    break
+            else:
+                expected.append(len(before) + len(leaders))
+                leaders.append((k, k))
+        owners += expected
+    assert table.owner.tolist() == owners and len(table.count) > 6 and int(table.count.sum()) == 120
+    for cluster in range(len(table.count)):
+        members = [i for i, o in enumerate(owners) if o == cluster]
+        assert int(table.count[cluster]) == len(members)
+
+
 def test_wicsum_takes_the_minimal_prefix_that_passes_the_threshold():
     counts = torch.tensor([1.0, 2.0, 1.0, 4.0])
     # Row 0: weights 4, 6, 1, 0 (total 11): 4 < 3.3 is false, so the best alone passes 0.3 of it.
@@ -32,6 +62,35 @@ def test_wicsum_takes_the_minimal_prefix_that_passes_the_threshold():
     assert wicsum(scores[1:], counts, 0.9).tolist() == [False, True, False, True]
     assert wicsum(scores[1:], counts, 1.0).all()  # ratio 1 keeps everything, negatives included
     assert wicsum(torch.tensor([[-1.0, -3.0]]), torch.ones(2), 0.3).tolist() == [True, False]  # all negative: the best
+    assert wicsum(torch.tensor([[-1.0, -3.0]]), torch.ones(2), 0.3, attention=True).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("attention", [False, True], ids=["scores", "attention"])
+def test_wicsum_with_early_exit_equals_a_full_sort_per_row(attention):
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.randn(40, 700, generator=generator) * 3   # negatives included; more clusters than one rank
+    counts = torch.randint(1, 50, (700,), generator=generator).float()
+    for ratio in (0.05, 0.3, 0.9):
+        expected = torch.zeros(700, dtype=torch.bool)
+        for row in scores:
+            weights = ((row - row.max()).exp() if attention else row.clamp(min=0)) * counts
+            total, reached = float(weights.sum()), 0.0
+            for j in torch.argsort(row, descending=True).tolist():
+                expected[j] = True
+                reached += float(weights[j])
+                if reached >= ratio * total:
+                    break
+        assert torch.equal(wicsum(scores, counts, ratio, attention), expected)
+
+
+def test_attention_weights_keep_a_share_of_the_softmax_mass():
+    # Scores 2, 1, 0 with counts 1, 1, 10. As scores (clamped): weights 2, 1, 0; half of 3 is passed by the
+    # first. As attention: exp(s - 2) * count = 1, 0.37, 1.35 (total 2.72); half (1.36) needs the first two,
+    # since the ten low-scoring tokens hold half the mass.
+    scores, counts = torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([1.0, 1.0, 10.0])
+    assert wicsum(scores, counts, 0.5).tolist() == [True, False, False]
+    assert wicsum(scores, counts, 0.5, attention=True).tolist() == [True, True, False]
+    assert wicsum(scores, counts, 0.6, attention=True).tolist() == [True, True, True]
 
 
 @pytest.mark.parametrize("settings", [{}, {"clustering": False}], ids=["clusters", "every token"])
@@ -54,7 +113,28 @@ def test_at_its_default_threshold_each_head_attends_to_its_own_share(ask_along, 
     assert top[-1].stats.attended_tokens < top[-1].stats.cached_tokens
 
 
+def test_mean_rows_score_each_query_head_by_its_queries_mean(ask_along, tiny_adapter, frames, monkeypatch):
+    seen = {"tokens": [], "mean": []}
+    choose = ReSVPolicy._choose
+
+    def spy(self, scores, counts):
+        seen[self.config.rows].append(scores)
+        return choose(self, scores, counts)
+
+    monkeypatch.setattr(ReSVPolicy, "_choose", spy)
+    policy = make_policy("resv:rows=mean,ratio=1")   # keeps everything: both sessions compute alike
+    ask_along(tiny_adapter, frames[:6], make_policy("resv:ratio=1"))
+    ask_along(tiny_adapter, frames[:6], policy)
+    group = tiny_adapter.num_heads // tiny_adapter.num_kv_heads
+    assert len(seen["mean"]) == len(seen["tokens"]) and all(len(s) == group for s in seen["mean"])
+    assert any(len(s) > group for s in seen["tokens"]) and any(s.shape[1] for s in seen["tokens"])
+    for rows, mean in zip(seen["tokens"], seen["mean"]):   # scores are linear in the query
+        if rows.shape[1]:   # (no clusters yet: the first frames' steps)
+            assert torch.allclose(rows.reshape(group, -1, rows.shape[1]).mean(dim=1), mean, atol=1e-4)
+
+
 def test_bad_settings_are_refused():
-    for bad in (dict(hyperplanes=63), dict(ratio=0), dict(selection="best"), dict(hamming_threshold=0)):
+    for bad in (dict(hyperplanes=63), dict(ratio=0), dict(selection="best"), dict(hamming_threshold=0), dict(weights="logits"),
+                dict(rows="all")):
         with pytest.raises(ConfigError):
             ReSVConfig(**bad)

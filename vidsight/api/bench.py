@@ -110,7 +110,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     bench_chat.add_argument("--accuracy", action="store_true",
                             help="instead of timing, answer the chat suite (questions at several times) with --model")
-    bench_chat.add_argument("--model", default=str(TASK_MODEL), help=f"with --accuracy (default: {TASK_MODEL})")
+    bench_chat.add_argument("--model", default=None,
+                            help=f"with --accuracy, the model answering (default: {TASK_MODEL}); without it, a "
+                                 "checkpoint to time instead of --shape")
     bench_chat.add_argument("--streams", type=int, default=20, help="with --accuracy: streams (default: 20)")
     bench_chat.add_argument("--stream-frames", type=int, default=512,
                             help="with --accuracy: sampled frames per stream (default: 512)")
@@ -241,8 +243,9 @@ def _run_bench_chat(args) -> int:
     if args.accuracy:
         from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
         from vidsight.models import load_model
+        from vidsight.models.paths import TASK_MODEL
 
-        report = run_chat_accuracy(load_model(args.model, device="cpu"), args.streams, args.stream_frames,
+        report = run_chat_accuracy(load_model(args.model or TASK_MODEL, device="cpu"), args.streams, args.stream_frames,
                                    tuple(args.policies), settings, progress=not args.json, tiers=tier_config(args))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -250,7 +253,8 @@ def _run_bench_chat(args) -> int:
         print(json.dumps(report) if args.json else f"{format_chat_accuracy(report)}\n\n{out / 'chat-accuracy.json'}")
         return 0
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
-                            args.out, progress=not args.json, settings=settings, tiers=tier_config(args))
+                            args.out, progress=not args.json, settings=settings, tiers=tier_config(args),
+                            model=args.model)
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0

@@ -1,9 +1,9 @@
 """`vidsight bench chat`: per-patch prefill and question latency against cached history, per policy.
 
-One stream, one random-weight model shape, one question. The history is built in bulk: the
-stream is prefilled with a cheap bounded policy (``recent`` with a 1024-token window; with random
-weights the cached values do not matter, only their number) until the cache holds each history
-length; there the session is forked once per policy and the same next temporal patches go
+One stream, one random-weight model shape (or a checkpoint), one question. The history is built in
+bulk: the stream is prefilled with a cheap bounded policy (``recent`` with a 1024-token window; with
+random weights the cached values do not matter, only their number) until the cache holds each
+history length; there the session is forked once per policy and the same next temporal patches go
 through each policy's own per-patch path (its selection included), then the same question is
 asked (the shape of V-Rex's Fig. 13: per-frame latency against cache length).
 
@@ -29,6 +29,7 @@ from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.synthetic import SyntheticSpec
 from vidsight.kv.retrieval import RecentConfig, RecentPolicy, make_policy
 from vidsight.kv.tiers import TierConfig
+from vidsight.models import load_model
 from vidsight.models.shapes import MODEL_SHAPES, build_shape
 
 HISTORY_TOKENS = (1000, 4000, 16000, 40000)
@@ -49,11 +50,12 @@ def chat_video(directory: str | Path, seconds: int) -> Path:
 def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TOKENS,
                    policies: tuple[str, ...] = POLICY_NAMES, timed_patches: int = TIMED_PATCHES,
                    dtype: str = "bfloat16", out: str | Path = "out/bench", progress: bool = False,
-                   settings: dict[str, dict] | None = None, tiers: TierConfig | None = None) -> dict:
+                   settings: dict[str, dict] | None = None, tiers: TierConfig | None = None,
+                   model: str | Path | None = None) -> dict:
     """Time each policy's per-patch prefill and question at each history length.
 
     Args:
-        shape: A random-weight model shape (`MODEL_SHAPES`).
+        shape: A random-weight model shape (`MODEL_SHAPES`); ignored when ``model`` is given.
         histories: Cached tokens at which to time, ascending.
         policies: Policy names with their default settings.
         timed_patches: Temporal patches timed per policy and history.
@@ -62,15 +64,18 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         progress: Print each history as it is reached.
         settings: Per policy name, its config's fields to change from the defaults.
         tiers: KV tiers for the stream (its forks copy them); None keeps all KV in one device buffer.
+        model: A checkpoint to time instead of a shape (trained keys cluster and select as random
+            ones do not: the point for policies that retrieve by content at frame steps).
     """
     settings = settings or {}
-    if shape not in MODEL_SHAPES:
+    if model is None and shape not in MODEL_SHAPES:
         raise ConfigError(f"unknown model shape {shape!r}; choose one of {', '.join(MODEL_SHAPES)}")
     if not histories or list(histories) != sorted(histories) or histories[0] < 1 or timed_patches < 1:
         raise ConfigError("histories must be positive and ascending, and timed_patches positive")
     for name in policies:
         make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
-    adapter = build_shape(shape, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    adapter = build_shape(shape, dtype=torch_dtype) if model is None else load_model(model, "cpu", torch_dtype)
     spec = adapter.vision
     tokens_per_patch = spec.max_tokens_per_patch
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch; a fifth more covers the rest.
@@ -122,7 +127,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         session.push(timed)  # the timed frames become history, as in a stream (own sessions have them)
     for follower in (session, *own.values()):
         follower.close()
-    report = {"shape": shape, "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
+    report = {"shape": shape if model is None else None, "model": None if model is None else str(model), "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
               "tiers": None if tiers is None else {"device_tokens": tiers.device_tokens,
                                                     "host_tokens": tiers.host_tokens, "disk": tiers.disk_dir is not None},
               "settings": {name: settings.get(name.partition(":")[0], {}) for name in policies},
@@ -140,9 +145,13 @@ def _growth(rows: list[dict], policies) -> dict[str, float]:
     return growth
 
 
+def _timed(report: dict) -> str:
+    return f"model {report['model']}" if report.get("model") else f"shape {report['shape']}"
+
+
 def format_chat_report(report: dict) -> str:
     changed = "; ".join(f"{name} {s}" for name, s in report["settings"].items() if s) or "defaults"
-    lines = [f"shape {report['shape']} ({report['dtype']}), {report['tokens_per_patch']} tokens per temporal patch, "
+    lines = [f"{_timed(report)} ({report['dtype']}), {report['tokens_per_patch']} tokens per temporal patch, "
              f"{report['timed_patches']} patches timed per point (median), {report['cpu_count']} CPUs; "
              f"policy settings: {changed}", "",
              f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'attended':>9} {'TTFT ms':>8} {'q attended':>10} "
@@ -175,7 +184,7 @@ def plot_chat_report(report: dict, path: str | Path) -> Path:
         patch.plot(x, [r["patch_prefill_s"] * 1000 for r in mine], marker="o", label=name)
         question.plot(x, [r["question_ttft_s"] * 1000 for r in mine], marker="o", label=name)
     for axis, title in ((patch, "per-patch prefill"), (question, "question time to first token")):
-        axis.set(xscale="log", xlabel="cached tokens", ylabel="ms", title=f"{title}, shape {report['shape']}")
+        axis.set(xscale="log", xlabel="cached tokens", ylabel="ms", title=f"{title}, {_timed(report)}")
         axis.legend()
     return save_figure(fig, path)
 

@@ -28,6 +28,9 @@ from vidsight.kv.cache import VIDEO, KVCache
 from vidsight.kv.retrieval import Selection, Step, window_mask
 
 SELECTIONS = ("wicsum", "topk")
+WEIGHTS = ("score", "attention")
+ROWS = ("tokens", "mean")
+EARLY_EXIT_CLUSTERS = 32   # clusters ranked per row before WiCSum ranks more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,13 @@ class ReSVConfig:
         clustering: False attends the ablation without clusters: WiCSum over every token.
         selection: ``wicsum``, or the ablation ``topk``: the ``top_clusters`` best clusters per row.
         top_clusters: Clusters per row for ``topk``.
+        weights: What WiCSum weighs a cluster by, times its count: ``score``, its score as eqs. 1-3
+            write it (clamped at 0), or ``attention``, ``exp`` of its scaled score less the row's
+            best, so the kept clusters carry ``ratio`` of the row's softmax attention mass.
+        rows: WiCSum's rows: ``tokens``, every query of the step (each token, each query head of
+            the key head's group: the paper's), or ``mean``, one per query head, its queries' mean
+            over the step's tokens (as ReKV scores a question). The union over ``tokens`` rows
+            grows with the step's length; a ``mean`` row keeps what the step attends to as a whole.
     """
 
     hyperplanes: int = 32
@@ -55,12 +65,16 @@ class ReSVConfig:
     clustering: bool = True
     selection: str = "wicsum"
     top_clusters: int = 8
+    weights: str = "score"
+    rows: str = "tokens"
 
     def __post_init__(self):
         if not 1 <= self.hyperplanes <= 62 or self.hamming_threshold < 1 or self.ratio <= 0:
             raise ConfigError("hyperplanes must be in [1, 62], hamming_threshold at least 1 and ratio positive")
         if self.local_tokens < 0 or self.top_clusters < 1 or self.selection not in SELECTIONS:
             raise ConfigError(f"local_tokens must be >= 0, top_clusters >= 1, selection one of {SELECTIONS}")
+        if self.weights not in WEIGHTS or self.rows not in ROWS:
+            raise ConfigError(f"weights must be one of {WEIGHTS} and rows one of {ROWS}")
 
 
 def hash_bits(keys: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
@@ -82,7 +96,7 @@ def hamming(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return popcount(a[:, None] ^ b[None, :])
 
 
-def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float) -> torch.Tensor:
+def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float, attention: bool = False) -> torch.Tensor:
     """ReSV's WiCSum threshold (eqs. 1-3): ``(rows, clusters)`` scores to a ``(clusters,)`` bool.
 
     Per row, clusters are taken in descending score until the count-weighted sum of their scores
@@ -90,19 +104,33 @@ def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float) -> torch.Te
     negative scores: here a cluster's weight is its score clamped at 0 times its count, so a
     negative score adds nothing to either sum (it cannot help pass the threshold, and cannot pull
     the total down so that fewer clusters are needed); a row whose scores are all <= 0 keeps its
-    best cluster. ``ratio`` >= 1 keeps every cluster.
+    best cluster. ``ratio`` >= 1 keeps every cluster. With ``attention`` a cluster weighs
+    ``exp(score - best score of the row)`` times its count instead, its share of the row's softmax
+    attention when every member scores like the representative (``scores`` already scaled).
     """
     if ratio >= 1 or scores.shape[1] == 0:
         return torch.ones(scores.shape[1], dtype=torch.bool)
-    order = torch.argsort(scores, dim=1, descending=True)
-    weights = scores.clamp(min=0) * counts[None]
-    ranked = torch.gather(weights, 1, order)
-    total = ranked.sum(dim=1, keepdim=True)
-    # The minimal prefix: clusters before the one whose weight carries the sum past the threshold, and it.
-    before = ranked.cumsum(dim=1) - ranked
-    take = (before < ratio * total) | (torch.arange(scores.shape[1]) == 0)
-    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, take)
-    return chosen.any(dim=0)
+    if attention:
+        weights = (scores - scores.max(dim=1, keepdim=True).values).exp() * counts[None]
+    else:
+        weights = scores.clamp(min=0) * counts[None]
+    need = ratio * weights.sum(dim=1)
+    chosen = torch.zeros(scores.shape[1], dtype=torch.bool)
+    rows, k = torch.arange(len(scores)), min(EARLY_EXIT_CLUSTERS, scores.shape[1])
+    # V-Rex's early exit: rank only the best k per row, and rank further only rows not yet past the threshold.
+    while len(rows):
+        order = torch.topk(scores[rows], k, dim=1).indices
+        ranked = torch.gather(weights[rows], 1, order)
+        reached = ranked.cumsum(dim=1)
+        before = reached - ranked
+        # The minimal prefix: clusters before the one whose weight carries the sum past the threshold, and it.
+        take = (before < need[rows, None]) | (torch.arange(k) == 0)
+        chosen[order[take]] = True
+        if k == scores.shape[1]:
+            break
+        rows = rows[reached[:, -1] < need[rows]]
+        k = min(4 * k, scores.shape[1])
+    return chosen
 
 
 @dataclasses.dataclass
@@ -159,7 +187,9 @@ class ReSVPolicy:
         group = q.shape[1] // kv_heads
         heads = torch.zeros((kv_heads, filled), dtype=torch.bool)
         for head, table in enumerate(tables):
-            queries = q[0, head * group : (head + 1) * group].float().cpu().reshape(-1, q.shape[-1])  # the rows
+            # The rows, scaled as the model's attention logits are (no selection but ``attention``'s depends on it).
+            queries = q[0, head * group : (head + 1) * group].float().cpu() * q.shape[-1] ** -0.5   # (group, tokens, dim)
+            queries = queries.mean(dim=1) if self.config.rows == "mean" else queries.reshape(-1, q.shape[-1])
             if self.config.clustering:
                 chosen = self._choose(queries @ (table.key_sum / table.count[:, None].clamp(min=1)).T, table.count)
                 picked = torch.isin(table.owner, torch.nonzero(chosen).flatten())
@@ -177,7 +207,7 @@ class ReSVPolicy:
 
     def _choose(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         if self.config.selection == "wicsum":
-            return wicsum(scores, counts, self.config.ratio)
+            return wicsum(scores, counts, self.config.ratio, self.config.weights == "attention")
         top = torch.topk(scores, min(self.config.top_clusters, scores.shape[1]), dim=1).indices
         return torch.zeros(scores.shape[1], dtype=torch.bool).index_fill_(0, top.flatten(), True)
 
@@ -214,19 +244,22 @@ class ReSVPolicy:
             joins = nearest.values < self.config.hamming_threshold
             owner[joins] = nearest.indices[joins]
         fresh = len(table.count)
-        fresh_bits: list[int] = []
-        for k in torch.nonzero(owner < 0).flatten().tolist():   # new clusters, in token order
-            if fresh_bits:
-                distance = hamming(bits[k : k + 1], torch.tensor(fresh_bits))[0]
-                best = int(distance.argmin())
-                if int(distance[best]) < self.config.hamming_threshold:
-                    owner[k] = fresh + best
-                    continue
-            owner[k] = fresh + len(fresh_bits)
-            fresh_bits.append(int(bits[k]))
-        clusters = fresh + len(fresh_bits)
-        key_sum = torch.cat([table.key_sum, torch.zeros((len(fresh_bits), keys.shape[1]))])
-        count = torch.cat([table.count, torch.zeros(len(fresh_bits))])
+        # The rest, in token order: each joins the nearest cluster begun before it in this step, if close enough.
+        alone = torch.nonzero(owner < 0).flatten()
+        among = hamming(bits[alone], bits[alone]).tolist()
+        leaders: list[int] = []   # positions in ``alone`` of the tokens that began a cluster
+        assigned: list[int] = []
+        for i in range(len(alone)):
+            best = min(leaders, key=among[i].__getitem__, default=None)
+            if best is not None and among[i][best] < self.config.hamming_threshold:
+                assigned.append(assigned[best])
+            else:
+                assigned.append(fresh + len(leaders))
+                leaders.append(i)
+        owner[alone] = torch.tensor(assigned, dtype=torch.long)
+        clusters = fresh + len(leaders)
+        key_sum = torch.cat([table.key_sum, torch.zeros((len(leaders), keys.shape[1]))])
+        count = torch.cat([table.count, torch.zeros(len(leaders))])
         key_sum.index_add_(0, owner, keys)
         count.index_add_(0, owner, torch.ones(len(owner)))
         touched = torch.unique(owner)
