@@ -7,7 +7,7 @@ import pytest
 
 from vidsight.api.cli import main
 from vidsight.bench.chat import format_chat_report, run_chat_bench
-from vidsight.bench.chat_accuracy import _mean_report
+from vidsight.bench.chat_accuracy import _mean_report, layer_head_lines
 from vidsight.errors import ConfigError
 
 
@@ -104,3 +104,12 @@ def test_a_report_field_undefined_for_some_questions_is_averaged_over_the_others
     reports = [{"splits": 2, "prefetch_hit_rate": math.nan}, {"splits": 4, "prefetch_hit_rate": 0.5}]
     assert _mean_report(reports) == {"splits": 3.0, "prefetch_hit_rate": 0.5}
     assert math.isnan(_mean_report(reports[:1])["prefetch_hit_rate"])
+
+
+def test_a_share_per_layer_and_head_is_averaged_element_by_element_and_printed_per_layer():
+    reports = [{"frame_ratio_by_layer_head": [[0.1, 0.3], [0.5, math.nan]]},
+               {"frame_ratio_by_layer_head": [[0.3, 0.5], [0.7, 0.2]]}]
+    mean = _mean_report(reports)["frame_ratio_by_layer_head"]
+    assert [value for row in mean for value in row] == pytest.approx([0.2, 0.4, 0.6, 0.2])
+    assert layer_head_lines(_mean_report(reports)) == ["  frame steps, share per layer [heads]: "
+                                                       "L0 [20.0% 40.0%]; L1 [60.0% 20.0%]"]

@@ -109,6 +109,10 @@ def test_at_its_default_threshold_each_head_attends_to_its_own_share(ask_along, 
     assert 0 < report["frame_ratio"] < 1 and 0 < report["answer_ratio"] <= 1 and report["tokens_per_cluster"] > 1
     shares = policy.ratios_by_layer_head("frame")
     assert len(shares) == tiny_adapter.num_layers * tiny_adapter.num_kv_heads and len(set(shares.values())) > 1
+    table = report["frame_ratio_by_layer_head"]
+    assert [[shares[(layer, head)] for head in range(tiny_adapter.num_kv_heads)]
+            for layer in range(tiny_adapter.num_layers)] == table
+    assert report["frame_ratio_min"] == min(shares.values()) and report["frame_ratio_max"] == max(shares.values())
     top = ask_along(tiny_adapter, frames, make_policy("resv:selection=topk,top_clusters=2"))[0]
     assert top[-1].stats.attended_tokens < top[-1].stats.cached_tokens
 

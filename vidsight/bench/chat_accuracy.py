@@ -118,10 +118,30 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
 
 def _mean_report(reports: list[dict]) -> dict:
     """Each numeric field of the policies' reports, averaged over the questions where it is defined
-    (a prefetch hit rate is not when nothing was predicted: NaN then)."""
+    (a prefetch hit rate is not when nothing was predicted: NaN then); a nested list (a share per
+    layer and head) is averaged element by element."""
     fields = reports[0].keys() if reports else ()
-    defined = {f: [r[f] for r in reports if not math.isnan(r[f])] for f in fields}
-    return {f: float(np.mean(values)) if values else math.nan for f, values in defined.items()}
+    out = {}
+    for field in fields:
+        values = [r[field] for r in reports]
+        if isinstance(values[0], list):
+            out[field] = np.nanmean(np.array(values, dtype=float), axis=0).tolist()
+            continue
+        defined = [v for v in values if not math.isnan(v)]
+        out[field] = float(np.mean(defined)) if defined else math.nan
+    return out
+
+
+def layer_head_lines(policy_report: dict) -> list[str]:
+    """Per step kind with a ``[layer][head]`` share table: each layer's shares over its heads."""
+    lines = []
+    for field, table in policy_report.items():
+        if field.endswith("_by_layer_head"):
+            kind = field.removesuffix("_ratio_by_layer_head")
+            lines.append(f"  {kind} steps, share per layer [heads]: "
+                         + "; ".join(f"L{layer} [" + " ".join(f"{share:.1%}" for share in heads) + "]"
+                                     for layer, heads in enumerate(table)))
+    return lines
 
 
 def format_chat_accuracy(report: dict) -> str:
@@ -141,5 +161,7 @@ def format_chat_accuracy(report: dict) -> str:
                                  f"{report['question_bytes_moved'][n] / 2**20:.1f} MiB" for n in report["accuracy"]))
     for name, policy_report in report["policy_reports"].items():
         if policy_report:
-            lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()))
+            lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()
+                                                 if not isinstance(v, list)))
+            lines += layer_head_lines(policy_report)
     return "\n".join(lines)

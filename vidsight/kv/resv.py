@@ -19,13 +19,14 @@ The number of tokens therefore varies per layer and head; `report` gives its dis
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 import torch
 
 from vidsight.errors import ConfigError
 from vidsight.kv.cache import VIDEO, KVCache
-from vidsight.kv.retrieval import Selection, Step, window_mask
+from vidsight.kv.retrieval import STEP_KINDS, Selection, Step, window_mask
 
 SELECTIONS = ("wicsum", "topk")
 WEIGHTS = ("score", "attention")
@@ -157,14 +158,18 @@ class ReSVPolicy:
         self._cache_id: int | None = None
 
     def report(self) -> dict:
-        """Retrieval ratios (selected share of the cached video, per head) by step kind, their spread
-        over layers and heads, and the clusters' size."""
+        """Retrieval ratios (selected share of the cached video, per head) by step kind: their mean,
+        their spread over layers and heads, and each ``[layer][head]`` (V-Rex's Fig. 20); the clusters' size."""
         out = {}
-        for kind in ("frame", "question", "answer"):
-            means = torch.tensor([sum(v) / len(v) for (k, _, _), v in self._ratios.items() if k == kind and v])
-            if len(means):
-                out[f"{kind}_ratio"] = float(means.mean())
-                out[f"{kind}_ratio_min"], out[f"{kind}_ratio_max"] = float(means.min()), float(means.max())
+        for kind in STEP_KINDS:
+            shares = self.ratios_by_layer_head(kind)
+            if shares:
+                values = torch.tensor(list(shares.values()), dtype=torch.float64)
+                out[f"{kind}_ratio"] = float(values.mean())
+                out[f"{kind}_ratio_min"], out[f"{kind}_ratio_max"] = float(values.min()), float(values.max())
+                layers, heads = max(layer for layer, _ in shares) + 1, max(head for _, head in shares) + 1
+                out[f"{kind}_ratio_by_layer_head"] = [[shares.get((layer, head), math.nan) for head in range(heads)]
+                                                      for layer in range(layers)]
         tables = [t for heads in self._tables.values() for t in heads]
         if tables:
             out["clusters_per_head"] = sum(len(t.count) for t in tables) / len(tables)
@@ -172,7 +177,7 @@ class ReSVPolicy:
         return out
 
     def ratios_by_layer_head(self, kind: str = "frame") -> dict[tuple[int, int], float]:
-        """Mean selected share of the cached video per (layer, key head) for one step kind (V-Rex's Fig. 20)."""
+        """Mean selected share of the cached video per (layer, key head) for one step kind."""
         return {(layer, head): sum(v) / len(v) for (k, layer, head), v in self._ratios.items() if k == kind and v}
 
     def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:
