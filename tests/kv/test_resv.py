@@ -16,10 +16,12 @@ def test_packed_hash_bits_and_hamming_distances_match_a_plain_reference():
     for row, packed in zip(keys, bits.tolist()):
         expected = sum(1 << i for i in range(32) if float(row @ planes[:, i]) > 0)
         assert packed == expected
-    distances = hamming(bits[:7], bits[7:])
-    for i in range(7):
-        for j in range(13):
-            assert int(distances[i, j]) == bin(int(bits[i]) ^ int(bits[7 + j])).count("1")
+    wide = torch.randint(0, 2**62, (20,), generator=generator)
+    for packed, width in ((bits, 32), (bits, 62), (wide, 62)):
+        distances = hamming(packed[:7], packed[7:], width)
+        for i in range(7):
+            for j in range(13):
+                assert int(distances[i, j]) == bin(int(packed[i]) ^ int(packed[7 + j])).count("1")
 
 
 def test_tokens_join_the_nearest_cluster_under_the_threshold_in_token_order():

@@ -84,17 +84,20 @@ def hash_bits(keys: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
     return (bits << torch.arange(planes.shape[1])).sum(dim=1)
 
 
-def popcount(x: torch.Tensor) -> torch.Tensor:
-    """Set bits of non-negative int64 values below 2**62 (SWAR: pairs, nibbles, bytes, then a sum)."""
-    x = x - ((x >> 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
-    return sum((x >> shift) & 0xFF for shift in range(0, 64, 8))
+def bit_signs(bits: torch.Tensor, width: int) -> torch.Tensor:
+    """``(n,)`` packed hash bits to ``(n, width)`` float: +1 where bit i is set, -1 where it is not."""
+    return ((bits[:, None] >> torch.arange(width)) & 1).float() * 2 - 1
 
 
-def hamming(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(n, m)`` Hamming distances between packed hash bits ``a`` ``(n,)`` and ``b`` ``(m,)``."""
-    return popcount(a[:, None] ^ b[None, :])
+def hamming(a: torch.Tensor, b: torch.Tensor, width: int = 62) -> torch.Tensor:
+    """``(n, m)`` Hamming distances between packed hash bits ``a`` ``(n,)`` and ``b`` ``(m,)`` below 2**width.
+
+    XOR and popcount, as one matrix product: over ``width`` bits, agreeing ones add +1 to the signs'
+    inner product and differing ones -1, so the distance is ``(width - inner) / 2``, exact in float32
+    (small integers), and several times faster on a CPU than bit tricks on int64.
+    """
+    inner = bit_signs(a, width) @ bit_signs(b, width).T
+    return ((width - inner) / 2).round().long()
 
 
 def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float, attention: bool = False) -> torch.Tensor:
@@ -244,14 +247,14 @@ class ReSVPolicy:
         bits = hash_bits(keys, self._planes)
         owner = torch.full((len(slots),), -1, dtype=torch.long)
         if len(table.count):
-            distance = hamming(bits, table.bits)
+            distance = hamming(bits, table.bits, self.config.hyperplanes)
             nearest = distance.min(dim=1)
             joins = nearest.values < self.config.hamming_threshold
             owner[joins] = nearest.indices[joins]
         fresh = len(table.count)
         # The rest, in token order: each joins the nearest cluster begun before it in this step, if close enough.
         alone = torch.nonzero(owner < 0).flatten()
-        among = hamming(bits[alone], bits[alone]).tolist()
+        among = hamming(bits[alone], bits[alone], self.config.hyperplanes).tolist()
         leaders: list[int] = []   # positions in ``alone`` of the tokens that began a cluster
         assigned: list[int] = []
         for i in range(len(alone)):
