@@ -78,8 +78,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     adapter = build_shape(shape, dtype=torch_dtype) if model is None else load_model(model, "cpu", torch_dtype)
     spec = adapter.vision
     tokens_per_patch = spec.max_tokens_per_patch
-    # Frames resized within the shape's pixel bound hold at most tokens_per_patch (the small shape's
-    # 320x240 frames reached 40k tokens with about 1,480 of 1.2x's 1,526 frames): half as many again.
+    # Frames resized within the shape's pixel bound hold at most tokens_per_patch, often fewer: half
+    # as many frames again as that bound implies (a fifth more left the small shape's 40k fill short of margin).
     frames_needed = int(1.5 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)
     frames = iter(StreamSource(video, fps=STREAM_FPS))

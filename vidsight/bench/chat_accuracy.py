@@ -136,7 +136,7 @@ def layer_head_lines(policy_report: dict) -> list[str]:
     """Per step kind with a ``[layer][head]`` share table: each layer's shares over its heads."""
     lines = []
     for field, table in policy_report.items():
-        if field.endswith("_by_layer_head"):
+        if field.endswith("_ratio_by_layer_head"):
             kind = field.removesuffix("_ratio_by_layer_head")
             lines.append(f"  {kind} steps, share per layer [heads]: "
                          + "; ".join(f"L{layer} [" + " ".join(f"{share:.1%}" for share in heads) + "]"
