@@ -24,24 +24,25 @@ def test_packed_hash_bits_and_hamming_distances_match_a_plain_reference():
                 assert int(distances[i, j]) == bin(int(packed[i]) ^ int(packed[7 + j])).count("1")
 
 
-def test_tokens_join_the_nearest_cluster_under_the_threshold_in_token_order():
+@pytest.mark.parametrize("threshold", [4, 1], ids=["nearest", "identical bits"])
+def test_tokens_join_the_nearest_cluster_under_the_threshold_in_token_order(threshold):
     generator = torch.Generator().manual_seed(4)
-    policy = ReSVPolicy(ReSVConfig(hyperplanes=16, hamming_threshold=4))
+    policy = ReSVPolicy(ReSVConfig(hyperplanes=16, hamming_threshold=threshold))
     policy._planes = torch.randn(8, 16, generator=generator)
     centres = torch.randn(6, 8, generator=generator)
-    table = _Clusters(torch.zeros((0, 8)), torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    table = _Clusters(8)
     owners = []
     for step in range(3):   # three steps of 40 tokens near six centres
         keys = centres[torch.randint(0, 6, (40,), generator=generator)] + 0.3 * torch.randn(40, 8, generator=generator)
         before = table.bits.tolist()
-        table.owner = torch.cat([table.owner, torch.full((40,), -1)])
+        table.cover(40 * (step + 1))
         policy._cluster(table, torch.arange(40 * step, 40 * (step + 1)), keys)
         # Plain reference: the nearest earlier cluster (first on ties), else the nearest begun in this step.
         leaders, expected = [], []
         for k in hash_bits(keys, policy._planes).tolist():
             for candidates, base in ((before, 0), ([b for _, b in leaders], len(before))):
                 distances = [bin(k ^ b).count("1") for b in candidates]
-                if distances and min(distances) < 4:
+                if distances and min(distances) < threshold:
                     expected.append(base + distances.index(min(distances)))
                     break
             else:

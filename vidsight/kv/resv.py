@@ -56,6 +56,10 @@ class ReSVConfig:
             the key head's group: the paper's), or ``mean``, one per query head, its queries' mean
             over the step's tokens (as ReKV scores a question). The union over ``tokens`` rows
             grows with the step's length; a ``mean`` row keeps what the step attends to as a whole.
+        mean_frame_rows: Frame steps score with ``mean`` rows whatever ``rows`` says: a temporal
+            patch has hundreds of rows per key head on a real model (64 tokens x 7 query heads on
+            Qwen2.5-0.5B's), and scoring and ranking every one against every cluster costs more
+            than the attention it saves; a question keeps its ``rows``.
     """
 
     hyperplanes: int = 32
@@ -68,6 +72,7 @@ class ReSVConfig:
     top_clusters: int = 8
     weights: str = "score"
     rows: str = "tokens"
+    mean_frame_rows: bool = False
 
     def __post_init__(self):
         if not 1 <= self.hyperplanes <= 62 or self.hamming_threshold < 1 or self.ratio <= 0:
@@ -137,14 +142,53 @@ def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float, attention: 
     return chosen
 
 
-@dataclasses.dataclass
-class _Clusters:
-    """One layer's and key head's hash-cluster table."""
+def _grown(buffer: torch.Tensor, rows: int, fill: float = 0) -> torch.Tensor:
+    """``buffer`` with room for at least ``rows`` rows, doubling (a stream adds to it at every step)."""
+    if len(buffer) >= rows:
+        return buffer
+    bigger = buffer.new_full((max(rows, 2 * len(buffer), 64), *buffer.shape[1:]), fill)
+    bigger[: len(buffer)] = buffer
+    return bigger
 
-    key_sum: torch.Tensor     # (C, head_dim) float32: Key_cluster * count
-    count: torch.Tensor       # (C,)
-    bits: torch.Tensor        # (C,) int64: hash bits of Key_cluster
-    owner: torch.Tensor       # (slots,) cluster of each slot, -1 for none
+
+class _Clusters:
+    """One layer's and key head's hash-cluster table (V-Rex's), in buffers that grow by doubling.
+
+    Attributes:
+        key_sum: ``(C, head_dim)`` float32: Key_cluster times count.
+        count: ``(C,)`` tokens per cluster.
+        bits: ``(C,)`` int64 hash bits of Key_cluster.
+        owner: ``(slots,)`` cluster of each cached slot, -1 for none (text, or not indexed).
+        exact: Hash bits to cluster, kept when only identical bits join a cluster (a Hamming
+            threshold of 1): then a cluster's bits never change (the mean of keys on one side of
+            every hyperplane stays on that side) and no two clusters share bits, so a lookup
+            finds a token's cluster.
+    """
+
+    def __init__(self, head_dim: int):
+        self.size, self.slots = 0, 0
+        self._key_sum, self._count = torch.zeros((0, head_dim)), torch.zeros(0)
+        self._bits, self._owner = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        self.exact: dict[int, int] = {}
+
+    key_sum = property(lambda self: self._key_sum[: self.size])
+    count = property(lambda self: self._count[: self.size])
+    bits = property(lambda self: self._bits[: self.size])
+    owner = property(lambda self: self._owner[: self.slots])
+
+    def cover(self, slots: int) -> None:
+        """Track ``slots`` cached slots; slots new to the table (or dropped and refilled) own nothing."""
+        self._owner = _grown(self._owner, slots, -1)
+        self._owner[self.slots : slots] = -1
+        self.slots = slots
+
+    def add(self, clusters: int) -> None:
+        """Make room for ``clusters`` new, empty clusters."""
+        size = self.size + clusters
+        self._key_sum, self._count = _grown(self._key_sum, size), _grown(self._count, size)
+        self._bits = _grown(self._bits, size)
+        self._key_sum[self.size : size], self._count[self.size : size] = 0, 0
+        self.size = size
 
 
 class ReSVPolicy:
@@ -194,13 +238,15 @@ class ReSVPolicy:
         kv_heads = len(tables)
         group = q.shape[1] // kv_heads
         heads = torch.zeros((kv_heads, filled), dtype=torch.bool)
+        mean_rows = self.config.rows == "mean" or (self.config.mean_frame_rows and step.kind == "frame")
         for head, table in enumerate(tables):
             # The rows, scaled as the model's attention logits are (no selection but ``attention``'s depends on it).
             queries = q[0, head * group : (head + 1) * group].float().cpu() * q.shape[-1] ** -0.5   # (group, tokens, dim)
-            queries = queries.mean(dim=1) if self.config.rows == "mean" else queries.reshape(-1, q.shape[-1])
+            queries = queries.mean(dim=1) if mean_rows else queries.reshape(-1, q.shape[-1])
             if self.config.clustering:
-                chosen = self._choose(queries @ (table.key_sum / table.count[:, None].clamp(min=1)).T, table.count)
-                picked = torch.isin(table.owner, torch.nonzero(chosen).flatten())
+                # Scores against Key_cluster (the sum over the count), divided after the product: rows are few.
+                chosen = self._choose(queries @ table.key_sum.T / table.count.clamp(min=1), table.count)
+                picked = torch.cat([chosen, torch.zeros(1, dtype=torch.bool)])[table.owner]   # -1 owns nothing
             else:   # the ablation: every video token is its own cluster
                 keys = cache.read(layer, torch.nonzero(video).flatten())[0][0, head].float().cpu()
                 picked = torch.zeros(filled, dtype=torch.bool)
@@ -228,12 +274,10 @@ class ReSVPolicy:
         if self._planes is None:
             generator = torch.Generator().manual_seed(self.config.seed)
             self._planes = torch.randn((dim, self.config.hyperplanes), generator=generator)
-        tables = self._tables.setdefault(layer, [
-            _Clusters(torch.zeros((0, dim)), torch.zeros(0), torch.zeros(0, dtype=torch.long),
-                      torch.zeros(0, dtype=torch.long)) for _ in range(kv_heads)])
+        tables = self._tables.setdefault(layer, [_Clusters(dim) for _ in range(kv_heads)])
         start = min(self._indexed.get(layer, 0), filled)  # a question's slots may have been dropped
         for table in tables:
-            table.owner = torch.cat([table.owner[:filled], torch.full((max(0, filled - len(table.owner)),), -1)])
+            table.cover(filled)
         new = torch.nonzero(cache.tokens.kind[rows[start:filled]] == VIDEO).flatten() + start
         self._indexed[layer] = filled
         if len(new) and self.config.clustering:
@@ -244,34 +288,37 @@ class ReSVPolicy:
 
     def _cluster(self, table: _Clusters, slots: torch.Tensor, keys: torch.Tensor) -> None:
         """Assign new tokens: to the nearest existing cluster under the threshold, else among themselves."""
+        threshold, width = self.config.hamming_threshold, self.config.hyperplanes
         bits = hash_bits(keys, self._planes)
         owner = torch.full((len(slots),), -1, dtype=torch.long)
-        if len(table.count):
-            distance = hamming(bits, table.bits, self.config.hyperplanes)
-            nearest = distance.min(dim=1)
-            joins = nearest.values < self.config.hamming_threshold
+        if threshold == 1:
+            owner = torch.tensor([table.exact.get(b, -1) for b in bits.tolist()], dtype=torch.long)
+        elif table.size:
+            nearest = hamming(bits, table.bits, width).min(dim=1)
+            joins = nearest.values < threshold
             owner[joins] = nearest.indices[joins]
-        fresh = len(table.count)
-        # The rest, in token order: each joins the nearest cluster begun before it in this step, if close enough.
+        # The rest, in token order: each joins the nearest cluster begun before it in this step, if close
+        # enough. One with no close token before it begins a cluster whatever came before.
         alone = torch.nonzero(owner < 0).flatten()
-        among = hamming(bits[alone], bits[alone], self.config.hyperplanes).tolist()
+        among = hamming(bits[alone], bits[alone], width)
+        begins = (~(among < threshold).tril(-1).any(dim=1)).tolist()
+        among = among.tolist()
         leaders: list[int] = []   # positions in ``alone`` of the tokens that began a cluster
         assigned: list[int] = []
         for i in range(len(alone)):
-            best = min(leaders, key=among[i].__getitem__, default=None)
-            if best is not None and among[i][best] < self.config.hamming_threshold:
+            best = None if begins[i] else min(leaders, key=among[i].__getitem__)
+            if best is not None and among[i][best] < threshold:
                 assigned.append(assigned[best])
             else:
-                assigned.append(fresh + len(leaders))
+                assigned.append(table.size + len(leaders))
                 leaders.append(i)
         owner[alone] = torch.tensor(assigned, dtype=torch.long)
-        clusters = fresh + len(leaders)
-        key_sum = torch.cat([table.key_sum, torch.zeros((len(leaders), keys.shape[1]))])
-        count = torch.cat([table.count, torch.zeros(len(leaders))])
-        key_sum.index_add_(0, owner, keys)
-        count.index_add_(0, owner, torch.ones(len(owner)))
+        fresh = table.size
+        table.add(len(leaders))
+        table.key_sum.index_add_(0, owner, keys)
+        table.count.index_add_(0, owner, torch.ones(len(owner)))
         touched = torch.unique(owner)
-        table.bits = torch.cat([table.bits, torch.zeros(clusters - len(table.bits), dtype=torch.long)])
-        table.bits[touched] = hash_bits(key_sum[touched] / count[touched, None], self._planes)
-        table.key_sum, table.count = key_sum, count
+        table.bits[touched] = hash_bits(table.key_sum[touched] / table.count[touched, None], self._planes)
+        if threshold == 1:
+            table.exact.update(zip(table.bits[fresh:].tolist(), range(fresh, table.size)))
         table.owner[slots] = owner
