@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from vidsight.errors import ConfigError
-from vidsight.kv.resv import ReSVConfig, ReSVPolicy, _Clusters, hamming, hash_bits, wicsum
+from vidsight.kv import resv
+from vidsight.kv.resv import ReSVConfig, ReSVPolicy, _Clusters, _row_scores, hamming, hash_bits, wicsum
 from vidsight.kv.retrieval import make_policy
 
 
@@ -138,6 +139,38 @@ def test_mean_rows_score_each_query_head_by_its_queries_mean(ask_along, tiny_ada
     for rows, mean in zip(seen["tokens"], seen["mean"]):   # scores are linear in the query
         if rows.shape[1]:   # (no clusters yet: the first frames' steps)
             assert torch.allclose(rows.reshape(group, -1, rows.shape[1]).mean(dim=1), mean, atol=1e-4)
+
+
+def test_max_rows_score_each_cluster_by_the_steps_best_token_per_query_head():
+    generator = torch.Generator().manual_seed(6)
+    queries, keys = torch.randn(3, 5, 8, generator=generator), torch.randn(11, 8, generator=generator)
+    scores = _row_scores(queries, keys, "max")
+    assert scores.shape == (3, 11)
+    for head in range(3):
+        for cluster in range(11):
+            best = max(float(queries[head, token] @ keys[cluster]) for token in range(5))
+            assert abs(float(scores[head, cluster]) - best) < 1e-5
+    assert torch.allclose(_row_scores(queries, keys, "mean"), queries.mean(dim=1) @ keys.T)
+    assert _row_scores(queries, keys, "tokens").shape == (15, 11)
+
+
+def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, monkeypatch):
+    seen, kind = [], []
+    select, row_scores = ReSVPolicy.select, resv._row_scores
+
+    def spy_select(self, layer, cache, q, step):
+        kind.append(step.kind)
+        return select(self, layer, cache, q, step)
+
+    def spy_scores(queries, keys, rows):
+        seen.append((kind[-1], rows))
+        return row_scores(queries, keys, rows)
+
+    monkeypatch.setattr(ReSVPolicy, "select", spy_select)
+    monkeypatch.setattr(resv, "_row_scores", spy_scores)
+    ask_along(tiny_adapter, frames[:6], make_policy("resv:mean_frame_rows=1"))
+    assert {rows for step, rows in seen if step == "frame"} == {"mean"}
+    assert {rows for step, rows in seen if step != "frame"} == {"tokens"} and len({step for step, _ in seen}) == 3
 
 
 def test_bad_settings_are_refused():

@@ -98,7 +98,7 @@ def feed_config(args):
 
 POLICY_NAMES = ("full", "recent", "rekv", "mosaic", "resv")
 # The retrieval policies' settings: flag -> (config field, parser, the policies it sets, help).
-# A parser of None is a switch that turns a default-on setting off.
+# A parser of True or False is a switch that sets the field to it.
 POLICY_FLAGS = {
     "--window-tokens": ("window_tokens", int, ("recent",), "recent: local window in tokens (default: 4096)"),
     "--local-tokens": ("local_tokens", int, ("rekv", "mosaic", "resv"),
@@ -120,20 +120,23 @@ POLICY_FLAGS = {
     "--wics-weights": ("weights", str, ("resv",),
                        "resv: WiCSum weighs clusters by score (default, eqs. 1-3) or by attention (exp of the scaled score)"),
     "--wics-rows": ("rows", str, ("resv",),
-                    "resv: WiCSum's rows: tokens (default: every query of a step) or mean (one per query head)"),
+                    "resv: WiCSum's rows: tokens (default: every query of a step), or one per query head: "
+                    "mean (of its queries) or max (each cluster's best score over the step's tokens)"),
+    "--mean-frame-rows": ("mean_frame_rows", True, ("resv",),
+                          "resv: frame steps score one mean row per query head (questions keep --wics-rows)"),
     "--clustering": ("clustering", str, ("mosaic",),
                      "mosaic: nested (default), or an ablation: visual, semantic, none (token-level top-k)"),
     "--split": ("split", str, ("mosaic",), "mosaic: deferred (default, Algorithm 1) or eager"),
-    "--no-summaries": ("summaries", None, ("mosaic",), "mosaic: no representatives of unretrieved clusters"),
-    "--no-prefetch": ("prefetch", None, ("mosaic",), "mosaic: no cross-layer prediction"),
+    "--no-summaries": ("summaries", False, ("mosaic",), "mosaic: no representatives of unretrieved clusters"),
+    "--no-prefetch": ("prefetch", False, ("mosaic",), "mosaic: no cross-layer prediction"),
 }
 
 
 def add_policy_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("retrieval policies (chat)")
     for flag, (field, parse, _, help_text) in POLICY_FLAGS.items():
-        if parse is None:
-            group.add_argument(flag, dest=field, action="store_const", const=False, default=None, help=help_text)
+        if isinstance(parse, bool):
+            group.add_argument(flag, dest=field, action="store_const", const=parse, default=None, help=help_text)
         else:
             group.add_argument(flag, dest=field, type=parse, default=None, help=help_text)
 

@@ -30,7 +30,7 @@ from vidsight.kv.retrieval import STEP_KINDS, Selection, Step, window_mask
 
 SELECTIONS = ("wicsum", "topk")
 WEIGHTS = ("score", "attention")
-ROWS = ("tokens", "mean")
+ROWS = ("tokens", "mean", "max")
 EARLY_EXIT_CLUSTERS = 32   # clusters ranked per row before WiCSum ranks more
 
 
@@ -53,9 +53,11 @@ class ReSVConfig:
             write it (clamped at 0), or ``attention``, ``exp`` of its scaled score less the row's
             best, so the kept clusters carry ``ratio`` of the row's softmax attention mass.
         rows: WiCSum's rows: ``tokens``, every query of the step (each token, each query head of
-            the key head's group: the paper's), or ``mean``, one per query head, its queries' mean
-            over the step's tokens (as ReKV scores a question). The union over ``tokens`` rows
-            grows with the step's length; a ``mean`` row keeps what the step attends to as a whole.
+            the key head's group: the paper's), ``mean``, one per query head, its queries' mean
+            over the step's tokens (as ReKV scores a question), or ``max``, one per query head
+            scoring each cluster by the step's best token for it. The union over ``tokens`` rows
+            grows with the step's length; a ``mean`` row keeps what the step attends to as a whole,
+            a ``max`` row what any token of it attends to most.
         mean_frame_rows: Frame steps score with ``mean`` rows whatever ``rows`` says: a temporal
             patch has hundreds of rows per key head on a real model (64 tokens x 7 query heads on
             Qwen2.5-0.5B's), and scoring and ranking every one against every cluster costs more
@@ -140,6 +142,14 @@ def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float, attention: 
         rows = rows[reached[:, -1] < need[rows]]
         k = min(4 * k, scores.shape[1])
     return chosen
+
+
+def _row_scores(queries: torch.Tensor, keys: torch.Tensor, rows: str) -> torch.Tensor:
+    """``(group, tokens, dim)`` queries against ``(n, dim)`` keys as WiCSum's ``(rows, n)`` scores (see `ROWS`)."""
+    if rows == "mean":
+        return queries.mean(dim=1) @ keys.T
+    scores = queries.reshape(-1, queries.shape[-1]) @ keys.T
+    return scores.reshape(*queries.shape[:2], -1).amax(dim=1) if rows == "max" else scores
 
 
 def _grown(buffer: torch.Tensor, rows: int, fill: float = 0) -> torch.Tensor:
@@ -238,19 +248,20 @@ class ReSVPolicy:
         kv_heads = len(tables)
         group = q.shape[1] // kv_heads
         heads = torch.zeros((kv_heads, filled), dtype=torch.bool)
-        mean_rows = self.config.rows == "mean" or (self.config.mean_frame_rows and step.kind == "frame")
+        pooling = "mean" if self.config.mean_frame_rows and step.kind == "frame" else self.config.rows
         for head, table in enumerate(tables):
             # The rows, scaled as the model's attention logits are (no selection but ``attention``'s depends on it).
             queries = q[0, head * group : (head + 1) * group].float().cpu() * q.shape[-1] ** -0.5   # (group, tokens, dim)
-            queries = queries.mean(dim=1) if mean_rows else queries.reshape(-1, q.shape[-1])
             if self.config.clustering:
                 # Scores against Key_cluster (the sum over the count), divided after the product: rows are few.
-                chosen = self._choose(queries @ table.key_sum.T / table.count.clamp(min=1), table.count)
+                chosen = self._choose(_row_scores(queries, table.key_sum, pooling) / table.count.clamp(min=1),
+                                      table.count)
                 picked = torch.cat([chosen, torch.zeros(1, dtype=torch.bool)])[table.owner]   # -1 owns nothing
             else:   # the ablation: every video token is its own cluster
                 keys = cache.read(layer, torch.nonzero(video).flatten())[0][0, head].float().cpu()
                 picked = torch.zeros(filled, dtype=torch.bool)
-                picked[torch.nonzero(video).flatten()] = self._choose(queries @ keys.T, torch.ones(len(keys)))
+                picked[torch.nonzero(video).flatten()] = self._choose(_row_scores(queries, keys, pooling),
+                                                                      torch.ones(len(keys)))
             heads[head] = keep | picked
             if video.any():
                 share = float((picked & video).sum()) / int(video.sum())
