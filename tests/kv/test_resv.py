@@ -1,5 +1,7 @@
 """ReSV: hash bits and Hamming distances as defined, WiCSum's minimal prefix, exact when it keeps everything."""
 
+import math
+
 import pytest
 import torch
 
@@ -171,6 +173,22 @@ def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, 
     ask_along(tiny_adapter, frames[:6], make_policy("resv:mean_frame_rows=1"))
     assert {rows for step, rows in seen if step == "frame"} == {"mean"}
     assert {rows for step, rows in seen if step != "frame"} == {"tokens"} and len({step for step, _ in seen}) == 3
+
+
+def test_prefetch_moves_offloaded_blocks_early_and_never_changes_what_is_attended(ask_along, tiny_adapter,
+                                                                                 frames, tmp_path):
+    from vidsight.kv.tiers import TierConfig
+
+    tiers = TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path)
+    settings = "resv:hamming_threshold=2,ratio=0.05"
+    on, session = ask_along(tiny_adapter, frames, make_policy(settings), tiers)
+    off, _ = ask_along(tiny_adapter, frames, make_policy(settings + ",prefetch=0"), tiers)
+    for a, b in zip(on, off, strict=True):
+        assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+        assert a.stats.attended_tokens < a.stats.cached_tokens
+    assert 0 < session.policy.report()["prefetch_hit_rate"] <= 1
+    _, single = ask_along(tiny_adapter, frames[:12], make_policy(settings))   # all on the device: nothing predicted
+    assert math.isnan(single.policy.report()["prefetch_hit_rate"])
 
 
 def test_bad_settings_are_refused():

@@ -62,6 +62,8 @@ class ReSVConfig:
             patch has hundreds of rows per key head on a real model (64 tokens x 7 query heads on
             Qwen2.5-0.5B's), and scoring and ranking every one against every cluster costs more
             than the attention it saves; a question keeps its ``rows``.
+        prefetch: Each layer's rows also predict the next layer's clusters, whose offloaded
+            blocks start moving up early (with tiered KV only; what is attended never changes).
     """
 
     hyperplanes: int = 32
@@ -75,6 +77,7 @@ class ReSVConfig:
     weights: str = "score"
     rows: str = "tokens"
     mean_frame_rows: bool = False
+    prefetch: bool = True
 
     def __post_init__(self):
         if not 1 <= self.hyperplanes <= 62 or self.hamming_threshold < 1 or self.ratio <= 0:
@@ -212,6 +215,8 @@ class ReSVPolicy:
         self._tables: dict[int, list[_Clusters]] = {}
         self._indexed: dict[int, int] = {}
         self._ratios: dict[tuple[str, int, int], list[float]] = defaultdict(list)  # (kind, layer, head) -> shares
+        self._predicted: dict[int, torch.Tensor] = {}   # layer -> (kv_heads, slots) its previous layer predicted
+        self._prefetch_hits = self._prefetch_wanted = 0
         self._cache_id: int | None = None
 
     def report(self) -> dict:
@@ -227,6 +232,8 @@ class ReSVPolicy:
                 layers, heads = max(layer for layer, _ in shares) + 1, max(head for _, head in shares) + 1
                 out[f"{kind}_ratio_by_layer_head"] = [[shares.get((layer, head), math.nan) for head in range(heads)]
                                                       for layer in range(layers)]
+        # NaN until something was predicted (everything on the device, or prefetch off).
+        out["prefetch_hit_rate"] = self._prefetch_hits / self._prefetch_wanted if self._prefetch_wanted else math.nan
         tables = [t for heads in self._tables.values() for t in heads]
         if tables:
             out["clusters_per_head"] = sum(len(t.count) for t in tables) / len(tables)
@@ -246,29 +253,54 @@ class ReSVPolicy:
         video = cache.tokens.kind[rows] == VIDEO
         keep = ~video | window_mask(filled, self.config.local_tokens) if self.config.local_tokens else ~video
         kv_heads = len(tables)
-        group = q.shape[1] // kv_heads
-        heads = torch.zeros((kv_heads, filled), dtype=torch.bool)
+        # The rows per key head, scaled as the model's attention logits are (``attention`` weights depend on it).
+        queries = (q[0].float().cpu() * q.shape[-1] ** -0.5).unflatten(0, (kv_heads, -1))   # (kv_heads, group, tokens, dim)
         pooling = "mean" if self.config.mean_frame_rows and step.kind == "frame" else self.config.rows
-        for head, table in enumerate(tables):
-            # The rows, scaled as the model's attention logits are (no selection but ``attention``'s depends on it).
-            queries = q[0, head * group : (head + 1) * group].float().cpu() * q.shape[-1] ** -0.5   # (group, tokens, dim)
-            if self.config.clustering:
-                # Scores against Key_cluster (the sum over the count), divided after the product: rows are few.
-                chosen = self._choose(_row_scores(queries, table.key_sum, pooling) / table.count.clamp(min=1),
-                                      table.count)
-                picked = torch.cat([chosen, torch.zeros(1, dtype=torch.bool)])[table.owner]   # -1 owns nothing
-            else:   # the ablation: every video token is its own cluster
-                keys = cache.read(layer, torch.nonzero(video).flatten())[0][0, head].float().cpu()
-                picked = torch.zeros(filled, dtype=torch.bool)
-                picked[torch.nonzero(video).flatten()] = self._choose(_row_scores(queries, keys, pooling),
-                                                                      torch.ones(len(keys)))
-            heads[head] = keep | picked
+        picked = self._pick(layer, cache, tables, queries, pooling, video)                  # (kv_heads, filled)
+        predicted = self._predicted.pop(layer, None)
+        if predicted is not None:
+            self._prefetch_hits += int((predicted & picked[:, : predicted.shape[1]]).sum())
+            self._prefetch_wanted += int(picked.sum())
+        self._prefetch_next(layer, cache, queries, pooling)
+        for head in range(kv_heads):
             if video.any():
-                share = float((picked & video).sum()) / int(video.sum())
+                share = float((picked[head] & video).sum()) / int(video.sum())
                 self._ratios[(step.kind, layer, head)].append(share)
-                step.retrieved += float((picked & ~keep).sum()) / kv_heads
+                step.retrieved += float((picked[head] & ~keep).sum()) / kv_heads
+        heads = keep | picked
         slots = torch.nonzero(heads.any(dim=0)).flatten()
         return Selection(slots, heads=heads[:, slots])
+
+    def _pick(self, layer: int, cache: KVCache, tables: list[_Clusters], queries: torch.Tensor, pooling: str,
+              video: torch.Tensor) -> torch.Tensor:
+        """``(kv_heads, filled)`` bool: the video slots each key head's rows select at ``layer``."""
+        picked = torch.zeros((len(tables), len(video)), dtype=torch.bool)
+        for head, table in enumerate(tables):
+            if self.config.clustering:
+                # Scores against Key_cluster (the sum over the count), divided after the product: rows are few.
+                chosen = self._choose(_row_scores(queries[head], table.key_sum, pooling) / table.count.clamp(min=1),
+                                      table.count)
+                picked[head] = torch.cat([chosen, torch.zeros(1, dtype=torch.bool)])[table.owner]   # -1 owns nothing
+            else:   # the ablation: every video token is its own cluster
+                slots = torch.nonzero(video).flatten()
+                keys = cache.read(layer, slots)[0][0, head].float().cpu()
+                picked[head, slots] = self._choose(_row_scores(queries[head], keys, pooling), torch.ones(len(keys)))
+        return picked
+
+    def _prefetch_next(self, layer: int, cache: KVCache, queries: torch.Tensor, pooling: str) -> None:
+        """V-Rex's KV prediction: this layer's rows choose the next layer's clusters, whose blocks
+        below the device start moving up while this layer computes. The next layer's own rows
+        decide what it attends; hits are counted. Nothing to do when its KV is all on the device."""
+        following = layer + 1
+        if not (self.config.prefetch and self.config.clustering and following < len(cache.filled)):
+            return
+        rows = cache.rows(following)
+        video = cache.tokens.kind[rows] == VIDEO
+        if cache.resident(following, torch.nonzero(video).flatten()):
+            return
+        predicted = self._pick(following, cache, self._index(following, cache), queries, pooling, video)
+        self._predicted[following] = predicted
+        cache.prefetch(following, torch.nonzero(predicted.any(dim=0)).flatten())
 
     def _choose(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         if self.config.selection == "wicsum":
