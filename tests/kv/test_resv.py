@@ -191,6 +191,25 @@ def test_prefetch_moves_offloaded_blocks_early_and_never_changes_what_is_attende
     assert math.isnan(single.policy.report()["prefetch_hit_rate"])
 
 
+def test_offloaded_kv_laid_out_by_cluster_per_head_changes_no_answer(ask_along, tiny_adapter, frames, tmp_path):
+    from vidsight.kv.tiers import TierConfig
+
+    settings = "resv:hamming_threshold=2,ratio=0.05"
+    plain, _ = ask_along(tiny_adapter, frames, make_policy(settings))
+    tiered, session = ask_along(tiny_adapter, frames, make_policy(settings),
+                                TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path))
+    for a, b in zip(plain, tiered, strict=True):
+        assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+    cache = session.cache
+    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
+    assert below and all(b.head is not None for b in below)   # one cluster of one head per block
+    tables = session.policy._tables
+    for block in below:
+        if block.group >= 0:
+            assert (tables[block.layer][block.head].owner[block.slots] == block.group).all()
+    assert cache.whole_read_bytes["disk"] > 0
+
+
 def test_bad_settings_are_refused():
     for bad in (dict(hyperplanes=63), dict(ratio=0), dict(selection="best"), dict(hamming_threshold=0), dict(weights="logits"),
                 dict(rows="all")):

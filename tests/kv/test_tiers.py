@@ -223,3 +223,70 @@ def test_a_split_group_is_laid_out_again_so_reading_one_half_moves_only_that_hal
     before = sum(cache.bytes_moved.values())
     cache.read(0, wanted)
     assert sum(cache.bytes_moved.values()) - before == 2 * heads * len(wanted) * dim * 4
+
+
+def _recount_heads(cache: TieredKVCache) -> dict[str, int]:
+    """Tokens per tier from the blocks, a block of one key head counting for that head's share."""
+    units = {"device": 0, "host": 0, "disk": 0}
+    for block in (b for layer in cache.blocks for b in layer):
+        units[block.tier] += block.length * (cache.shape[0] if block.head is None else 1)
+    return {tier: count // cache.shape[0] for tier, count in units.items()}
+
+
+def test_a_per_head_layout_reads_each_heads_wanted_slots_through_moves_regroups_and_truncation(tmp_path):
+    torch.manual_seed(1)
+    layers, heads, dim = 2, 2, 4
+    cache = TieredKVCache(layers, heads, dim, torch.float32, torch.device("cpu"),
+                          TierConfig(device_tokens=24, host_tokens=40, disk_dir=tmp_path))
+    cache.set_layout(lambda layer, slots: torch.stack([slots % 3, slots % 2 + 5]), per_head=True)
+    written = [torch.empty(2, heads, 0, dim) for _ in range(layers)]
+    for step in range(30):
+        length = 1 + step % 4
+        for layer in range(layers):
+            k, v = torch.randn(2, 1, heads, length, dim)
+            chosen = torch.randperm(cache.filled[layer])[: cache.filled[layer] // 2].sort().values
+            wants = torch.rand(heads, len(chosen)) < 0.6
+            wants[0] |= ~wants.any(dim=0)   # each slot wanted by some head (as a selection's union is)
+            past_k, past_v = cache.write(layer, k, v, chosen, wants)
+            assert past_k.shape[2] == len(chosen) + length
+            for head in range(heads):   # a head's wanted slots are exact; the others are masked anyway
+                mine = wants[head]
+                assert torch.equal(past_k[0, head, :-length][mine], written[layer][0][head, chosen[mine]])
+                assert torch.equal(past_v[0, head, :-length][mine], written[layer][1][head, chosen[mine]])
+            written[layer] = torch.cat([written[layer], torch.stack([k[0], v[0]])], dim=2)
+            cache.keep(layer, length)
+        cache.commit(TokenTable.text(torch.zeros(3, length, dtype=torch.long)))
+        assert cache.tokens_by_tier() == _recount_heads(cache)
+        assert cache.tokens_by_tier()["device"] <= 24 and cache.tokens_by_tier()["host"] <= 40
+        if step == 20:
+            cache.truncate(len(cache.tokens) - length)
+            written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
+    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
+    assert below and all(b.head is not None for b in below) and _recount_heads(cache)["disk"] > 0
+    for layer in range(layers):
+        keys, values = cache.read(layer)
+        assert torch.equal(keys[0], written[layer][0]) and torch.equal(values[0], written[layer][1])
+    cache.close()
+
+
+def test_in_a_per_head_layout_one_heads_cluster_is_one_whole_block_read():
+    heads, dim = 2, 4
+    cache = TieredKVCache(1, heads, dim, torch.float32, torch.device("cpu"), TierConfig(device_tokens=4))
+    cache.set_layout(lambda layer, slots: torch.stack([slots % 2, slots % 3]), per_head=True)
+    for _ in range(12):
+        k, v = torch.randn(2, 1, heads, 1, dim)
+        cache.write(0, k, v, torch.empty(0, dtype=torch.long))
+        cache.keep(0, 1)
+        cache.commit(TokenTable.text(torch.zeros(3, 1, dtype=torch.long)))
+    cluster = torch.tensor([0, 3, 6])   # head 1's group 0 among the host slots (0-7)
+    wants = torch.tensor([[False] * 3, [True] * 3])
+    before, whole = sum(cache.bytes_moved.values()), cache.whole_read_bytes["host"]
+    cache.read(0, cluster, wants)
+    moved = sum(cache.bytes_moved.values()) - before
+    assert moved == 2 * len(cluster) * dim * 4 == cache.whole_read_bytes["host"] - whole
+
+
+def test_a_per_head_layout_needs_somewhere_to_keep_every_head(tmp_path):
+    cache = TieredKVCache(1, 2, 4, torch.float32, torch.device("cpu"), TierConfig(device_tokens=4, host_tokens=8))
+    with pytest.raises(ConfigError, match="disk tier"):
+        cache.set_layout(lambda layer, slots: torch.stack([slots, slots]), per_head=True)

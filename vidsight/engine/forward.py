@@ -101,7 +101,7 @@ def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions
         summary = chosen if isinstance(chosen, Selection) else None
         if summary is not None:
             chosen = summary.slots
-        keys, values = cache.write(layer, k, v, chosen)
+        keys, values = cache.write(layer, k, v, chosen, None if summary is None else summary.heads)
         summaries = 0 if summary is None or summary.keys is None else summary.keys.shape[2]
         if summaries:
             # Summaries come first: they are past entries every query of the chunk may see.

@@ -107,8 +107,8 @@ class KVCache:
         """Cached tokens summed over layers, per tier: all on the device (`TieredKVCache` has more)."""
         return {"device": sum(self.filled), "host": 0, "disk": 0}
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None,
+              heads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Store a chunk's ``(1, kv_heads, n, head_dim)`` keys and values after the layer's filled slots.
 
         Args:
@@ -116,6 +116,9 @@ class KVCache:
             k: The chunk's keys.
             v: The chunk's values.
             slots: The earlier slots the chunk attends to (None: all).
+            heads: ``(kv_heads, len(slots))``: which key heads attend to each slot (None: all).
+                This cache reads every head of each slot (attention masks the others out);
+                a tiered cache with a per-head layout moves only the wanted ones.
 
         Returns:
             The keys and values the chunk attends to: those of ``slots`` (all earlier ones when
@@ -140,8 +143,10 @@ class KVCache:
         self.keys[layer][:, :, index] = k
         self.values[layer][:, :, index] = v
 
-    def read(self, layer: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` of ``layer`` (all filled ones when None)."""
+    def read(self, layer: int, slots: torch.Tensor | None = None, heads: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` of ``layer`` (all filled ones when
+        None); every head of each, whatever ``heads`` says (one tier: nothing to save)."""
         if slots is None:
             end = self.filled[layer]
             return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
@@ -152,10 +157,10 @@ class KVCache:
         """Whether ``slots`` of ``layer`` are on the device (always: this cache has one tier)."""
         return True
 
-    def set_layout(self, group_of) -> None:
+    def set_layout(self, group_of, per_head: bool = False) -> None:
         """Nothing to lay out: one tier (`TieredKVCache.set_layout` groups blocks below the device)."""
 
-    def prefetch(self, layer: int, slots: torch.Tensor) -> None:
+    def prefetch(self, layer: int, slots: torch.Tensor, heads: torch.Tensor | None = None) -> None:
         """Nothing to fetch: one tier."""
 
     def rows(self, layer: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ The number of tokens therefore varies per layer and head; `report` gives its dis
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import defaultdict
 
@@ -28,6 +29,7 @@ from vidsight.errors import ConfigError
 from vidsight.kv.cache import VIDEO, KVCache
 from vidsight.kv.retrieval import STEP_KINDS, Selection, Step, window_mask
 
+log = logging.getLogger(__name__)
 SELECTIONS = ("wicsum", "topk")
 WEIGHTS = ("score", "attention")
 ROWS = ("tokens", "mean", "max")
@@ -248,6 +250,8 @@ class ReSVPolicy:
         if self._cache_id != id(cache):  # a fork or another session: start over
             self.__init__(self.config)
             self._cache_id = id(cache)
+            if self.config.clustering:
+                self._lay_out(cache)
         tables = self._index(layer, cache)
         filled, rows = cache.filled[layer], cache.rows(layer)
         video = cache.tokens.kind[rows] == VIDEO
@@ -300,7 +304,25 @@ class ReSVPolicy:
             return
         predicted = self._pick(following, cache, self._index(following, cache), queries, pooling, video)
         self._predicted[following] = predicted
-        cache.prefetch(following, torch.nonzero(predicted.any(dim=0)).flatten())
+        slots = torch.nonzero(predicted.any(dim=0)).flatten()
+        cache.prefetch(following, slots, predicted[:, slots])
+
+    def _lay_out(self, cache: KVCache) -> None:
+        """V-Rex's cluster-wise memory mapping: offloaded KV laid out by cluster, per key head, so a
+        selected cluster is one block (one read); without it, offloaded KV stays in patch blocks."""
+        try:
+            cache.set_layout(self._group_of, per_head=True)
+        except ConfigError as exc:
+            log.warning("resv: offloaded KV stays in patch blocks, not laid out by cluster: %s", exc)
+
+    def _group_of(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """``(kv_heads, len(slots))``: each slot's cluster per key head (-1: none, or not indexed yet)."""
+        tables = self._tables[layer]
+        groups = torch.full((len(tables), len(slots)), -1, dtype=torch.long)
+        for head, table in enumerate(tables):
+            known = slots < table.slots
+            groups[head, known] = table.owner[slots[known]]
+        return groups
 
     def _choose(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         if self.config.selection == "wicsum":

@@ -66,6 +66,7 @@ class _Block:
     last_used: int = 0
     transfer: Transfer | None = None  # its copy down, or a prefetch up, while in flight
     group: int | None = None          # the layout's group it holds, once laid out
+    head: int | None = None           # the one key head it holds (data (2, 1, length, head_dim)); None: all
 
     @property
     def length(self) -> int:
@@ -104,11 +105,17 @@ class TieredKVCache:
         self.slot_rows: list[list[int]] = [[] for _ in range(num_layers)]
         self.tokens = TokenTable.empty()
         self.copies = CopyEngine(self.device)
-        # Kept as blocks move rather than summed over every block: a stream holds thousands.
-        self._tier_tokens = {DEVICE: 0, HOST: 0, DISK: 0}
+        # Kept as blocks move rather than summed over every block: a stream holds thousands. In
+        # head-slots (a token of one layer is kv_heads of them), since a per-head block holds one.
+        self._tier_units = {DEVICE: 0, HOST: 0, DISK: 0}
+        # Bytes moved up from host and disk, and of those the bytes of blocks wanted whole (one
+        # sequential read serving only wanted tokens; V-Rex's cluster-contiguous layout aims at that).
+        self.read_bytes = {HOST: 0, DISK: 0}
+        self.whole_read_bytes = {HOST: 0, DISK: 0}
         self._in_flight = 0
         self._abandoned: list[tuple[Transfer, Path]] = []   # writes of blocks that went up first
-        # Per layer, the index in `blocks` of the block holding each slot (-1: evicted); None: stale.
+        # Per layer, ``(kv_heads, slots)``: the index in `blocks` of the block holding each head's
+        # slot (-1: evicted); None: stale.
         self._owners: list[torch.Tensor | None] = [None] * num_layers
         self.evicted_tokens = 0
         self.device_peak_tokens = 0  # the most on the device at any moment, steps included
@@ -116,6 +123,7 @@ class TieredKVCache:
         self._files = 0
         self._disk_full_warned = False
         self._layout = None
+        self._per_head = False
         self.directory = self._open_directory(config.disk_dir) if config.disk_dir is not None else None
 
     @staticmethod
@@ -146,29 +154,39 @@ class TieredKVCache:
         return sum(b.data.nbytes for layer in self.blocks for b in layer if b.tier == DEVICE)
 
     def tokens_by_tier(self) -> dict[str, int]:
-        return dict(self._tier_tokens)
+        return {tier: units // self.shape[0] for tier, units in self._tier_units.items()}
 
     def reserve(self, tokens: int) -> None:
         """Nothing to do: each write is a block of its own."""
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store a chunk as a device block; the chosen past slots (all when None) then the chunk, on the device."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None,
+              heads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a chunk as a device block; the chosen past slots (all when None) then the chunk, on the device.
+
+        ``heads`` ``(kv_heads, len(slots))`` says which key heads want each slot (see `read`).
+        """
         self._clock += 1
-        past_k, past_v = self.read(layer, slots)
+        past_k, past_v = self.read(layer, slots, heads)
         slots = torch.arange(self.filled[layer], self.filled[layer] + k.shape[2])
         self._add(_Block(layer, slots, DEVICE, torch.stack([k[0], v[0]]).clone(), last_used=self._clock))
         self._note_device()
         return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
 
-    def read(self, layer: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` (all when None), brought to the device.
+    def read(self, layer: int, slots: torch.Tensor | None = None, heads: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(1, kv_heads, n, head_dim)`` keys and values of ``slots`` (ascending; all when None), brought to the device.
 
-        Slots of evicted blocks are left out.
+        Slots of evicted blocks are left out. ``heads`` ``(kv_heads, len(slots))``: which key heads
+        want each slot (each slot some head); a head's unwanted slots held in blocks of that head
+        alone (a per-head layout) are not moved and read as zeros (attention masks them out).
+        None: every head.
         """
+        holders = self._holders(layer, slots, heads)
+        if any(block.head is not None for block, _ in holders):
+            return self._read_heads(layer, slots, holders)
         found, parts = [], []
-        for block, mine in self._holders(layer, slots):
-            data = self._up(block)
+        for block, mine in holders:
+            data = self._up(block, whole=mine is None)
             if mine is not None and not mine.all():
                 data = data[:, :, mine.to(data.device)]
             found.append(block.slots if mine is None else block.slots[mine])
@@ -181,6 +199,23 @@ class TieredKVCache:
         if not torch.equal(order, torch.arange(len(order))):  # grouped blocks interleave slots
             data = data[:, :, order.to(data.device)]
         return data[0][None], data[1][None]
+
+    def _read_heads(self, layer: int, slots: torch.Tensor | None, holders) -> tuple[torch.Tensor, torch.Tensor]:
+        """`read` where some blocks hold one key head: each block's data goes to its heads' rows."""
+        wanted = torch.arange(self.filled[layer]) if slots is None else slots.cpu()
+        out = torch.zeros((2, self.shape[0], len(wanted), self.shape[1]), dtype=self.dtype, device=self.device)
+        present = torch.zeros(len(wanted), dtype=torch.bool)
+        for block, mine in holders:
+            data, got = self._up(block, whole=mine is None), block.slots
+            if mine is not None:
+                data, got = data[:, :, mine.to(data.device)], got[mine]
+            at = torch.searchsorted(wanted, got)
+            rows = slice(None) if block.head is None else slice(block.head, block.head + 1)
+            out[:, rows, at.to(out.device)] = data
+            present[at] = True
+        if not present.all():
+            out = out[:, :, present.to(out.device)]
+        return out[0][None], out[1][None]
 
     def keep(self, layer: int, written: int, kept: torch.Tensor | None = None,
              offsets: torch.Tensor | None = None) -> None:
@@ -198,43 +233,75 @@ class TieredKVCache:
         """Whether every block holding one of ``slots`` of ``layer`` is on the device."""
         return all(block.tier == DEVICE for block, _ in self._holders(layer, slots))
 
-    def set_layout(self, group_of: Callable[[int, torch.Tensor], torch.Tensor] | None) -> None:
+    def set_layout(self, group_of: Callable[[int, torch.Tensor], torch.Tensor] | None, per_head: bool = False) -> None:
         """Lay blocks below the device out by group, so one group (a cluster) moves as one copy.
 
-        ``group_of(layer, slots)`` names each slot's group (-1: none). Blocks arriving in host
-        memory are regrouped: each group's slots join that group's host block.
-        """
-        self._layout = group_of
+        ``group_of(layer, slots)`` names each slot's group (-1: none), ``(len(slots),)``, or with
+        ``per_head`` each key head's ``(kv_heads, len(slots))`` (clusters that differ per head, as
+        ReSV's): then a host block holds one group of one head. Blocks arriving in host memory are
+        regrouped: each group's slots join that group's host block.
 
-    def prefetch(self, layer: int, slots: torch.Tensor) -> None:
-        """Start reading the disk blocks holding ``slots`` of ``layer`` (a coming step attends to them)."""
-        for block, _ in self._holders(layer, slots):
+        Raises:
+            ConfigError: ``per_head`` with a bounded host tier and no disk: evicting one head's
+                block would leave the heads with different tokens.
+        """
+        if per_head and self.config.host_tokens is not None and self.directory is None:
+            raise ConfigError("a per-head KV layout needs a disk tier (--kv-disk) or an unbounded host tier")
+        self._layout, self._per_head = group_of, per_head
+
+    def prefetch(self, layer: int, slots: torch.Tensor, heads: torch.Tensor | None = None) -> None:
+        """Start reading the disk blocks holding ``slots`` of ``layer`` (a coming step attends to them;
+        ``heads`` as in `read`)."""
+        for block, _ in self._holders(layer, slots, heads):
             if block.tier != DISK:
                 continue
             if block.transfer is not None and block.transfer.done() and not block.transfer.reads:
                 if not self._settle(block):
                     continue  # its write failed: the host copy stays until the block is evicted
             if block.transfer is None and block.data is None:  # (a write in flight still has its host copy)
-                self._begin(block, self.copies.from_disk(block.path, self.dtype,
-                                                         (2, self.shape[0], block.length, self.shape[1])))
+                self._begin(block, self.copies.from_disk(block.path, self.dtype, self._data_shape(block)))
 
-    def _holders(self, layer: int, slots: torch.Tensor | None) -> list[tuple[_Block, torch.Tensor | None]]:
-        """The blocks holding any of ``slots`` (every block when None), in storage order, each with
-        a mask of its slots that are wanted (None: all of them)."""
+    def _holders(self, layer: int, slots: torch.Tensor | None, heads: torch.Tensor | None = None
+                 ) -> list[tuple[_Block, torch.Tensor | None]]:
+        """The blocks holding any of ``slots`` (every block when None) for a head that wants it
+        (``heads`` as in `read`), in storage order, each with a mask of its slots that are
+        wanted (None: all of them)."""
         blocks = self.blocks[layer]
         if slots is None:
             return [(block, None) for block in blocks]
-        if self._owners[layer] is None:
-            owner = torch.full((self.filled[layer],), -1, dtype=torch.long)
-            if blocks:
-                owner[torch.cat([b.slots for b in blocks])] = torch.repeat_interleave(
-                    torch.arange(len(blocks)), torch.tensor([b.length for b in blocks]))
-            self._owners[layer] = owner
-        wanted = slots.cpu()
-        ids = self._owners[layer][wanted]
+        owner, wanted = self._owner_index(layer), slots.cpu()
+        ids = owner[:, wanted]                                   # (kv_heads, len(slots))
+        if heads is not None:
+            ids = ids.where(heads.cpu(), -1)
         counts = torch.bincount(ids[ids >= 0], minlength=len(blocks)).tolist()
-        return [(block, None if count == block.length else torch.isin(block.slots, wanted))
-                for block, count in zip(blocks, counts) if count]
+        out = []
+        for block, count in zip(blocks, counts):
+            if not count:
+                continue
+            if count == self._units(block):
+                out.append((block, None))
+                continue
+            mine = wanted
+            if heads is not None:
+                mine = wanted[heads.cpu().any(dim=0) if block.head is None else heads[block.head].cpu()]
+            out.append((block, torch.isin(block.slots, mine)))
+        return out
+
+    def _owner_index(self, layer: int) -> torch.Tensor:
+        """``(kv_heads, slots)``: the index in the layer's blocks of the block holding each head's slot."""
+        if self._owners[layer] is None:
+            blocks = self.blocks[layer]
+            owner = torch.full((self.shape[0], self.filled[layer]), -1, dtype=torch.long)
+            if blocks:
+                lengths = torch.tensor([b.length for b in blocks])
+                slots = torch.cat([b.slots for b in blocks])
+                ids = torch.repeat_interleave(torch.arange(len(blocks)), lengths)
+                head = torch.repeat_interleave(torch.tensor([-1 if b.head is None else b.head for b in blocks]), lengths)
+                every = head < 0
+                owner[:, slots[every]] = ids[every]
+                owner[head[~every], slots[~every]] = ids[~every]
+            self._owners[layer] = owner
+        return self._owners[layer]
 
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s slots."""
@@ -255,7 +322,7 @@ class TieredKVCache:
                 else:   # a grouped block reaching past the cut keeps its earlier slots
                     data = self._up(block)
                     stay = block.slots < keep
-                    self._tier_tokens[DEVICE] -= int((~stay).sum())
+                    self._tier_units[DEVICE] -= int((~stay).sum()) * self._heads_of(block)
                     block.slots, block.data = block.slots[stay], data[:, :, stay.to(data.device)]
             self.slot_rows[layer] = self.slot_rows[layer][:keep]
             self._owners[layer] = None
@@ -275,7 +342,8 @@ class TieredKVCache:
         twin = copy.copy(self)
         twin.copies = CopyEngine(self.device)
         twin.copies.bytes, twin.copies.seconds = dict(self.copies.bytes), dict(self.copies.seconds)
-        twin._tier_tokens, twin._owners = dict(self._tier_tokens), list(self._owners)
+        twin._tier_units, twin._owners = dict(self._tier_units), list(self._owners)
+        twin.read_bytes, twin.whole_read_bytes = dict(self.read_bytes), dict(self.whole_read_bytes)
         twin.directory = self._open_directory(self.config.disk_dir) if self.directory is not None else None
         twin.blocks = [[dataclasses.replace(b, data=None if b.data is None else b.data.clone(),
                                             path=None if b.path is None else twin.directory / b.path.name)
@@ -286,11 +354,25 @@ class TieredKVCache:
         return twin
 
     # -- moving blocks ------------------------------------------------------------------------
-    def _up(self, block: _Block) -> torch.Tensor:
-        """The block's data on the device, moving it up a tier or two first."""
+    def _data_shape(self, block: _Block) -> tuple[int, ...]:
+        return (2, self._heads_of(block), block.length, self.shape[1])
+
+    def _heads_of(self, block: _Block) -> int:
+        return self.shape[0] if block.head is None else 1
+
+    def _units(self, block: _Block) -> int:
+        """Head-slots the block holds."""
+        return block.length * self._heads_of(block)
+
+    def _up(self, block: _Block, whole: bool = True) -> torch.Tensor:
+        """The block's data on the device, moving it up a tier or two first (``whole``: every
+        slot of it is wanted, for the read counters)."""
         block.last_used = self._clock
         if block.tier == DEVICE:
             return block.data
+        self.read_bytes[block.tier] += self._units(block) * self.shape[1] * 2 * self.dtype.itemsize
+        if whole:
+            self.whole_read_bytes[block.tier] += self._units(block) * self.shape[1] * 2 * self.dtype.itemsize
         transfer = block.transfer
         if transfer is not None and not transfer.reads and block.data is not None:
             # Still being written to disk: its host copy serves, and the file will not be needed.
@@ -299,7 +381,7 @@ class TieredKVCache:
         else:
             self._settle(block)
         if block.data is None:
-            data = self.copies.load(block.path, self.dtype, (2, self.shape[0], block.length, self.shape[1]))
+            data = self.copies.load(block.path, self.dtype, self._data_shape(block))
         else:
             data = self.copies.up(block.data)
         if block.path is not None:
@@ -321,7 +403,7 @@ class TieredKVCache:
             self._down(block, HOST)
         if self._layout is not None:
             for layer in range(len(self.blocks)):
-                self._regroup(layer)
+                self._regroup_heads(layer) if self._per_head else self._regroup(layer)
         for block in self._by_age(HOST) if host is not None else ():
             if self._count(HOST) <= host:
                 break
@@ -364,8 +446,47 @@ class TieredKVCache:
             block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, mine]], dim=2)[:, :, order]
             block.last_used = max(block.last_used, int(used[mine].max()))
 
-    def _count(self, tier: str) -> int:
-        return self._tier_tokens[tier]
+    def _regroup_heads(self, layer: int) -> None:
+        """`_regroup` for a per-head layout: each head's slots of the newly arrived blocks (and of
+        per-head blocks whose slots the layout has since given to other groups) join that head's
+        block of their group."""
+        host = [b for b in self.blocks[layer] if b.tier == HOST and b.transfer is None]
+        if not host:
+            return
+        groups = self._layout(layer, torch.cat([b.slots for b in host])).split([b.length for b in host], dim=1)
+        loose, grouped = [], {}
+        for block, its_groups in zip(host, groups):
+            if block.head is not None and bool((its_groups[block.head] == block.group).all()):
+                grouped[(block.head, block.group)] = block
+            else:
+                loose.append((block, its_groups))
+        if not loose:
+            return
+        for block, _ in loose:
+            self.blocks[layer].remove(block)
+        self._owners[layer] = None
+        for head in range(self.shape[0]):
+            mine = [(b, g) for b, g in loose if b.head in (None, head)]
+            if not mine:
+                continue
+            slots = torch.cat([b.slots for b, _ in mine])
+            data = torch.cat([b.data[:, head : head + 1] if b.head is None else b.data for b, _ in mine], dim=2)
+            used = torch.cat([torch.full((b.length,), b.last_used) for b, _ in mine])
+            its = torch.cat([g[head] for _, g in mine])
+            for group in torch.unique(its).tolist():
+                member = its == group
+                block = grouped.get((head, group))
+                if block is None:
+                    block = _Block(layer, slots[:0], HOST, data[:, :, :0], group=group, head=head)
+                    self.blocks[layer].append(block)
+                merged = torch.cat([block.slots, slots[member]])
+                order = torch.argsort(merged)
+                block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, member]], dim=2)[:, :, order]
+                block.last_used = max(block.last_used, int(used[member].max()))
+
+    def _count(self, tier: str) -> float:
+        """Tokens (of one layer, every head) the tier holds."""
+        return self._tier_units[tier] / self.shape[0]
 
     def _by_age(self, tier: str) -> list[_Block]:
         """The tier's blocks, least recently used first."""
@@ -373,14 +494,15 @@ class TieredKVCache:
 
     def _add(self, block: _Block) -> None:
         owner = self._owners[block.layer]
-        if owner is not None:   # a block of new slots extends the index
-            self._owners[block.layer] = torch.cat([owner, torch.full((block.length,), len(self.blocks[block.layer]))])
+        if owner is not None:   # a block of new slots (every head) extends the index
+            extra = torch.full((owner.shape[0], block.length), len(self.blocks[block.layer]))
+            self._owners[block.layer] = torch.cat([owner, extra], dim=1)
         self.blocks[block.layer].append(block)
-        self._tier_tokens[block.tier] += block.length
+        self._tier_units[block.tier] += self._units(block)
 
     def _place(self, block: _Block, tier: str) -> None:
-        self._tier_tokens[block.tier] -= block.length
-        self._tier_tokens[tier] += block.length
+        self._tier_units[block.tier] -= self._units(block)
+        self._tier_units[tier] += self._units(block)
         block.tier = tier
 
     def _begin(self, block: _Block, transfer: Transfer | None) -> None:
@@ -428,7 +550,10 @@ class TieredKVCache:
         failed is evicted. Prefetches are left for the step that needs their blocks."""
         for block in [b for layer in self.blocks for b in layer if b.transfer is not None]:
             if (wait or (block.transfer.done() and not block.transfer.reads)) and not self._settle(block):
-                self._evict(block)
+                if block.head is None:
+                    self._evict(block)
+                else:   # one head's block alone cannot go (the heads would hold different tokens): it stays in memory
+                    self._place(block, HOST)
         still = []
         for transfer, path in self._abandoned:
             if wait or transfer.done():
@@ -453,4 +578,4 @@ class TieredKVCache:
             block.path.unlink(missing_ok=True)
         self.blocks[block.layer].remove(block)
         self._owners[block.layer] = None
-        self._tier_tokens[block.tier] -= block.length
+        self._tier_units[block.tier] -= self._units(block)
