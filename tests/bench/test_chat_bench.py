@@ -113,3 +113,17 @@ def test_a_share_per_layer_and_head_is_averaged_element_by_element_and_printed_p
     assert [value for row in mean for value in row] == pytest.approx([0.2, 0.4, 0.6, 0.2])
     assert layer_head_lines(_mean_report(reports)) == ["  frame steps, share per layer [heads]: "
                                                        "L0 [20.0% 40.0%]; L1 [60.0% 20.0%]"]
+
+
+def test_the_chat_suite_with_tiers_reports_the_share_of_reads_of_whole_blocks(tiny_adapter, tmp_path):
+    from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
+    from vidsight.kv.tiers import TierConfig
+
+    tiers = TierConfig(device_tokens=300, host_tokens=300, disk_dir=tmp_path)
+    laid_out, patches = "resv:hamming_threshold=2,ratio=0.05", "resv:hamming_threshold=2,ratio=0.05,layout=0"
+    report = run_chat_accuracy(tiny_adapter, streams=1, frames=64, policies=(laid_out, patches), tiers=tiers)
+    read, whole = report["read_bytes_per_stream"], report["whole_read_share"]
+    assert read[laid_out] > 0 and read[patches] > 0
+    # A cluster laid out on its own moves whole when selected; a few tokens of a patch block move the whole patch.
+    assert whole[laid_out] > whole[patches]
+    assert "whole blocks" in format_chat_accuracy(report)

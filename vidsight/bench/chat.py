@@ -103,6 +103,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         for name in policies:
             fork = own.get(name) or session.fork(make_policy(name, **settings.get(name.partition(":")[0], {})))
             moved, first_patch = dict(fork.cache.bytes_moved), len(fork.patches)
+            read, whole = dict(fork.cache.read_bytes), dict(fork.cache.whole_read_bytes)
             if tiers is not None:
                 fork.cache.device_peak_tokens = fork.cache.tokens_by_tier()["device"]
             fork.push(timed)
@@ -118,6 +119,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 "device_peak_tokens": fork.cache.device_peak_tokens if tiers is not None else None,
                 "tokens_by_tier": fork.cache.tokens_by_tier(),
                 "bytes_moved": {way: fork.cache.bytes_moved[way] - moved[way] for way in moved},
+                "read_bytes": {tier: fork.cache.read_bytes[tier] - read[tier] for tier in read},
+                "whole_read_bytes": {tier: fork.cache.whole_read_bytes[tier] - whole[tier] for tier in whole},
                 "policy_report": fork.policy.report(),
             })
             if name not in own:
@@ -156,20 +159,28 @@ def format_chat_report(report: dict) -> str:
              f"{report['timed_patches']} patches timed per point (median), {report['cpu_count']} CPUs; "
              f"policy settings: {changed}", "",
              f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'attended':>9} {'TTFT ms':>8} {'q attended':>10} "
-             f"{'retrieved':>9} {'device MiB':>10} {'peak tok':>9} {'moved MiB':>9}"]
+             f"{'retrieved':>9} {'device MiB':>10} {'peak tok':>9} {'moved MiB':>9}"
+             + (f" {'whole':>7}" if report["tiers"] else "")]
     for r in report["rows"]:
         peak = "" if r["device_peak_tokens"] is None else r["device_peak_tokens"]
         lines.append(f"{r['history_tokens']:>8} {r['policy']:<7} {r['patch_prefill_s'] * 1000:9.0f} "
                      f"{r['patch_attended_tokens']:9.0f} {r['question_ttft_s'] * 1000:8.0f} "
                      f"{r['question_attended_tokens']:10.0f} {r['question_retrieved_tokens']:9.0f} "
-                     f"{r['cache_bytes'] / 2**20:10.1f} {peak:>9} {sum(r['bytes_moved'].values()) / 2**20:9.1f}")
+                     f"{r['cache_bytes'] / 2**20:10.1f} {peak:>9} {sum(r['bytes_moved'].values()) / 2**20:9.1f}"
+                     + (f" {_whole_share(r):>7}" if report["tiers"] else ""))
     if report["tiers"]:
         lines.insert(1, f"KV tiers: {report['tiers']} (device MiB: the device tier after the question; peak tok: "
-                        "the most tokens, summed over layers, on the device at any moment of the timed work)")
+                        "the most tokens, summed over layers, on the device at any moment of the timed work; "
+                        "whole: the share of bytes read up from host and disk in blocks wanted whole)")
     lines.append("")
     lines += [f"{name}: per-patch latency at the longest history / the shortest = {g:.2f}x"
               for name, g in report["growth"].items()]
     return "\n".join(lines)
+
+
+def _whole_share(row: dict) -> str:
+    read = sum(row["read_bytes"].values())
+    return f"{sum(row['whole_read_bytes'].values()) / read:.0%}" if read else "-"
 
 
 def plot_chat_report(report: dict, path: str | Path) -> Path:

@@ -57,7 +57,9 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "ttft_s": answer.stats.ttft_s, "policy_report": policy.report(),
                          "device_peak_tokens": chat.cache.device_peak_tokens if tiers is not None else None,
                          "bytes_moved": sum(answer.stats.bytes_moved.values()),
-                         "question_bytes_moved": sum(answer.stats.question_bytes_moved.values())})
+                         "question_bytes_moved": sum(answer.stats.question_bytes_moved.values()),
+                         "read_bytes": sum(answer.stats.read_bytes.values()),
+                         "whole_read_bytes": sum(answer.stats.whole_read_bytes.values())})
     return rows
 
 
@@ -113,7 +115,20 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
                                    for n in policies},
             "bytes_moved": {n: share(mine(n), "bytes_moved") for n in policies},
             "question_bytes_moved": {n: share(mine(n), "question_bytes_moved") for n in policies},
+            **_reads(questions, policies),
             "questions": questions}
+
+
+def _reads(questions: list[dict], policies) -> dict:
+    """Per policy: bytes read up from host and disk per stream, and the share of them read as
+    whole blocks (each question's counts run from its stream's start: the last one's are the stream's)."""
+    read, whole = {}, {}
+    for name in policies:
+        last = {q["seed"]: q for q in questions if q["policy"] == name}
+        total = sum(q["read_bytes"] for q in last.values())
+        read[name] = total / max(len(last), 1)
+        whole[name] = sum(q["whole_read_bytes"] for q in last.values()) / total if total else math.nan
+    return {"read_bytes_per_stream": read, "whole_read_share": whole}
 
 
 def _mean_report(reports: list[dict]) -> dict:
@@ -159,6 +174,10 @@ def format_chat_accuracy(report: dict) -> str:
                      "and while answering (means): "
                      + "; ".join(f"{n} {report['device_peak_tokens'][n]}, {report['bytes_moved'][n] / 2**20:.1f} MiB, "
                                  f"{report['question_bytes_moved'][n] / 2**20:.1f} MiB" for n in report["accuracy"]))
+        lines.append("read up from host and disk per stream, and the share read as whole blocks (every token "
+                     "of the block attended): "
+                     + "; ".join(f"{n} {report['read_bytes_per_stream'][n] / 2**20:.1f} MiB, "
+                                 f"{report['whole_read_share'][n]:.1%}" for n in report["accuracy"]))
     for name, policy_report in report["policy_reports"].items():
         if policy_report:
             lines.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in policy_report.items()

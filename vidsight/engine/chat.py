@@ -80,6 +80,9 @@ class ChatStats:
         bytes_moved: Bytes copied up and down between the tiers since the session began.
         question_bytes_moved: Of those, the bytes copied while this question was answered.
         copy_s: Seconds those copies took, up and down (copies down run beside the computation).
+        read_bytes: Bytes read up from host memory and from disk since the session began.
+        whole_read_bytes: Of those, the bytes of blocks wanted whole (every token read was
+            attended: with a cluster layout, a selected cluster is such a block).
     """
 
     time_s: float = 0.0
@@ -93,6 +96,8 @@ class ChatStats:
     bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
     question_bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
     copy_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    read_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    whole_read_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -330,6 +335,7 @@ class ChatSession:
         stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
         stats.question_bytes_moved = {way: moved - moved_before[way] for way, moved in stats.bytes_moved.items()}
         stats.copy_s = {way: round(seconds, 6) for way, seconds in self.cache.copy_seconds.items()}
+        stats.read_bytes, stats.whole_read_bytes = dict(self.cache.read_bytes), dict(self.cache.whole_read_bytes)
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
 
     def _keep_turn(self, ids: list[int], last_position: int) -> None:

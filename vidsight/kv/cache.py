@@ -93,6 +93,8 @@ class KVCache:
         self.tokens = TokenTable.empty()
         self.bytes_moved = {"up": 0, "down": 0}  # between tiers: none here
         self.copy_seconds = {"up": 0.0, "down": 0.0}
+        self.read_bytes = {"host": 0, "disk": 0}         # read up from each tier below the device: none here
+        self.whole_read_bytes = {"host": 0, "disk": 0}
 
     @property
     def nbytes(self) -> int:
@@ -219,6 +221,7 @@ class KVCache:
         copy.capacity, copy.filled = self.capacity, list(self.filled)
         copy.slot_rows, copy.tokens = self.slot_rows.clone(), self.tokens[:]
         copy.bytes_moved, copy.copy_seconds = dict(self.bytes_moved), dict(self.copy_seconds)
+        copy.read_bytes, copy.whole_read_bytes = dict(self.read_bytes), dict(self.whole_read_bytes)
         return copy
 
     def truncate(self, length: int) -> None:

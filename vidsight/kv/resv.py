@@ -66,6 +66,8 @@ class ReSVConfig:
             than the attention it saves; a question keeps its ``rows``.
         prefetch: Each layer's rows also predict the next layer's clusters, whose offloaded
             blocks start moving up early (with tiered KV only; what is attended never changes).
+        layout: Offloaded KV laid out by cluster, per key head (V-Rex's cluster-wise memory
+            mapping), so a selected cluster moves as one block; False keeps the patch blocks.
     """
 
     hyperplanes: int = 32
@@ -80,6 +82,7 @@ class ReSVConfig:
     rows: str = "tokens"
     mean_frame_rows: bool = False
     prefetch: bool = True
+    layout: bool = True
 
     def __post_init__(self):
         if not 1 <= self.hyperplanes <= 62 or self.hamming_threshold < 1 or self.ratio <= 0:
@@ -250,7 +253,7 @@ class ReSVPolicy:
         if self._cache_id != id(cache):  # a fork or another session: start over
             self.__init__(self.config)
             self._cache_id = id(cache)
-            if self.config.clustering:
+            if self.config.clustering and self.config.layout:
                 self._lay_out(cache)
         tables = self._index(layer, cache)
         filled, rows = cache.filled[layer], cache.rows(layer)
