@@ -165,28 +165,39 @@ def test_a_tiered_session_forks_with_its_own_directory(tiny_adapter, frames, tmp
 
 
 def _recount(cache: TieredKVCache) -> dict[str, int]:
-    counts = {"device": 0, "host": 0, "disk": 0}
+    """Tokens per tier from the blocks, a block of one key head counting for that head's share."""
+    units = {"device": 0, "host": 0, "disk": 0}
     for block in (b for layer in cache.blocks for b in layer):
-        counts[block.tier] += block.length
-    return counts
+        units[block.tier] += block.length * (cache.shape[0] if block.head is None else 1)
+    return {tier: count // cache.shape[0] for tier, count in units.items()}
 
 
-def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path):
-    """The slot index and the running tier counts agree with the blocks, whatever moved where."""
+@pytest.mark.parametrize("per_head", [False, True], ids=["layout", "per-head layout"])
+def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path, per_head):
+    """The slot index and the running tier counts agree with the blocks, whatever moved where; with a
+    per-head layout each head's wanted slots are read exactly (the others are masked out anyway)."""
     torch.manual_seed(0)
     layers, heads, dim = 2, 2, 4
     cache = TieredKVCache(layers, heads, dim, torch.float32, torch.device("cpu"),
                           TierConfig(device_tokens=24, host_tokens=40, disk_dir=tmp_path))
-    cache.set_layout(lambda layer, slots: slots % 3)   # host blocks regrouped by a stand-in clustering
+    if per_head:   # host blocks regrouped by a stand-in clustering, one per head
+        cache.set_layout(lambda layer, slots: torch.stack([slots % 3, slots % 2 + 5]), per_head=True)
+    else:
+        cache.set_layout(lambda layer, slots: slots % 3)
     written = [torch.empty(2, heads, 0, dim) for _ in range(layers)]
     for step in range(30):
         length = 1 + step % 4
         for layer in range(layers):
             k, v = torch.randn(2, 1, heads, length, dim)
             chosen = torch.randperm(cache.filled[layer])[: cache.filled[layer] // 2].sort().values
-            past_k, past_v = cache.write(layer, k, v, chosen)
-            assert torch.equal(past_k[0, :, :-length], written[layer][0][:, chosen])
-            assert torch.equal(past_v[0, :, :-length], written[layer][1][:, chosen])
+            wants = torch.rand(heads, len(chosen)) < (0.6 if per_head else 1.0)
+            wants[0] |= ~wants.any(dim=0)   # each slot wanted by some head (as a selection's union is)
+            past_k, past_v = cache.write(layer, k, v, chosen, wants if per_head else None)
+            assert past_k.shape[2] == len(chosen) + length
+            for head in range(heads):
+                mine = wants[head]
+                assert torch.equal(past_k[0, head, :-length][mine], written[layer][0][head, chosen[mine]])
+                assert torch.equal(past_v[0, head, :-length][mine], written[layer][1][head, chosen[mine]])
             written[layer] = torch.cat([written[layer], torch.stack([k[0], v[0]])], dim=2)
             cache.keep(layer, length)
         cache.commit(TokenTable.text(torch.zeros(3, length, dtype=torch.long)))
@@ -196,7 +207,9 @@ def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and
             cache.truncate(len(cache.tokens) - length)
             written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
             assert cache.tokens_by_tier() == _recount(cache)
+    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
     assert _recount(cache)["disk"] > 0 and cache.evicted_tokens == 0
+    assert all((b.head is not None) == per_head for b in below)
     for layer in range(layers):
         keys, values = cache.read(layer)
         assert torch.equal(keys[0], written[layer][0]) and torch.equal(values[0], written[layer][1])
@@ -223,50 +236,6 @@ def test_a_split_group_is_laid_out_again_so_reading_one_half_moves_only_that_hal
     before = sum(cache.bytes_moved.values())
     cache.read(0, wanted)
     assert sum(cache.bytes_moved.values()) - before == 2 * heads * len(wanted) * dim * 4
-
-
-def _recount_heads(cache: TieredKVCache) -> dict[str, int]:
-    """Tokens per tier from the blocks, a block of one key head counting for that head's share."""
-    units = {"device": 0, "host": 0, "disk": 0}
-    for block in (b for layer in cache.blocks for b in layer):
-        units[block.tier] += block.length * (cache.shape[0] if block.head is None else 1)
-    return {tier: count // cache.shape[0] for tier, count in units.items()}
-
-
-def test_a_per_head_layout_reads_each_heads_wanted_slots_through_moves_regroups_and_truncation(tmp_path):
-    torch.manual_seed(1)
-    layers, heads, dim = 2, 2, 4
-    cache = TieredKVCache(layers, heads, dim, torch.float32, torch.device("cpu"),
-                          TierConfig(device_tokens=24, host_tokens=40, disk_dir=tmp_path))
-    cache.set_layout(lambda layer, slots: torch.stack([slots % 3, slots % 2 + 5]), per_head=True)
-    written = [torch.empty(2, heads, 0, dim) for _ in range(layers)]
-    for step in range(30):
-        length = 1 + step % 4
-        for layer in range(layers):
-            k, v = torch.randn(2, 1, heads, length, dim)
-            chosen = torch.randperm(cache.filled[layer])[: cache.filled[layer] // 2].sort().values
-            wants = torch.rand(heads, len(chosen)) < 0.6
-            wants[0] |= ~wants.any(dim=0)   # each slot wanted by some head (as a selection's union is)
-            past_k, past_v = cache.write(layer, k, v, chosen, wants)
-            assert past_k.shape[2] == len(chosen) + length
-            for head in range(heads):   # a head's wanted slots are exact; the others are masked anyway
-                mine = wants[head]
-                assert torch.equal(past_k[0, head, :-length][mine], written[layer][0][head, chosen[mine]])
-                assert torch.equal(past_v[0, head, :-length][mine], written[layer][1][head, chosen[mine]])
-            written[layer] = torch.cat([written[layer], torch.stack([k[0], v[0]])], dim=2)
-            cache.keep(layer, length)
-        cache.commit(TokenTable.text(torch.zeros(3, length, dtype=torch.long)))
-        assert cache.tokens_by_tier() == _recount_heads(cache)
-        assert cache.tokens_by_tier()["device"] <= 24 and cache.tokens_by_tier()["host"] <= 40
-        if step == 20:
-            cache.truncate(len(cache.tokens) - length)
-            written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
-    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
-    assert below and all(b.head is not None for b in below) and _recount_heads(cache)["disk"] > 0
-    for layer in range(layers):
-        keys, values = cache.read(layer)
-        assert torch.equal(keys[0], written[layer][0]) and torch.equal(values[0], written[layer][1])
-    cache.close()
 
 
 def test_in_a_per_head_layout_one_heads_cluster_is_one_whole_block_read():

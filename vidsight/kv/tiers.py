@@ -9,6 +9,10 @@ tokens. Disk blocks are memory-mapped files in one directory per session, remove
 Copies down run beside the computation (`copies.CopyEngine`): a block being written to disk
 keeps its host copy until the write is done, and a write that fails (a full disk) evicts the
 block, counted, with one warning.
+
+A policy may lay the blocks below the device out by group (`set_layout`): Mosaic's clusters, one
+block per cluster; or, per key head, ReSV's, one block per cluster of one head, so that a head
+reading its selected clusters moves just those (the other heads' slots read as zeros, masked).
 """
 
 from __future__ import annotations
@@ -422,7 +426,7 @@ class TieredKVCache:
         loose, groups, grouped = [], [], {}
         for block, its_groups in zip(host, groups_by_block):
             if block.grouped and bool((its_groups == block.group).all()):
-                grouped[block.group] = block
+                grouped[(None, block.group)] = block
             else:
                 loose.append(block)
                 groups.append(its_groups)
@@ -435,16 +439,7 @@ class TieredKVCache:
         for block in loose:
             self.blocks[layer].remove(block)
         self._owners[layer] = None
-        for group in torch.unique(groups).tolist():
-            mine = groups == group
-            block = grouped.get(group)
-            if block is None:
-                block = _Block(layer, slots[mine][:0], HOST, data[:, :, :0], group=group)
-                self.blocks[layer].append(block)
-            merged = torch.cat([block.slots, slots[mine]])
-            order = torch.argsort(merged)
-            block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, mine]], dim=2)[:, :, order]
-            block.last_used = max(block.last_used, int(used[mine].max()))
+        self._file(layer, slots, data, used, groups, grouped, None)
 
     def _regroup_heads(self, layer: int) -> None:
         """`_regroup` for a per-head layout: each head's slots of the newly arrived blocks (and of
@@ -472,17 +467,21 @@ class TieredKVCache:
             slots = torch.cat([b.slots for b, _ in mine])
             data = torch.cat([b.data[:, head : head + 1] if b.head is None else b.data for b, _ in mine], dim=2)
             used = torch.cat([torch.full((b.length,), b.last_used) for b, _ in mine])
-            its = torch.cat([g[head] for _, g in mine])
-            for group in torch.unique(its).tolist():
-                member = its == group
-                block = grouped.get((head, group))
-                if block is None:
-                    block = _Block(layer, slots[:0], HOST, data[:, :, :0], group=group, head=head)
-                    self.blocks[layer].append(block)
-                merged = torch.cat([block.slots, slots[member]])
-                order = torch.argsort(merged)
-                block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, member]], dim=2)[:, :, order]
-                block.last_used = max(block.last_used, int(used[member].max()))
+            self._file(layer, slots, data, used, torch.cat([g[head] for _, g in mine]), grouped, head)
+
+    def _file(self, layer: int, slots: torch.Tensor, data: torch.Tensor, used: torch.Tensor, groups: torch.Tensor,
+              grouped: dict[tuple[int | None, int], _Block], head: int | None) -> None:
+        """Each group's slots (their data, last uses) join the host block of ``(head, group)``, made when new."""
+        for group in torch.unique(groups).tolist():
+            member = groups == group
+            block = grouped.get((head, group))
+            if block is None:
+                block = _Block(layer, slots[:0], HOST, data[:, :, :0], group=group, head=head)
+                self.blocks[layer].append(block)
+            merged = torch.cat([block.slots, slots[member]])
+            order = torch.argsort(merged)
+            block.slots, block.data = merged[order], torch.cat([block.data, data[:, :, member]], dim=2)[:, :, order]
+            block.last_used = max(block.last_used, int(used[member].max()))
 
     def _count(self, tier: str) -> float:
         """Tokens (of one layer, every head) the tier holds."""
