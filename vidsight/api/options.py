@@ -128,7 +128,7 @@ POLICY_FLAGS = {
                      "mosaic: nested (default), or an ablation: visual, semantic, none (token-level top-k)"),
     "--split": ("split", str, ("mosaic",), "mosaic: deferred (default, Algorithm 1) or eager"),
     "--no-summaries": ("summaries", False, ("mosaic",), "mosaic: no representatives of unretrieved clusters"),
-    "--no-prefetch": ("prefetch", False, ("mosaic",), "mosaic: no cross-layer prediction"),
+    "--no-prefetch": ("prefetch", False, ("mosaic", "resv"), "mosaic, resv: no cross-layer prediction"),
 }
 
 
