@@ -185,37 +185,16 @@ class TieredKVCache:
         alone (a per-head layout) are not moved and read as zeros (attention masks them out).
         None: every head.
         """
-        holders = self._holders(layer, slots, heads)
-        if any(block.head is not None for block, _ in holders):
-            return self._read_heads(layer, slots, holders)
-        found, parts = [], []
-        for block, mine in holders:
-            data = self._up(block, whole=mine is None)
-            if mine is not None and not mine.all():
-                data = data[:, :, mine.to(data.device)]
-            found.append(block.slots if mine is None else block.slots[mine])
-            parts.append(data)
-        if not parts:
-            empty = torch.empty((1, *self.shape[:1], 0, self.shape[1]), dtype=self.dtype, device=self.device)
-            return empty, empty
-        data = torch.cat(parts, dim=2)
-        order = torch.argsort(torch.cat(found))
-        if not torch.equal(order, torch.arange(len(order))):  # grouped blocks interleave slots
-            data = data[:, :, order.to(data.device)]
-        return data[0][None], data[1][None]
-
-    def _read_heads(self, layer: int, slots: torch.Tensor | None, holders) -> tuple[torch.Tensor, torch.Tensor]:
-        """`read` where some blocks hold one key head: each block's data goes to its heads' rows."""
         wanted = torch.arange(self.filled[layer]) if slots is None else slots.cpu()
         out = torch.zeros((2, self.shape[0], len(wanted), self.shape[1]), dtype=self.dtype, device=self.device)
         present = torch.zeros(len(wanted), dtype=torch.bool)
-        for block, mine in holders:
+        for block, mine in self._holders(layer, slots, heads):
             data, got = self._up(block, whole=mine is None), block.slots
             if mine is not None:
                 data, got = data[:, :, mine.to(data.device)], got[mine]
             at = torch.searchsorted(wanted, got)
             rows = slice(None) if block.head is None else slice(block.head, block.head + 1)
-            out[:, rows, at.to(out.device)] = data
+            out[:, rows, at.to(out.device)] = data   # grouped blocks interleave slots: each goes to its place
             present[at] = True
         if not present.all():
             out = out[:, :, present.to(out.device)]
@@ -374,9 +353,10 @@ class TieredKVCache:
         block.last_used = self._clock
         if block.tier == DEVICE:
             return block.data
-        self.read_bytes[block.tier] += self._units(block) * self.shape[1] * 2 * self.dtype.itemsize
+        nbytes = self._units(block) * self.shape[1] * 2 * self.dtype.itemsize
+        self.read_bytes[block.tier] += nbytes
         if whole:
-            self.whole_read_bytes[block.tier] += self._units(block) * self.shape[1] * 2 * self.dtype.itemsize
+            self.whole_read_bytes[block.tier] += nbytes
         transfer = block.transfer
         if transfer is not None and not transfer.reads and block.data is not None:
             # Still being written to disk: its host copy serves, and the file will not be needed.
