@@ -8,6 +8,8 @@ import torch
 from vidsight.ingest import SyntheticSpec, make_video
 from vidsight.models import load_model, write_tiny_model
 
+from tests.settings import DEVICE, DTYPE
+
 
 # Benchmarks, the command line end to end and training: `-m "not slow"` leaves them out.
 SLOW_FOLDERS = ("bench", "api", "train")
@@ -29,25 +31,25 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_adapter(tiny_model_dir):
-    return load_model(tiny_model_dir, device="cpu")
+    return load_model(tiny_model_dir, DEVICE, DTYPE)
 
 
 @pytest.fixture(scope="session")
 def llava_adapter(tmp_path_factory):
     directory = tmp_path_factory.mktemp("models") / "tiny-llava-onevision"
-    return load_model(write_tiny_model(directory, seed=0, family="llava_onevision"), device="cpu")
+    return load_model(write_tiny_model(directory, seed=0, family="llava_onevision"), DEVICE, DTYPE)
 
 
 @pytest.fixture(scope="session")
 def internvl_adapter(tmp_path_factory):
     directory = tmp_path_factory.mktemp("models") / "tiny-internvl"
-    return load_model(write_tiny_model(directory, seed=0, family="internvl"), device="cpu")
+    return load_model(write_tiny_model(directory, seed=0, family="internvl"), DEVICE, DTYPE)
 
 
 @pytest.fixture(scope="session")
 def qwen3_adapter(tmp_path_factory):
     directory = tmp_path_factory.mktemp("models") / "tiny-qwen3-vl"
-    return load_model(write_tiny_model(directory, seed=0, family="qwen3_vl"), device="cpu")
+    return load_model(write_tiny_model(directory, seed=0, family="qwen3_vl"), DEVICE, DTYPE)
 
 
 @pytest.fixture(params=["tiny_adapter", "qwen3_adapter", "llava_adapter", "internvl_adapter"])

@@ -175,6 +175,7 @@ def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, 
     assert {rows for step, rows in seen if step != "frame"} == {"tokens"} and len({step for step, _ in seen}) == 3
 
 
+@pytest.mark.device_check
 def test_prefetch_moves_offloaded_blocks_early_and_never_changes_what_is_attended(ask_along, tiny_adapter,
                                                                                  frames, tmp_path):
     from vidsight.kv.tiers import TierConfig

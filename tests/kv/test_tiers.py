@@ -17,6 +17,8 @@ from vidsight.ingest.types import CodecInfo
 from vidsight.kv import TokenTable
 from vidsight.kv.tiers import TierConfig, TieredKVCache
 
+from tests.settings import DEVICE
+
 QUESTION = "What colour is the square?"
 
 
@@ -42,6 +44,7 @@ def run(adapter, frames, tiers=None, check=None):
     return answers, session
 
 
+@pytest.mark.device_check
 def test_offloading_to_host_and_disk_changes_no_answer(tiny_adapter, frames, tmp_path):
     plain, session = run(tiny_adapter, frames)
     total = session.cache.length * tiny_adapter.num_layers
@@ -150,6 +153,7 @@ def test_a_full_disk_evicts_the_oldest_blocks_counted_with_one_warning(tmp_path,
     cache.close()
 
 
+@pytest.mark.device_check
 def test_a_tiered_session_forks_with_its_own_directory(tiny_adapter, frames, tmp_path):
     budget = TierConfig(device_tokens=200, host_tokens=200, disk_dir=tmp_path)
     with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0), tiers=budget) as session:
@@ -172,23 +176,24 @@ def _recount(cache: TieredKVCache) -> dict[str, int]:
     return {tier: count // cache.shape[0] for tier, count in units.items()}
 
 
+@pytest.mark.device_check
 @pytest.mark.parametrize("per_head", [False, True], ids=["layout", "per-head layout"])
 def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path, per_head):
     """The slot index and the running tier counts agree with the blocks, whatever moved where; with a
     per-head layout each head's wanted slots are read exactly (the others are masked out anyway)."""
     torch.manual_seed(0)
     layers, heads, dim = 2, 2, 4
-    cache = TieredKVCache(layers, heads, dim, torch.float32, torch.device("cpu"),
+    cache = TieredKVCache(layers, heads, dim, torch.float32, DEVICE,
                           TierConfig(device_tokens=24, host_tokens=40, disk_dir=tmp_path))
     if per_head:   # host blocks regrouped by a stand-in clustering, one per head
         cache.set_layout(lambda layer, slots: torch.stack([slots % 3, slots % 2 + 5]), per_head=True)
     else:
         cache.set_layout(lambda layer, slots: slots % 3)
-    written = [torch.empty(2, heads, 0, dim) for _ in range(layers)]
+    written = [torch.empty(2, heads, 0, dim, device=DEVICE) for _ in range(layers)]
     for step in range(30):
         length = 1 + step % 4
         for layer in range(layers):
-            k, v = torch.randn(2, 1, heads, length, dim)
+            k, v = torch.randn(2, 1, heads, length, dim).to(DEVICE)
             chosen = torch.randperm(cache.filled[layer])[: cache.filled[layer] // 2].sort().values
             wants = torch.rand(heads, len(chosen)) < (0.6 if per_head else 1.0)
             wants[0] |= ~wants.any(dim=0)   # each slot wanted by some head (as a selection's union is)

@@ -45,11 +45,13 @@ def reference_inputs(adapter, path, sampling):
                 mm_token_type_ids=(ids == adapter.video_token_id).int() * 2), frames
 
 
+@pytest.mark.device_check
 @pytest.mark.parametrize("name,fields,fps", CASES, ids=CASE_IDS)
 def test_greedy_answer_equals_transformers_generate(qwen3_adapter, make_test_video, name, fields, fps):
     check_greedy_answer(qwen3_adapter, make_test_video, name, fields, fps, reference_inputs)
 
 
+@pytest.mark.device_check
 def test_first_token_logits_match_transformers_for_any_group_size(qwen3_adapter, make_test_video):
     check_first_token_logits(qwen3_adapter, make_test_video, reference_inputs, [0, 2, 4])
 

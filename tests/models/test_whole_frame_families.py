@@ -50,11 +50,13 @@ def reference_inputs(adapter, path, sampling):
     return dict(input_ids=ids, attention_mask=torch.ones_like(ids), **pixels), frames
 
 
+@pytest.mark.device_check
 @pytest.mark.parametrize("name,fields,fps", CASES, ids=CASE_IDS)
 def test_greedy_answer_equals_transformers_generate(family, make_test_video, name, fields, fps):
     check_greedy_answer(family, make_test_video, name, fields, fps, reference_inputs)
 
 
+@pytest.mark.device_check
 def test_first_token_logits_match_transformers_for_any_group_size(family, make_test_video):
     check_first_token_logits(family, make_test_video, reference_inputs, [0, 1, 2, 3])
 
@@ -92,6 +94,7 @@ def test_motion_pruning_is_refused_where_tokens_pool_across_patch_groups(llava_a
         Watcher(llava_adapter, "Is it red?", WatchConfig(WINDOWS, prune=MotionPruneConfig()))
 
 
+@pytest.mark.device_check
 def test_a_full_comp_watch_judges_each_window_as_ask_does(internvl_adapter, make_test_video):
     path, _ = make_test_video(width=176, height=144, duration_s=4.0, fps=8, gop=16, bframes=False)
     verdicts = list(Watcher(internvl_adapter, QUESTION, WatchConfig(WINDOWS)).watch(StreamSource(path, 2.0)))
