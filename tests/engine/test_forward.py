@@ -1,8 +1,9 @@
 """The layer loop with a pruning hook, against a direct computation of what it should store."""
 
+import pytest
 import torch
 
-from vidsight.engine.forward import attend, forward
+from vidsight.engine.forward import attend, attend_chunk_after_past, forward
 from vidsight.kv import TEXT, VIDEO, GroupPruner, KVCache, PruneConfig, TokenTable
 from vidsight.kv.retrieval import Step
 
@@ -103,3 +104,17 @@ def test_a_step_takes_queries_and_keys_back_to_before_the_rotary_embedding(famil
     assert torch.allclose(unrotate(q, positions), plain_q, atol=1e-4)
     assert torch.allclose(unrotate(cache.read(0)[0], positions), plain_k, atol=1e-4)
     assert not torch.allclose(q, plain_q, atol=1e-2)
+
+
+@pytest.mark.parametrize("past, length", [(5, 3), (40, 16), (1, 7)])
+def test_a_chunk_after_past_attends_as_the_lower_right_causal_mask(past, length):
+    """The CUDA path (a lower-right causal bias over repeated key heads) equals the mask path."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 14, length, 32)
+    keys, values = torch.randn(2, 1, 2, past + length, 32)
+    expected = attend(q, keys, values, past)   # the CPU path: an explicit boolean mask, grouped heads
+    torch.testing.assert_close(attend_chunk_after_past(q, keys, values), expected, rtol=1e-5, atol=1e-5)
+    changed = keys.clone()
+    changed[:, :, -1] += 1   # the chunk's last key is seen by its last query alone
+    assert torch.equal(attend_chunk_after_past(q, changed, values)[:, :, :-1],
+                       attend_chunk_after_past(q, keys, values)[:, :, :-1])

@@ -36,6 +36,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     decode.add_argument("video", nargs="?", default=None, help="video file (default: a generated 10-min 1280x720 one)")
     decode.add_argument("--fps", type=_float, nargs="+", default=[1.0, 2.0], help="sampling rates (default: 1 2)")
     decode.add_argument("--workers", type=int, default=None, help="most parallel workers to try (default: CPU count)")
+    decode.add_argument("--worker-counts", type=int, nargs="+", default=None,
+                        help="time parallel decoding at exactly these worker counts (default: 1 to --workers)")
     decode.add_argument("--repeats", type=int, default=2, help="best of this many runs per method (default: 2)")
     decode.add_argument("--lengths", type=_float, nargs="*", default=[],
                         help="also time the first N seconds of the video for each N (decoding vs length)")
@@ -49,6 +51,13 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                            help="keyframe interval of the generated video when no VIDEO is given (default: 250, x264's)")
     bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
                            "qwen2.5-vl-7b, llava-onevision-0.5b, llava-onevision-7b, internvl3-1b, internvl3-8b (default: small)")
+    bench_ask.add_argument("--video-s", type=_float, default=None,
+                           help="length of the generated video when no VIDEO is given (default: 300)")
+    bench_ask.add_argument("--video-fps", type=_float, default=None,
+                           help="frame rate of the generated video when no VIDEO is given (default: 24)")
+    bench_ask.add_argument("--headline", action="store_true",
+                           help="only full compute, QuickVideo's pipeline at the first --rho, and it with motion "
+                                "pruning (the device check's runs)")
     bench_ask.add_argument("--rho", type=_float, nargs="+", default=[0.5, 0.2], help="pruning ratios (default: 0.5 0.2)")
     bench_ask.add_argument("--group-frames", type=int, default=32, help="frames per prefill group (default: 32)")
     bench_ask.add_argument("--workers", type=int, default=None, help="parallel decoders (default: CPU count)")
@@ -130,6 +139,18 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     add_bench_serve_parser(bench_commands, common)
 
+    device = bench_commands.add_parser(
+        "device", parents=[common],
+        help="the GPU check: the exactness tests on CUDA, then ask, decode, watch, chat and serve on the 7B shape")
+    device.add_argument("--dry-run", action="store_true",
+                        help="the same stages on the CPU with the small shape and short videos (about a minute)")
+    device.add_argument("--only", nargs="+", default=(), metavar="STAGE",
+                        help="run only these stages: tests-float32, tests-bfloat16, ask, decode, watch, chat, serve")
+    device.add_argument("--out", default="out/device-check",
+                        help="device-check.json, device-check.md and each bench's files go here "
+                             "(default: out/device-check)")
+    device.add_argument("--json", action="store_true", help="print the JSON report")
+
     fuzz = bench_commands.add_parser("fuzz", parents=[common],
                                      help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
     fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
@@ -144,7 +165,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 def run_bench(args) -> int:
     benches = {"decode": _run_bench_decode, "ask": _run_bench_ask, "watch": _run_bench_watch, "fuzz": _run_bench_fuzz,
-               "containers": _run_bench_containers, "chat": _run_bench_chat, "serve": run_bench_serve}
+               "containers": _run_bench_containers, "chat": _run_bench_chat, "serve": run_bench_serve,
+               "device": _run_bench_device}
     if args.bench_command in benches:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy
@@ -161,7 +183,9 @@ def _run_bench_decode(args) -> int:
     from vidsight.bench.decode import bench_video, format_decode_report, run_decode_bench, write_decode_report
 
     video = args.video or bench_video(args.out)
-    report = run_decode_bench(video, args.fps, args.workers, args.repeats, args.lengths)
+    if args.worker_counts and min(args.worker_counts) < 1:
+        raise ConfigError("--worker-counts must be positive")
+    report = run_decode_bench(video, args.fps, args.workers, args.repeats, args.lengths, args.worker_counts)
     json_path, png_path = write_decode_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_decode_report(report)}\n\n{json_path}\n{png_path}")
     return 0
@@ -172,9 +196,9 @@ def _run_bench_ask(args) -> int:
 
     if args.set:
         return _run_bench_ask_set(args)
-    video = args.video or ask_video(args.out, args.gop)
+    video = args.video or ask_video(args.out, args.gop, args.video_s, args.video_fps)
     report = run_ask_bench(video, args.shape, args.rho, args.group_frames, args.workers, args.fps,
-                           dtype=args.dtype, progress=sys.stderr.isatty() and not args.json)
+                           dtype=args.dtype, progress=sys.stderr.isatty() and not args.json, headline=args.headline)
     json_path, png_path = write_ask_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_ask_report(report)}\n\n{json_path}\n{png_path}")
     return 0
@@ -258,6 +282,20 @@ def _run_bench_chat(args) -> int:
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0
+
+
+def _run_bench_device(args) -> int:
+    from vidsight.bench.device import format_device_report, run_device_check, stage_names
+
+    unknown = set(args.only) - set(stage_names(args.dry_run))
+    if unknown:
+        raise ConfigError(f"--only: unknown stage {', '.join(sorted(unknown))}; "
+                          f"choose from {', '.join(stage_names(args.dry_run))}")
+    quiet = args.json
+    report = run_device_check(args.out, args.dry_run, tuple(args.only),
+                              progress=(lambda _: None) if quiet else (lambda line: print(line, file=sys.stderr)))
+    print(json.dumps(report, default=str) if args.json else format_device_report(report))
+    return 0 if all(stage["status"] == "ok" for stage in report["stages"].values()) else 1
 
 
 def _run_bench_containers(args) -> int:

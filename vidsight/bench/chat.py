@@ -75,7 +75,7 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     for name in policies:
         make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    adapter = build_shape(shape, dtype=torch_dtype) if model is None else load_model(model, "cpu", torch_dtype)
+    adapter = build_shape(shape, dtype=torch_dtype) if model is None else load_model(model, dtype=torch_dtype)
     spec = adapter.vision
     tokens_per_patch = spec.max_tokens_per_patch
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch, often fewer: half

@@ -27,7 +27,7 @@ BENCH_VIDEO = SyntheticSpec(width=1280, height=720, fps=24, duration_s=600, gop=
 
 def bench_video(directory: str | Path, spec: SyntheticSpec = BENCH_VIDEO) -> Path:
     """The generated benchmark video, made once and reused (named by size, length and GOP)."""
-    path = Path(directory) / f"bench_{spec.width}x{spec.height}_{int(spec.duration_s)}s_gop{spec.gop}.mp4"
+    path = Path(directory) / f"bench_{spec.width}x{spec.height}_{int(spec.duration_s)}s_{spec.fps:g}fps_gop{spec.gop}.mp4"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         make_video(path, spec)
@@ -65,9 +65,28 @@ def _other_libraries(path: Path, indices: np.ndarray) -> dict[str, Callable[[], 
         def with_torchcodec():
             return VideoDecoder(str(path)).get_frames_at(indices.tolist()).data.permute(0, 2, 3, 1).contiguous()
         found["torchcodec get_frames_at"] = with_torchcodec
+        if torch.cuda.is_available():
+            def with_torchcodec_cuda():
+                decoder = VideoDecoder(str(path), device="cuda")
+                return decoder.get_frames_at(indices.tolist()).data.permute(0, 2, 3, 1).contiguous().cpu()
+            found["torchcodec get_frames_at, CUDA (NVDEC)"] = with_torchcodec_cuda
     except (ImportError, OSError, RuntimeError):
         pass
     return found
+
+
+def unavailable_decoders() -> dict[str, str]:
+    """The other decoders the report would compare against that do not load here, with why."""
+    import importlib.util
+
+    import av
+
+    missing = {name: "not installed" for name in ("decord", "torchcodec") if importlib.util.find_spec(name) is None}
+    if "h264_cuvid" not in av.codecs_available:
+        missing["PyAV NVDEC (h264_cuvid)"] = "this FFmpeg build has no NVDEC decoders"
+    if not torch.cuda.is_available():
+        missing["torchcodec CUDA"] = "no CUDA device"
+    return missing
 
 
 def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -78,7 +97,7 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 
 def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repeats: int = REPEATS,
-                     lengths_s=()) -> dict:
+                     lengths_s=(), worker_counts=None) -> dict:
     """Time every decoding method at each sampling rate (best of ``repeats``); see the module docstring.
 
     ``lengths_s`` adds QuickVideo's Figure 3: sequential against parallel decoding of the video's
@@ -86,9 +105,10 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
     """
     info = probe(path)
     cores = os.cpu_count() or 1
-    worker_counts = sorted({1, *(range(2, (workers or cores) + 1))})
+    worker_counts = sorted(set(worker_counts or (1, *range(2, (workers or cores) + 1))))
     report = {"repeats": repeats, "video": str(path), "codec": info.codec, "size": f"{info.width}x{info.height}",
-              "duration_s": info.duration_s, "frames": info.frame_count, "cpu_count": cores, "runs": []}
+              "duration_s": info.duration_s, "frames": info.frame_count, "cpu_count": cores, "runs": [],
+              "unavailable": unavailable_decoders()}
     for fps in fps_values:
         indices = sample_frames(info, SamplingConfig(fps=fps))
         reference, base = _timed(lambda: decode_frames(path, indices, DecodeConfig(threads="NONE"), info), repeats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
 from vidsight.kv.retrieval import KVPolicy, Selection, Step
@@ -30,10 +31,24 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
         rows = query_slots.to(q.device)[:, None]
     elif length == 1 or past == 0:
         return F.scaled_dot_product_attention(q, keys, values, is_causal=past == 0 and length > 1, enable_gqa=True)
+    elif q.is_cuda:
+        return attend_chunk_after_past(q, keys, values)
     else:
         rows = torch.arange(length, device=q.device)[:, None] + past
     mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= rows
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def attend_chunk_after_past(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A chunk's queries over every earlier key and its own causally: the causal mask aligned at the
+    bottom right. As a boolean mask it keeps SDPA off the flash and memory-efficient kernels on CUDA
+    (they take no mask), which then materialises heads x chunk x keys scores, gigabytes per layer
+    at QuickVideo's groups over a long video; as the lower-right causal bias those kernels run it.
+    That path has no grouped-query support, so key heads are repeated to the query heads."""
+    group = q.shape[1] // keys.shape[1]
+    bias = causal_lower_right(q.shape[2], keys.shape[2])
+    return F.scaled_dot_product_attention(q, keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1),
+                                          attn_mask=bias)
 
 
 def split_levels(embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

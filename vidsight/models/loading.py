@@ -69,11 +69,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+# `shape:qwen2.5-vl-7b`: a random-weight model of a published shape (`models.shapes`), for timing
+# the real architecture where no weights can be downloaded (the server and every bench take it).
+SHAPE_PREFIX = "shape:"
+
+
 def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """Load a supported VLM and wrap it in its family's adapter.
 
     Args:
-        name: A Hugging Face model id or a local checkpoint directory.
+        name: A Hugging Face model id, a local checkpoint directory, or ``shape:NAME`` for a
+            random-weight model of a benchmark shape.
         device: Where to run; CUDA when available, else CPU.
         dtype: Weight dtype; bfloat16 on CUDA, float32 on CPU by default.
 
@@ -84,6 +90,12 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
 
     source = str(name)
+    if source.startswith(SHAPE_PREFIX):
+        from vidsight.models.shapes import build_shape
+
+        device = resolve_device(device)
+        return build_shape(source[len(SHAPE_PREFIX):], device,
+                           dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
     if _looks_like_path(source):
         path = Path(source).expanduser()
         if not path.is_dir():

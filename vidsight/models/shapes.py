@@ -18,7 +18,7 @@ import torch
 
 from vidsight.errors import ConfigError
 from vidsight.models.base import VLMAdapter
-from vidsight.models.loading import ADAPTERS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
+from vidsight.models.loading import ADAPTERS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS, resolve_device
 from vidsight.models.qwen3_vl import VIDEO_MAX_PIXELS as QWEN3_MAX_PIXELS
 from vidsight.models.qwen3_vl import VIDEO_MIN_PIXELS as QWEN3_MIN_PIXELS
 from vidsight.models.qwen3_vl import VIDEO_TOTAL_PIXELS as QWEN3_TOTAL_PIXELS
@@ -138,12 +138,14 @@ def shape_config(name: str):
     return build_config(tokenizer, shape.text, shape.vision), tokenizer
 
 
-def build_shape(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+def build_shape(name: str, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> VLMAdapter:
-    """A random-weight model of shape ``name``, wrapped like a loaded checkpoint."""
+    """A random-weight model of shape ``name``, wrapped like a loaded checkpoint, on ``device``
+    (default: CUDA when available, as `load_model`)."""
     from transformers import AutoModelForImageTextToText
 
     config, tokenizer = shape_config(name)
+    device = resolve_device(device)
     shape = MODEL_SHAPES[name]
     torch.manual_seed(seed)
     with torch.device(device):

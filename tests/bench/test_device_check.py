@@ -1,0 +1,54 @@
+"""The GPU check's dry run: every stage of `vidsight bench device` on the CPU, so it cannot rot while
+no GPU is at hand; and the real run's plan fits the lease."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from vidsight.bench.device import run_device_check
+from vidsight.bench.device_stages import TEST_FILES, check_stages
+
+STAGES = ["tests-float32", "tests-bfloat16", "ask", "decode", "watch", "chat", "serve"]
+
+
+def test_the_dry_run_passes_every_stage_and_writes_both_summaries(tmp_path):
+    report = run_device_check(tmp_path, dry_run=True)
+    assert list(report["stages"]) == STAGES
+    for name, stage in report["stages"].items():
+        assert stage["status"] == "ok", (name, stage["errors"][-2000:])
+    for dtype in ("float32", "bfloat16"):
+        tests = report["stages"][f"tests-{dtype}"]["tests"]
+        assert tests["passed"] >= 2 and tests["failures"] == tests["errors"] == 0
+    ask = report["stages"]["ask"]["report"]["runs"]
+    assert list(ask) == ["full compute", "overlap, rho=0.2", "overlap, rho=0.2, motion pruning"]
+    assert ask["overlap, rho=0.2"]["kept_visual_tokens"] < ask["full compute"]["kept_visual_tokens"]
+    assert ask["overlap, rho=0.2, motion pruning"]["encoded_visual_tokens"] < ask["full compute"]["visual_tokens"]
+    chat = report["stages"]["chat"]["report"]["rows"]
+    assert {row["policy"] for row in chat} == {"full", "rekv", "mosaic", "resv"}
+    assert all(row["tokens_by_tier"]["disk"] > 0 for row in chat)  # the tiers really moved blocks down
+    assert [level["concurrency"] for level in report["stages"]["serve"]["report"]["completions"]] == [1, 2]
+    assert all(stage["headline"] for name, stage in report["stages"].items() if not name.startswith("tests"))
+    assert json.loads((tmp_path / "device-check.json").read_text())["dry_run"] is True
+    markdown = (tmp_path / "device-check.md").read_text()
+    assert all(f"## {name}: ok" in markdown for name in STAGES)
+
+
+def test_the_gpu_run_fits_eight_minutes_and_times_the_issues_workloads(tmp_path):
+    stages = check_stages(tmp_path, dry_run=False)
+    assert [s.name for s in stages] == STAGES
+    assert sum(s.timeout_s for s in stages) <= 8 * 60
+    commands = {s.name: " ".join(s.args) for s in stages}
+    assert all(s.env["VIDSIGHT_TEST_DEVICE"] == "cuda" for s in stages[:2])
+    assert "--shape qwen2.5-vl-7b" in commands["ask"] and "--video-s 1800" in commands["ask"]
+    assert "--workers 16 --group-frames 32" in commands["ask"] and "--rho 0.2" in commands["ask"]
+    assert "--window-s 40" in commands["watch"] and "--histories 1000 4000 16000 40000" in commands["chat"]
+    assert "--kv-disk" in commands["chat"] and "--concurrency 1 8 32" in commands["serve"]
+
+
+def test_the_named_test_files_hold_every_device_check_test():
+    root = Path(__file__).parents[2]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "device_check",
+                             "-p", "no:cacheprovider", "tests"], capture_output=True, text=True, cwd=root).stdout
+    files = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
+    assert files == set(TEST_FILES)

@@ -1,0 +1,95 @@
+"""The device check's stages (`bench/device.py`): on a GPU, the issue's workloads on the 7B shape
+sized to fit the lease; in a dry run, the same commands on the CPU at sizes that take seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One subprocess of the check.
+
+    Attributes:
+        name: The stage's name in the report.
+        args: Arguments after the Python executable.
+        timeout_s: Seconds before the stage is stopped and the next one starts.
+        env: Variables added to the environment.
+        report: The JSON report the command writes, folded into the check's.
+        junit: The JUnit XML a pytest stage writes (its counts and failures are reported).
+    """
+
+    name: str
+    args: tuple[str, ...]
+    timeout_s: float
+    env: dict = dataclasses.field(default_factory=dict)
+    report: Path | None = None
+    junit: Path | None = None
+
+
+# The files holding the `device_check` tests: named, not found by collecting all of tests/, because
+# the GPU image lacks what other test files import (Ray, Selenium, the OpenAI client).
+TEST_FILES = ("tests/engine/test_ask_exact.py", "tests/engine/test_chat.py", "tests/engine/test_watch.py",
+              "tests/kv/test_tiers.py", "tests/kv/test_resv.py", "tests/kv/test_policies_on_families.py",
+              "tests/models/test_qwen3_vl.py", "tests/models/test_whole_frame_families.py")
+SHAPE = "qwen2.5-vl-7b"
+# QuickVideo's setting (seed 000, section 4): 30 minutes at 1 fps, 16 decoders, groups of 32, rho 0.2.
+ASK_VIDEO_S, ASK_VIDEO_FPS = 1800, 4   # 4 fps keeps generating 30 minutes of 1280x720 within the lease
+# CodecSight's windows (seed 001): 40 s, stride 20 %, 2 fps; videos long enough for four windows.
+WATCH_WINDOW_S, WATCH_VIDEO_S = 40, 64
+CHAT_HISTORIES = (1000, 4000, 16000, 40000)
+CHAT_POLICIES = ("full", "rekv", "mosaic", "resv")
+SERVE_CLIENTS = (1, 8, 32)
+
+
+def check_stages(out: Path, dry_run: bool) -> list[Stage]:
+    """Every stage, in the order the issue asks for, with time limits summing to under 8 minutes."""
+    from vidsight.models.paths import TASK_MODEL
+
+    vidsight = ("-m", "vidsight")
+    device = "cpu" if dry_run else "cuda"
+    shape = "small" if dry_run else SHAPE
+    # The dry run times the shipped 1.5 M-parameter task model where a bench takes a checkpoint.
+    model = str(TASK_MODEL) if dry_run else f"shape:{SHAPE}"
+    video = out / "ask" / (f"bench_1280x720_8s_4fps_gop250.mp4" if dry_run
+                           else f"bench_1280x720_{ASK_VIDEO_S}s_{ASK_VIDEO_FPS}fps_gop250.mp4")
+    tests = ("-k", "(tiny and odd and 320x240) or test_offloading_to_host") if dry_run else ()
+    stages = [Stage(f"tests-{dtype}",
+                    ("-m", "pytest", "-q", *TEST_FILES, "-m", "device_check", "-p", "no:cacheprovider", *tests,
+                     f"--junitxml={out / f'tests-{dtype}.xml'}"),
+                    60 if dry_run else (90 if dtype == "float32" else 60),
+                    {"VIDSIGHT_TEST_DEVICE": device, "VIDSIGHT_TEST_DTYPE": dtype},
+                    junit=out / f"tests-{dtype}.xml")
+              for dtype in ("float32", "bfloat16")]
+    ask = (("--video-s", "8", "--video-fps", "4", "--workers", "2", "--group-frames", "4") if dry_run else
+           ("--video-s", str(ASK_VIDEO_S), "--video-fps", str(ASK_VIDEO_FPS), "--workers", "16",
+            "--group-frames", "32"))
+    stages.append(Stage("ask", (*vidsight, "bench", "ask", "--shape", shape, "--headline", "--rho", "0.2",
+                                "--fps", "1", *ask, "--out", str(out / "ask")),
+                        60 if dry_run else 130, report=out / "ask" / "ask.json"))
+    workers = ("1", "2") if dry_run else ("1", "4", "8", "16")
+    stages.append(Stage("decode", (*vidsight, "bench", "decode", str(video), "--fps", "1", "--repeats", "1",
+                                   "--worker-counts", *workers, "--out", str(out / "decode")),
+                        30 if dry_run else 40, report=out / "decode" / "decode.json"))
+    watch = (("--dtype", "float32", "--video-s", "10", "--window-s", "6") if dry_run else
+             ("--dtype", "bfloat16", "--video-s", str(WATCH_VIDEO_S), "--window-s", str(WATCH_WINDOW_S)))
+    stages.append(Stage("watch", (*vidsight, "bench", "watch", "--model", model, "--suite", "hard", "--videos", "1",
+                                  "--flop-videos", "0", *watch, "--root", str(out / "suites"),
+                                  "--out", str(out / "watch")),
+                        60 if dry_run else 40, report=out / "watch" / "watch.json"))
+    histories = ("200", "400") if dry_run else tuple(map(str, CHAT_HISTORIES))
+    # Budgets count cached tokens summed over layers: the device keeps about a fifth of the longest
+    # history (the 7B has 28 layers), host memory as much again, the disk the rest, so every copy runs.
+    device_budget = 400 if dry_run else 28 * CHAT_HISTORIES[-1] // 5
+    stages.append(Stage("chat", (*vidsight, "bench", "chat", "--model", model, "--policies", *CHAT_POLICIES,
+                                 "--histories", *histories, "--timed-patches", "2",
+                                 "--kv-device-budget", str(device_budget), "--kv-host-budget", str(device_budget),
+                                 "--kv-disk", str(out / "kv"), "--out", str(out / "chat")),
+                        60 if dry_run else 70, report=out / "chat" / "chat.json"))
+    clients = ("1", "2") if dry_run else tuple(map(str, SERVE_CLIENTS))
+    stages.append(Stage("serve", (*vidsight, "bench", "serve", "--model", model, "--device", device,
+                                  "--concurrency", *clients, "--requests", clients[-1], "--max-tokens", "8", "--watches", "0",
+                                  "--out", str(out / "serve")),
+                        60 if dry_run else 50, report=out / "serve" / "serve.json"))
+    return stages
