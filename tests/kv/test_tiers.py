@@ -64,6 +64,40 @@ def test_offloading_to_host_and_disk_changes_no_answer(tiny_adapter, frames, tmp
     assert not os.listdir(tmp_path)  # the session's directory went with it
 
 
+class _CopyInFlight:
+    """A device-to-host copy's event that stays pending until waited for, as on CUDA's side stream."""
+
+    def __init__(self):
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.waited
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+def test_host_copies_still_in_flight_change_no_answer(tiny_adapter, frames, tmp_path, monkeypatch):
+    """On CUDA a block's copy down to host memory is still running when a step may want it back
+    (seen on an H200: such blocks were taken for disk writes); here the CPU's copies are made to
+    stay in flight the same way."""
+    from vidsight.kv import copies
+
+    to_host = copies.CopyEngine.to_host
+
+    def in_flight(self, data):
+        host, _ = to_host(self, data)
+        return host, copies.Transfer(event=_CopyInFlight(), keep_alive=data)
+
+    monkeypatch.setattr(copies.CopyEngine, "to_host", in_flight)
+    plain, session = run(tiny_adapter, frames)
+    total = session.cache.length * tiny_adapter.num_layers
+    tiered, _ = run(tiny_adapter, frames, TierConfig(device_tokens=total // 5, host_tokens=total // 5, disk_dir=tmp_path))
+    for a, b in zip(plain, tiered, strict=True):
+        assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
+    assert not os.listdir(tmp_path)
+
+
 def test_a_block_round_trips_through_the_disk_bit_exactly(tmp_path):
     cache = TieredKVCache(1, 2, 8, torch.bfloat16, torch.device("cpu"),
                           TierConfig(device_tokens=3, host_tokens=1, disk_dir=tmp_path))

@@ -146,6 +146,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                         help="the same stages on the CPU with the small shape and short videos (about a minute)")
     device.add_argument("--only", nargs="+", default=(), metavar="STAGE",
                         help="run only these stages: tests-float32, tests-bfloat16, ask, decode, watch, chat, serve")
+    device.add_argument("--limit", nargs="+", default=(), metavar="STAGE=SECONDS",
+                        help="change stages' time limits (e.g. ask=240 when the other stages are left out)")
     device.add_argument("--out", default="out/device-check",
                         help="device-check.json, device-check.md and each bench's files go here "
                              "(default: out/device-check)")
@@ -291,8 +293,14 @@ def _run_bench_device(args) -> int:
     if unknown:
         raise ConfigError(f"--only: unknown stage {', '.join(sorted(unknown))}; "
                           f"choose from {', '.join(stage_names(args.dry_run))}")
+    limits = {}
+    for item in args.limit:
+        stage, _, seconds = item.partition("=")
+        if stage not in stage_names(args.dry_run) or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
+            raise ConfigError(f"--limit {item}: give STAGE=SECONDS with a stage of {', '.join(stage_names(args.dry_run))}")
+        limits[stage] = float(seconds)
     quiet = args.json
-    report = run_device_check(args.out, args.dry_run, tuple(args.only),
+    report = run_device_check(args.out, args.dry_run, tuple(args.only), limits,
                               progress=(lambda _: None) if quiet else (lambda line: print(line, file=sys.stderr)))
     print(json.dumps(report, default=str) if args.json else format_device_report(report))
     return 0 if all(stage["status"] == "ok" for stage in report["stages"].values()) else 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,8 @@ def run_ask_bench(video: str | Path, shape: str = "small", rhos=(0.5, 0.2), grou
                            progress=progress)
         report["runs"][name] = result.stats.to_dict()
         answers[name] = result.token_ids
+        # One line per run as it ends, so a run stopped part way (the device check's limits) keeps them.
+        print(f"{name}: {result.stats.wall_s:.1f} s", file=sys.stderr, flush=True)
     if "overlap, rho=1" in answers:
         report["rho1_answer_identical"] = answers["overlap, rho=1"] == answers["full compute"]
     _summarise(report, rhos)

@@ -59,7 +59,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
     stages = [Stage(f"tests-{dtype}",
                     ("-m", "pytest", "-q", *TEST_FILES, "-m", "device_check", "-p", "no:cacheprovider", *tests,
                      f"--junitxml={out / f'tests-{dtype}.xml'}"),
-                    60 if dry_run else (90 if dtype == "float32" else 50),
+                    60 if dry_run else (60 if dtype == "float32" else 80),
                     {"VIDSIGHT_TEST_DEVICE": device, "VIDSIGHT_TEST_DTYPE": dtype},
                     junit=out / f"tests-{dtype}.xml")
               for dtype in ("float32", "bfloat16")]
@@ -68,7 +68,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
             "--group-frames", "32"))
     stages.append(Stage("ask", (*vidsight, "bench", "ask", "--shape", shape, "--headline", "--rho", "0.2",
                                 "--fps", "1", "--gop", str(ASK_GOP), *ask, "--out", str(out / "ask")),
-                        60 if dry_run else 130, report=out / "ask" / "ask.json"))
+                        60 if dry_run else 150, report=out / "ask" / "ask.json"))
     workers = ("1", "2") if dry_run else ("1", "4", "8", "16")
     stages.append(Stage("decode", (*vidsight, "bench", "decode", str(video), "--fps", "1", "--repeats", "1",
                                    "--worker-counts", *workers, "--out", str(out / "decode")),
@@ -87,10 +87,10 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
                                  "--histories", *histories, "--timed-patches", "2",
                                  "--kv-device-budget", str(device_budget), "--kv-host-budget", str(device_budget),
                                  "--kv-disk", str(out / "kv"), "--out", str(out / "chat")),
-                        60 if dry_run else 70, report=out / "chat" / "chat.json"))
+                        60 if dry_run else 60, report=out / "chat" / "chat.json"))
     clients = ("1", "2") if dry_run else tuple(map(str, SERVE_CLIENTS))
     stages.append(Stage("serve", (*vidsight, "bench", "serve", "--model", model, "--device", device,
                                   "--concurrency", *clients, "--requests", clients[-1], "--max-tokens", "8", "--watches", "0",
                                   "--out", str(out / "serve")),
-                        60 if dry_run else 50, report=out / "serve" / "serve.json"))
+                        60 if dry_run else 40, report=out / "serve" / "serve.json"))
     return stages

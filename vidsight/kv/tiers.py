@@ -358,8 +358,9 @@ class TieredKVCache:
         if whole:
             self.whole_read_bytes[block.tier] += nbytes
         transfer = block.transfer
-        if transfer is not None and not transfer.reads and block.data is not None:
+        if transfer is not None and not transfer.reads and block.tier == DISK and block.data is not None:
             # Still being written to disk: its host copy serves, and the file will not be needed.
+            # (A copy down to host memory still in flight, as on CUDA's side stream, is waited for.)
             self._abandoned.append((transfer, block.path))
             block.transfer, block.path = None, None
         else:
