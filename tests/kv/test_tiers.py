@@ -65,31 +65,39 @@ def test_offloading_to_host_and_disk_changes_no_answer(tiny_adapter, frames, tmp
 
 
 class _CopyInFlight:
-    """A device-to-host copy's event that stays pending until waited for, as on CUDA's side stream."""
+    """A device-to-host copy that lands only when waited for, as on CUDA's side stream: until then
+    the host buffer holds NaNs, so a reader that does not wait reads them."""
 
-    def __init__(self):
-        self.waited = False
+    def __init__(self, host: torch.Tensor):
+        self.host, self.landed, self.done = host, host.clone(), False
+        host.fill_(float("nan"))
 
     def query(self) -> bool:
-        return self.waited
+        return self.done
 
     def synchronize(self) -> None:
-        self.waited = True
+        if not self.done:
+            self.host.copy_(self.landed)
+            self.done = True
 
 
-def test_host_copies_still_in_flight_change_no_answer(tiny_adapter, frames, tmp_path, monkeypatch):
-    """On CUDA a block's copy down to host memory is still running when a step may want it back
-    (seen on an H200: such blocks were taken for disk writes); here the CPU's copies are made to
-    stay in flight the same way."""
+def _keep_host_copies_in_flight(monkeypatch) -> None:
     from vidsight.kv import copies
 
     to_host = copies.CopyEngine.to_host
 
     def in_flight(self, data):
         host, _ = to_host(self, data)
-        return host, copies.Transfer(event=_CopyInFlight(), keep_alive=data)
+        return host, copies.Transfer(event=_CopyInFlight(host), keep_alive=data)
 
     monkeypatch.setattr(copies.CopyEngine, "to_host", in_flight)
+
+
+def test_host_copies_still_in_flight_change_no_answer(tiny_adapter, frames, tmp_path, monkeypatch):
+    """On CUDA a block's copy down to host memory is still running when a step may want it back
+    (seen on an H200: such blocks were taken for disk writes); here the CPU's copies are made to
+    stay in flight the same way."""
+    _keep_host_copies_in_flight(monkeypatch)
     plain, session = run(tiny_adapter, frames)
     total = session.cache.length * tiny_adapter.num_layers
     tiered, _ = run(tiny_adapter, frames, TierConfig(device_tokens=total // 5, host_tokens=total // 5, disk_dir=tmp_path))
@@ -211,10 +219,15 @@ def _recount(cache: TieredKVCache) -> dict[str, int]:
 
 
 @pytest.mark.device_check
+@pytest.mark.parametrize("in_flight", [False, True], ids=["copies done", "copies in flight"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["layout", "per-head layout"])
-def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path, per_head):
+def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and_truncation(tmp_path, per_head,
+                                                                                          in_flight, monkeypatch):
     """The slot index and the running tier counts agree with the blocks, whatever moved where; with a
-    per-head layout each head's wanted slots are read exactly (the others are masked out anyway)."""
+    per-head layout each head's wanted slots are read exactly (the others are masked out anyway).
+    Copies down to host memory may still be running when the next step comes, as on CUDA."""
+    if in_flight:
+        _keep_host_copies_in_flight(monkeypatch)
     torch.manual_seed(0)
     layers, heads, dim = 2, 2, 4
     cache = TieredKVCache(layers, heads, dim, torch.float32, DEVICE,
@@ -246,7 +259,9 @@ def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and
             cache.truncate(len(cache.tokens) - length)
             written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
             assert cache.tokens_by_tier() == _recount(cache)
-    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
+    # A host block whose copy is still landing joins the layout at the next step.
+    below = [b for layer in cache.blocks for b in layer
+             if b.tier == "disk" or (b.tier == "host" and b.transfer is None)]
     assert _recount(cache)["disk"] > 0 and cache.evicted_tokens == 0
     assert all((b.head is not None) == per_head for b in below)
     for layer in range(layers):

@@ -386,6 +386,11 @@ class TieredKVCache:
             if self._count(DEVICE) <= device:
                 break
             self._down(block, HOST)
+        if host is not None and self._count(HOST) > host:
+            # Blocks go on to disk: a copy down to host memory still running (CUDA's side stream)
+            # must finish first, both to be written whole and to take its place in the layout.
+            for block in [b for b in self._by_age(HOST) if b.transfer is not None]:
+                self._settle(block)
         if self._layout is not None:
             for layer in range(len(self.blocks)):
                 self._regroup_heads(layer) if self._per_head else self._regroup(layer)
