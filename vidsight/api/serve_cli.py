@@ -25,6 +25,16 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help=f"required as 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                        help="local videos (paths, file://) must lie under DIR (default: none are served)")
+    egress = serve.add_argument_group(
+        "outbound connections (refused to loopback, private, link-local, multicast and reserved addresses by default)")
+    egress.add_argument("--allowed-media-domains", nargs="+", default=None, metavar="DOMAIN",
+                        help="fetch http(s) videos only from these domains and their subdomains, at any address "
+                             "(vLLM's flag; default: any host whose addresses are public)")
+    egress.add_argument("--allowed-stream-networks", nargs="+", default=(), metavar="CIDR",
+                        help="networks watch and session sources may reach although private (cameras on a LAN, "
+                             "e.g. 192.168.1.0/24)")
+    egress.add_argument("--allowed-webhook-networks", nargs="+", default=(), metavar="CIDR",
+                        help="networks webhooks may reach although private")
     serve.add_argument("--db", default=None, help="watches, verdicts and alerts: a SQLite file or a postgresql:// URL "
                                                   f"(default: {default_db_path()})")
     serve.add_argument("--max-video-bytes", type=int, default=DEFAULT_MAX_VIDEO_BYTES,
@@ -59,7 +69,10 @@ def serve_config(args):
                        allowed_local_media_path=Path(args.allowed_local_media_path).resolve()
                        if args.allowed_local_media_path else None, db=db,
                        max_video_bytes=args.max_video_bytes, fetch_timeout_s=args.fetch_timeout,
-                       max_concurrent=args.max_concurrent, model_name=args.served_model_name or args.model)
+                       max_concurrent=args.max_concurrent, model_name=args.served_model_name or args.model,
+                       allowed_media_domains=tuple(args.allowed_media_domains) if args.allowed_media_domains else None,
+                       allowed_stream_networks=tuple(args.allowed_stream_networks),
+                       allowed_webhook_networks=tuple(args.allowed_webhook_networks))
 
 
 def ray_config(args):

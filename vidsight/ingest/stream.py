@@ -32,6 +32,12 @@ from vidsight.ingest.types import CodecInfo, FrameBatch
 log = logging.getLogger(__name__)
 
 NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+# FFmpeg opens further resources from inside a stream (an HLS playlist's segments and keys, RTSP's
+# transports): a network source may use only its own scheme's protocols, so a playlist cannot make
+# FFmpeg read `file:`, `concat:`, `subfile:`, a pipe or any other protocol.
+PROTOCOL_WHITELIST = {"rtsp": "rtsp,rtp,srtp,udp,tcp,tls", "rtmp": "rtmp,rtmps,rtmpt,rtmpts,tcp,tls",
+                      "http": "http,https,tcp,tls,crypto", "https": "http,https,tcp,tls,crypto", "udp": "udp,rtp",
+                      "tcp": "tcp", "srt": "srt,udp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +176,16 @@ class StreamSource:
             yield from judge.push(item[0], item[3], item, since.saturated)
         yield from judge.finish()
 
+    def _options(self) -> dict[str, str]:
+        if not self.network:
+            return {}
+        return {"protocol_whitelist": PROTOCOL_WHITELIST[self.source.partition(":")[0]]}
+
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""
         try:
-            container = av.open(self.source, mode="r", timeout=10.0 if self.network else None)
+            container = av.open(self.source, mode="r", timeout=10.0 if self.network else None,
+                                options=self._options())
         except av.error.FFmpegError as exc:
             if self.network:
                 raise

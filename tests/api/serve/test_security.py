@@ -94,7 +94,7 @@ def test_without_an_allow_list_no_local_path_is_served(make_server, media):
 
 def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, scratch):
     size = (media / "clip.mp4").stat().st_size
-    with make_server(max_video_bytes=size - 1) as (url, _):
+    with make_server(max_video_bytes=size - 1, allowed_media_domains=("127.0.0.1",)) as (url, _):
         for source in (str(media / "clip.mp4"), f"{slow_http}/clip.mp4", f"{slow_http}/big"):
             answer = httpx.post(f"{url}/v1/chat/completions", json=body(source), timeout=60)
             assert answer.status_code == 413, source
@@ -105,7 +105,7 @@ def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, s
 
 
 def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http, scratch):
-    with make_server(fetch_timeout_s=1.0) as (url, _):
+    with make_server(fetch_timeout_s=1.0, allowed_media_domains=("127.0.0.1",)) as (url, _):
         started = time.monotonic()
         answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/slow"), timeout=60)
         assert answer.status_code == 504 and "not fetched within 1 s" in answer.json()["error"]["message"]
@@ -114,7 +114,7 @@ def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http
 
 
 def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
-    with make_server() as (url, _):
+    with make_server(allowed_media_domains=("127.0.0.1",)) as (url, _):
         answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/clip.mp4"), timeout=120)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
     assert not os.listdir(scratch)

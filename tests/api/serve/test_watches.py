@@ -110,7 +110,7 @@ def test_alerts_reach_the_webhook_and_metrics_move(make_local_server, media, mon
 
     hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
-    with make_local_server() as (url, server):
+    with make_local_server(allowed_webhook_networks=("127.0.0.0/8",)) as (url, server):
         def scrape() -> dict:
             families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
             return {s.name: s.value for f in families for s in f.samples if not s.labels.get("le")}
@@ -155,13 +155,13 @@ def test_a_live_source_resumes_from_now_numbered_after_the_stored_windows(make_l
     spec = {"source": f"http://127.0.0.1:{files.server_address[1]}/live.ts", "query": QUERY, **SETTINGS,
             "realtime": True}
     try:
-        with make_local_server() as (url, server):
+        with make_local_server(allowed_stream_networks=("127.0.0.0/8",)) as (url, server):
             watch_id = httpx.post(f"{url}/v1/watches", json=spec).json()["id"]
             wait_for(lambda: len(server.store.verdicts(watch_id)) >= 3)
         from vidsight.api.serve.store import Store
 
         before = len(Store(server.config.db).verdicts(watch_id))
-        with make_local_server() as (url, server):
+        with make_local_server(allowed_stream_networks=("127.0.0.0/8",)) as (url, server):
             wait_for(lambda: len(server.store.verdicts(watch_id)) >= before + 3)
             httpx.delete(f"{url}/v1/watches/{watch_id}", timeout=60)
             windows = [v["window"] for v in server.store.verdicts(watch_id)]

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from vidsight.api.serve.egress import EgressRules, parse_networks
 from vidsight.errors import ConfigError
 
 API_KEY_ENV = "VIDSIGHT_API_KEY"
@@ -45,6 +46,12 @@ class ServeConfig:
         fetch_timeout_s: Longest an ``http(s)`` video may take to arrive.
         max_concurrent: Requests admitted at once (queued or running); more get 429.
         model_name: The id ``/v1/models`` lists and requests name (default: the model's).
+        allowed_media_domains: Video fetches go only to these hosts (and their subdomains), at
+            whatever address they resolve to (vLLM's ``--allowed-media-domains``); None: any host
+            whose addresses are all public (`egress`).
+        allowed_stream_networks: Networks (CIDR) watch and session sources may reach although
+            private, loopback or link-local (cameras on a LAN).
+        allowed_webhook_networks: The same for webhooks.
     """
 
     model: str
@@ -56,8 +63,15 @@ class ServeConfig:
     fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
     model_name: str | None = None
+    allowed_media_domains: tuple[str, ...] | None = None
+    allowed_stream_networks: tuple[str, ...] = ()
+    allowed_webhook_networks: tuple[str, ...] = ()
 
     def __post_init__(self):
+        parse_networks(self.allowed_stream_networks, "--allowed-stream-networks")
+        parse_networks(self.allowed_webhook_networks, "--allowed-webhook-networks")
+        if self.allowed_media_domains is not None and not all(d.strip(". ") for d in self.allowed_media_domains):
+            raise ConfigError("--allowed-media-domains: an empty domain")
         if self.max_video_bytes < 1:
             raise ConfigError(f"max_video_bytes must be positive, got {self.max_video_bytes}")
         if not self.fetch_timeout_s > 0:
@@ -68,6 +82,16 @@ class ServeConfig:
             raise ConfigError(f"{self.allowed_local_media_path}: --allowed-local-media-path is not a directory")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty")
+
+    def egress(self, kind: str) -> EgressRules:
+        """The outbound rules for ``kind``: ``media`` (video fetches), ``stream`` or ``webhook``."""
+        if kind == "media":
+            domains = None if self.allowed_media_domains is None else tuple(
+                d.lower().strip(". ") for d in self.allowed_media_domains)
+            return EgressRules("video fetch", domains=domains, flag="--allowed-media-domains")
+        flag = f"--allowed-{kind}-networks"
+        networks = self.allowed_stream_networks if kind == "stream" else self.allowed_webhook_networks
+        return EgressRules(f"{kind} source" if kind == "stream" else kind, parse_networks(networks, flag), flag=flag)
 
     @property
     def served_name(self) -> str:

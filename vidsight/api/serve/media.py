@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from vidsight.api.serve.config import ServeConfig
+from vidsight.api.serve.egress import EgressRefused, pinned, send_checked
 from vidsight.errors import VidsightError
 from vidsight.ingest.stream import NETWORK_SCHEMES
 
@@ -47,10 +48,17 @@ def local_path(url: str, config: ServeConfig) -> Path:
 
 
 def stream_source(url: str, config: ServeConfig) -> str:
-    """What a watch or a session reads: a network URL as it is, a local path through the allow-list."""
-    if url.startswith(NETWORK_SCHEMES):
-        return url
-    return str(local_path(url, config))
+    """What a watch or a session reads: a local path through the allow-list, or a network URL whose
+    host passes the stream rules (`egress`), checked at every open. RTSP, RTMP, SRT, UDP and TCP
+    URLs are pinned to the checked address; http(s) keeps its host name (TLS and virtual hosts need
+    it), so FFmpeg looks it up again."""
+    if not url.startswith(NETWORK_SCHEMES):
+        return str(local_path(url, config))
+    try:
+        address = config.egress("stream").resolve(url)
+    except EgressRefused as exc:
+        raise RequestError(403, str(exc)) from None
+    return url if url.startswith(("http://", "https://")) else pinned(url, address)
 
 
 @contextlib.asynccontextmanager
@@ -91,8 +99,9 @@ async def _fetch(url: str, target: Path, config: ServeConfig) -> None:
     cap = config.max_video_bytes
     try:
         async with asyncio.timeout(config.fetch_timeout_s):
-            async with httpx.AsyncClient(follow_redirects=True, timeout=config.fetch_timeout_s) as client:
-                async with client.stream("GET", url) as response:
+            async with httpx.AsyncClient(follow_redirects=False, timeout=config.fetch_timeout_s) as client:
+                response = await send_checked(client, "GET", url, config.egress("media"))
+                async with contextlib.aclosing(response):
                     if response.status_code != 200:
                         raise RequestError(400, f"{url}: the server answered {response.status_code}")
                     declared = response.headers.get("content-length")
@@ -105,6 +114,8 @@ async def _fetch(url: str, target: Path, config: ServeConfig) -> None:
                             if received > cap:
                                 raise RequestError(413, f"{url}: over the {cap}-byte cap")
                             out.write(chunk)
+    except EgressRefused as exc:
+        raise RequestError(403, str(exc)) from None
     except TimeoutError:
         raise RequestError(504, f"{url}: not fetched within {config.fetch_timeout_s:g} s") from None
     except httpx.HTTPError as exc:

@@ -3,6 +3,7 @@ work goes through the scheduler; every verdict and alert is stored before it is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from vidsight.api.serve.egress import EgressRefused, EgressRules, send_checked
 from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.api.serve.store import DONE, FAILED, RUNNING, STOPPED, Store
 from vidsight.api.watch import end_record, verdict_records, watch_config
@@ -104,7 +106,12 @@ class WatchManager:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _check(self, spec: dict) -> None:
-        stream_source(spec["source"], self.serve_config)   # refuses a path outside the allow-list
+        stream_source(spec["source"], self.serve_config)   # refuses a path outside the allow-list, a private host
+        if spec.get("webhook_url"):
+            try:
+                self.serve_config.egress("webhook").resolve(spec["webhook_url"])
+            except EgressRefused as exc:
+                raise RequestError(403, str(exc)) from None
         config = watch_config(spec)
         from vidsight.engine.watch import Watcher
 
@@ -176,7 +183,8 @@ class WatchManager:
             if record["type"] == "alert" and stored is not None:
                 metrics.alerts.inc()
                 if spec.get("webhook_url"):
-                    threading.Thread(target=deliver_webhook, args=(spec["webhook_url"], {"watch_id": watch_id, **record}),
+                    threading.Thread(target=deliver_webhook, args=(spec["webhook_url"], {"watch_id": watch_id, **record},
+                                                                   self.serve_config.egress("webhook")),
                                      daemon=True, name=f"webhook-{watch_id}").start()
 
 
@@ -185,13 +193,18 @@ def _spec(record: dict) -> dict:
     return {k: record[k] for k in record if k not in ("id", "state", "error", "created", "owner")}
 
 
-def deliver_webhook(url: str, payload: dict, tries: int = WEBHOOK_TRIES, backoff_s: float = WEBHOOK_BACKOFF_S) -> bool:
-    """POST ``payload`` to ``url``, retrying failures with doubling back-off; whether it was delivered."""
+def deliver_webhook(url: str, payload: dict, rules: EgressRules, tries: int = WEBHOOK_TRIES,
+                    backoff_s: float = WEBHOOK_BACKOFF_S) -> bool:
+    """POST ``payload`` to ``url`` at addresses ``rules`` allow (checked at every try), retrying
+    failures with doubling back-off; whether it was delivered."""
     for attempt in range(tries):
         try:
-            response = httpx.post(url, json=payload, timeout=WEBHOOK_TIMEOUT_S)
+            response = asyncio.run(_post_checked(url, payload, rules))
             if response.status_code < 500 and response.status_code != 429:
                 return response.is_success
+        except EgressRefused as exc:
+            log.warning("webhook %s", exc)
+            return False
         except httpx.HTTPError as exc:
             log.info("webhook %s: %s (try %d of %d)", url, exc, attempt + 1, tries)
         if attempt + 1 < tries:
@@ -199,3 +212,9 @@ def deliver_webhook(url: str, payload: dict, tries: int = WEBHOOK_TRIES, backoff
     log.warning("webhook %s: not delivered after %d tries", url, tries)
     return False
 
+
+async def _post_checked(url: str, payload: dict, rules: EgressRules) -> httpx.Response:
+    async with httpx.AsyncClient(follow_redirects=False, timeout=WEBHOOK_TIMEOUT_S) as client:
+        response = await send_checked(client, "POST", url, rules, json=payload)
+        await response.aclose()
+        return response
