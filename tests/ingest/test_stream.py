@@ -10,7 +10,7 @@ import torch
 
 from vidsight.errors import VideoError
 from vidsight.ingest import SyntheticSpec
-from vidsight.ingest.stream import StreamSource, WindowConfig
+from vidsight.ingest.stream import PROTOCOL_WHITELIST, StreamSource, WindowConfig
 from vidsight.ingest.synthetic import background, render_frame, square_track
 from vidsight.ingest.writer import write_video
 
@@ -121,7 +121,7 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
         def __exit__(self, *exc):
             self.container.close()
 
-    def fake_open(url, mode="r", timeout=None):
+    def fake_open(url, mode="r", timeout=None, options=None):
         container = real_open(str(path), mode)
         opened.append(url)
         return Dropping(container) if len(opened) == 1 else container
@@ -136,7 +136,7 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
 
 
 def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
-    def failing_open(url, mode="r", timeout=None):
+    def failing_open(url, mode="r", timeout=None, options=None):
         raise av.error.ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
@@ -169,3 +169,48 @@ def test_residuals_keep_presentation_order_with_b_frames(make_test_video):
     assert [f.frame_index for f in judged] == [f.frame_index for f in plain] == list(range(24))
     assert "B" in {f.codec.frame_type for f in judged}
     assert all(torch.equal(a.rgb, b.rgb) for a, b in zip(plain, judged))
+
+
+@pytest.fixture
+def hls_server(tmp_path, make_test_video):
+    """``playlist(segment_uri) -> url``: an HTTP server on loopback serving a one-segment HLS
+    playlist that names ``segment_uri``; the segment itself is at ``url``'s ``/seg.ts`` and at the
+    ``segment_file`` path on disk."""
+    import functools
+    import http.server
+
+    path, _ = make_test_video(".ts", width=160, height=120, fps=8, duration_s=3.0, gop=8, bframes=False, seed=6)
+    (tmp_path / "seg.ts").write_bytes(path.read_bytes())
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def playlist(segment_uri: str) -> str:
+        (tmp_path / "list.m3u8").write_text("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:3\n"
+                                            f"#EXTINF:3.0,\n{segment_uri}\n#EXT-X-ENDLIST\n")
+        return f"{base}/list.m3u8"
+
+    playlist.base, playlist.segment_file = base, tmp_path / "seg.ts"
+    yield playlist
+    server.shutdown()
+
+
+def _frames(url: str) -> int:
+    try:
+        return sum(1 for _ in StreamSource(url, fps=2.0, reconnect_tries=0))
+    except (VideoError, av.error.FFmpegError):
+        return 0
+
+
+def test_an_hls_playlist_cannot_make_ffmpeg_read_a_local_file(hls_server, monkeypatch):
+    assert _frames(hls_server(f"{hls_server.base}/seg.ts")) > 0   # the same segment over HTTP plays
+    for scheme in ("concat:", "subfile,,start,0,end,0,,:"):
+        assert _frames(hls_server(f"{scheme}{hls_server.segment_file}")) == 0
+    assert _frames(hls_server(f"file://{hls_server.segment_file}")) == 0
+    # The whitelist reaches FFmpeg (this FFmpeg's HLS demuxer also refuses file segments itself):
+    # with http left out of it, the same playable playlist cannot open.
+    url = hls_server(f"{hls_server.base}/seg.ts")
+    monkeypatch.setitem(PROTOCOL_WHITELIST, "http", "tcp")
+    assert _frames(url) == 0
