@@ -65,12 +65,13 @@ class WatchConfig:
         if self.alert_after < 1:
             raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
 
-    def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None) -> StreamSource:
+    def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None,
+             ffmpeg_options: dict | None = None) -> StreamSource:
         """Open ``source`` the way this watch needs it: at its sampling rate, with motion vectors
         judged by its own motion rule exactly when it prunes by motion (`StreamSource` explains the
         other arguments)."""
         return StreamSource(source, fps=self.windows.fps, realtime=realtime, motion=self.prune,
-                            follow_idle_s=follow_idle_s)
+                            follow_idle_s=follow_idle_s, ffmpeg_options=ffmpeg_options)
 
 
 @dataclasses.dataclass

@@ -36,7 +36,8 @@ NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp:/
 # transports): a network source may use only its own scheme's protocols, so a playlist cannot make
 # FFmpeg read `file:`, `concat:`, `subfile:`, a pipe or any other protocol.
 PROTOCOL_WHITELIST = {"rtsp": "rtsp,rtp,srtp,udp,tcp,tls", "rtmp": "rtmp,rtmps,rtmpt,rtmpts,tcp,tls",
-                      "http": "http,https,tcp,tls,crypto", "https": "http,https,tcp,tls,crypto", "udp": "udp,rtp",
+                      "http": "http,https,httpproxy,tcp,tls,crypto", "https": "http,https,httpproxy,tcp,tls,crypto",
+                      "udp": "udp,rtp",
                       "tcp": "tcp", "srt": "srt,udp"}
 
 
@@ -102,11 +103,14 @@ class StreamSource:
         follow_idle_s: Keep reading a file that grows; stop once it has not grown for this long
             (None: read it once). A followed file may start empty or with an incomplete header,
             as a recorder has just created it.
+        ffmpeg_options: Options for FFmpeg's open (e.g. ``http_proxy``); a network source also
+            gets its scheme's protocol whitelist.
     """
 
     def __init__(self, source: str | Path, fps: float, realtime: bool = False, motion: MotionPruneConfig | None = None,
-                 reconnect_tries: int = 5, follow_idle_s: float | None = None):
+                 reconnect_tries: int = 5, follow_idle_s: float | None = None, ffmpeg_options: dict | None = None):
         self.source = str(source)
+        self.ffmpeg_options = dict(ffmpeg_options or {})
         self.network = self.source.startswith(NETWORK_SCHEMES)
         if follow_idle_s is not None and not follow_idle_s > 0:
             raise ConfigError(f"follow idle time must be positive seconds, got {follow_idle_s}")
@@ -178,8 +182,8 @@ class StreamSource:
 
     def _options(self) -> dict[str, str]:
         if not self.network:
-            return {}
-        return {"protocol_whitelist": PROTOCOL_WHITELIST[self.source.partition(":")[0]]}
+            return dict(self.ffmpeg_options)
+        return {**self.ffmpeg_options, "protocol_whitelist": PROTOCOL_WHITELIST[self.source.partition(":")[0]]}
 
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""

@@ -139,3 +139,57 @@ def test_watch_sources_and_webhooks_to_private_hosts_are_refused_unless_their_ne
                                                      "webhook_url": "http://192.168.0.10/hook"})
         assert hook.status_code == 201
         httpx.delete(f"{url}/v1/watches/{hook.json()['id']}", timeout=60)
+
+
+@pytest.fixture
+def hls_files(tmp_path, make_test_video):
+    """An HTTP server on every loopback address serving ``seg.ts`` and the playlist
+    ``playlist(segment_url)`` writes; yields ``(playlist, port, requested paths)``."""
+    path, _ = make_test_video(".ts", width=160, height=120, fps=8, duration_s=3.0, gop=8, bframes=False, seed=6)
+    (tmp_path / "seg.ts").write_bytes(path.read_bytes())
+    requested = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def do_GET(self):
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def playlist(segment_url: str) -> str:
+        (tmp_path / "list.m3u8").write_text("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:3\n"
+                                            f"#EXTINF:3.0,\n{segment_url}\n#EXT-X-ENDLIST\n")
+        return f"http://127.0.0.1:{port}/list.m3u8"
+
+    yield playlist, port, requested
+    server.shutdown()
+
+
+def test_an_hls_playlist_cannot_send_ffmpeg_to_another_private_host(hls_files):
+    from vidsight.api.serve.stream_proxy import StreamProxy
+    from vidsight.errors import VideoError
+    from vidsight.ingest.stream import StreamSource
+
+    playlist, port, requested = hls_files
+    url = playlist(f"http://127.0.0.2:{port}/seg.ts")
+
+    def frames(networks: str) -> int:
+        proxy = StreamProxy(EgressRules("stream source", (ipaddress.ip_network(networks),)))
+        try:
+            return sum(1 for _ in StreamSource(url, fps=2.0, reconnect_tries=0,
+                                               ffmpeg_options={"http_proxy": proxy.url}))
+        except (VideoError, OSError):
+            return 0
+        finally:
+            proxy.close()
+
+    assert frames("127.0.0.1/32") == 0 and requested == ["/list.m3u8"]   # the camera's own host only
+    assert frames("127.0.0.0/8") > 0 and requested[-1] == "/seg.ts"      # the same playlist, through the proxy

@@ -18,6 +18,7 @@ import httpx
 
 from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.egress import EgressRefused, pinned, send_checked
+from vidsight.api.serve.stream_proxy import proxy_for
 from vidsight.errors import VidsightError
 from vidsight.ingest.stream import NETWORK_SCHEMES
 
@@ -47,18 +48,21 @@ def local_path(url: str, config: ServeConfig) -> Path:
     return resolved
 
 
-def stream_source(url: str, config: ServeConfig) -> str:
-    """What a watch or a session reads: a local path through the allow-list, or a network URL whose
-    host passes the stream rules (`egress`), checked at every open. RTSP, RTMP, SRT, UDP and TCP
-    URLs are pinned to the checked address; http(s) keeps its host name (TLS and virtual hosts need
-    it), so FFmpeg looks it up again."""
+def stream_source(url: str, config: ServeConfig) -> tuple[str, dict]:
+    """What a watch or a session reads and FFmpeg's options for it: a local path through the
+    allow-list, or a network URL whose host passes the stream rules (`egress`), checked at every
+    open. RTSP, RTMP, SRT, UDP and TCP URLs are pinned to the checked address; http(s) sources
+    (HLS playlists name further URLs) go through the checking proxy (`stream_proxy`)."""
     if not url.startswith(NETWORK_SCHEMES):
-        return str(local_path(url, config))
+        return str(local_path(url, config)), {}
+    rules = config.egress("stream")
     try:
-        address = config.egress("stream").resolve(url)
+        address = rules.resolve(url)
     except EgressRefused as exc:
         raise RequestError(403, str(exc)) from None
-    return url if url.startswith(("http://", "https://")) else pinned(url, address)
+    if url.startswith(("http://", "https://")):
+        return url, {"http_proxy": proxy_for(rules).url}
+    return pinned(url, address), {}
 
 
 @contextlib.asynccontextmanager

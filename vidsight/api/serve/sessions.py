@@ -56,10 +56,10 @@ class SessionManager:
         from vidsight.ingest.stream import StreamSource
         from vidsight.kv.retrieval import make_policy
 
-        source = stream_source(spec["source"], self.serve_config)
+        source, options = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))
         config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
-        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"])
+        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], ffmpeg_options=options)
         chat = ChatSession(self.adapter, policy, config)
         frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
         session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)

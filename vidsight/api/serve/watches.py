@@ -131,7 +131,8 @@ class WatchManager:
 
         try:
             config = watch_config(spec)
-            source = config.open(stream_source(spec["source"], self.serve_config), realtime=spec.get("realtime", False))
+            url, options = stream_source(spec["source"], self.serve_config)
+            source = config.open(url, realtime=spec.get("realtime", False), ffmpeg_options=options)
             first, streak = self.store.resume_point(watch_id)
             # A file is read again from its start and its judged windows passed over; a live
             # source goes on from now, its windows numbered after the stored ones.
