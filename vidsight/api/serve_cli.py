@@ -23,6 +23,9 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--api-key", default=None,
                        help=f"required as 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
+    serve.add_argument("--api-keys", default=None, metavar="FILE",
+                       help="keys per tenant, a line each: NAME KEY [admin] [watches=N] [sessions=N] [requests=N]; "
+                            "a tenant sees only its own watches and sessions, an admin all")
     serve.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                        help="local videos (paths, file://) must lie under DIR (default: none are served)")
     egress = serve.add_argument_group(
@@ -61,6 +64,7 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 def serve_config(args):
     from vidsight.api.serve.config import API_KEY_ENV, ServeConfig, absolute_model, default_db_path
+    from vidsight.api.serve.tenants import read_api_keys
 
     # Absolute paths: Ray's replicas run in other working directories, maybe on other hosts.
     model = absolute_model(args.model)
@@ -72,7 +76,8 @@ def serve_config(args):
                        max_concurrent=args.max_concurrent, model_name=args.served_model_name or args.model,
                        allowed_media_domains=tuple(args.allowed_media_domains) if args.allowed_media_domains else None,
                        allowed_stream_networks=tuple(args.allowed_stream_networks),
-                       allowed_webhook_networks=tuple(args.allowed_webhook_networks))
+                       allowed_webhook_networks=tuple(args.allowed_webhook_networks),
+                       api_keys=read_api_keys(args.api_keys) if args.api_keys else ())
 
 
 def ray_config(args):

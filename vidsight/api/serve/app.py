@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import time
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from vidsight.api.serve.openai_api import (ChatCompletionRequest, ask_configs, c
                                            usage_of)
 from vidsight.api.serve.session_routes import add_session_routes
 from vidsight.api.serve.state import Server
+from vidsight.api.serve.tenants import OPEN, Tenant, identify
 from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.errors import ConfigError, VidsightError
 
@@ -48,10 +48,14 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     _add_error_handlers(app)
 
-    def authorised(request: Request) -> None:
-        check_api_key(config, request.headers.get("authorization", ""))
+    def authorised(request: Request) -> Tenant:
+        return check_api_key(config, request.headers.get("authorization", ""))
 
-    guarded = [Depends(authorised)]
+    async def admitted(tenant: Tenant = Depends(authorised)):
+        with server.requests.admit(tenant):
+            yield tenant
+
+    guarded = [Depends(admitted)]
 
     @app.get("/health")
     async def health():
@@ -83,16 +87,21 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         sampling, generation, prefill = ask_configs(body.ask_options())
         return await _complete(server, body, video, question, sampling, generation, prefill)
 
-    add_watch_routes(app, server, guarded)
-    add_session_routes(app, server, guarded)
+    add_watch_routes(app, server, admitted, authorised)
+    add_session_routes(app, server, admitted)
     return app
 
 
-def check_api_key(config: ServeConfig, authorization: str) -> None:
-    """Refuse (401) a request whose ``Authorization`` header does not carry the server's API key."""
-    if config.api_key is not None and not secrets.compare_digest(authorization.encode(),
-                                                                 f"Bearer {config.api_key}".encode()):
+def check_api_key(config: ServeConfig, authorization: str) -> Tenant:
+    """The tenant whose key the ``Authorization`` header carries (the open tenant on a server
+    without keys); 401 for a missing or wrong key."""
+    keys = config.keys
+    if not keys:
+        return OPEN
+    tenant = identify(keys, authorization)
+    if tenant is None:
         raise RequestError(401, "a missing or wrong API key (send Authorization: Bearer KEY)")
+    return tenant
 
 
 async def _complete(server: Server, body: ChatCompletionRequest, video: str, question: str, sampling, generation,

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from vidsight.api.serve.egress import EgressRules, parse_networks
+from vidsight.api.serve.tenants import ApiKey, Tenant, check_keys
 from vidsight.errors import ConfigError
 
 API_KEY_ENV = "VIDSIGHT_API_KEY"
@@ -52,6 +53,7 @@ class ServeConfig:
         allowed_stream_networks: Networks (CIDR) watch and session sources may reach although
             private, loopback or link-local (cameras on a LAN).
         allowed_webhook_networks: The same for webhooks.
+        api_keys: Keys per tenant (`tenants`, from ``--api-keys FILE``), beside ``api_key``.
     """
 
     model: str
@@ -66,8 +68,10 @@ class ServeConfig:
     allowed_media_domains: tuple[str, ...] | None = None
     allowed_stream_networks: tuple[str, ...] = ()
     allowed_webhook_networks: tuple[str, ...] = ()
+    api_keys: tuple[ApiKey, ...] = ()
 
     def __post_init__(self):
+        check_keys(self.keys, "the API keys")
         parse_networks(self.allowed_stream_networks, "--allowed-stream-networks")
         parse_networks(self.allowed_webhook_networks, "--allowed-webhook-networks")
         if self.allowed_media_domains is not None and not all(d.strip(". ") for d in self.allowed_media_domains):
@@ -82,6 +86,12 @@ class ServeConfig:
             raise ConfigError(f"{self.allowed_local_media_path}: --allowed-local-media-path is not a directory")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty")
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """Every key the server takes: ``api_key`` as the admin tenant ``default``, then ``api_keys``."""
+        single = () if self.api_key is None else (ApiKey(Tenant("default", admin=True), self.api_key),)
+        return single + tuple(self.api_keys)
 
     def egress(self, kind: str) -> EgressRules:
         """The outbound rules for ``kind``: ``media`` (video fetches), ``stream`` or ``webhook``."""

@@ -6,9 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.tenants import Tenant
 
 
 class SessionRequest(BaseModel):
@@ -33,28 +36,36 @@ class MessageRequest(BaseModel):
     stream: bool = True
 
 
-def add_session_routes(app: FastAPI, server, guarded) -> None:
-    @app.post("/v1/sessions", dependencies=guarded, status_code=201)
-    async def open_session(body: SessionRequest):
-        return await asyncio.to_thread(server.sessions.open, body.model_dump())
+def add_session_routes(app: FastAPI, server, admitted) -> None:
+    """The session routes; ``admitted`` gives a request's tenant (counted among its requests)."""
 
-    @app.get("/v1/sessions", dependencies=guarded)
-    async def list_sessions():
-        return {"object": "list", "data": server.sessions.all()}
+    @app.post("/v1/sessions", status_code=201)
+    async def open_session(body: SessionRequest, tenant: Tenant = Depends(admitted)):
+        if tenant.max_sessions is not None:
+            open_now = sum(s.get("tenant") == tenant.name for s in server.sessions.all())
+            if open_now >= tenant.max_sessions:
+                raise RequestError(429, f"tenant {tenant.name}: {open_now} sessions open, its limit "
+                                        f"(sessions={tenant.max_sessions})")
+        return await asyncio.to_thread(server.sessions.open, {**body.model_dump(), "tenant": tenant.name})
 
-    @app.get("/v1/sessions/{session_id}", dependencies=guarded)
-    async def get_session(session_id: str):
-        return server.sessions.get(session_id).record()
+    @app.get("/v1/sessions")
+    async def list_sessions(tenant: Tenant = Depends(admitted)):
+        return {"object": "list", "data": [s for s in server.sessions.all() if tenant.sees(s)]}
 
-    @app.delete("/v1/sessions/{session_id}", dependencies=guarded)
-    async def close_session(session_id: str):
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session_id: str, tenant: Tenant = Depends(admitted)):
+        return _visible(server, session_id, tenant).record()
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def close_session(session_id: str, tenant: Tenant = Depends(admitted)):
+        _visible(server, session_id, tenant)
         return await asyncio.to_thread(server.sessions.close, session_id)
 
-    @app.post("/v1/sessions/{session_id}/messages", dependencies=guarded)
-    async def message(session_id: str, body: MessageRequest):
+    @app.post("/v1/sessions/{session_id}/messages")
+    async def message(session_id: str, body: MessageRequest, tenant: Tenant = Depends(admitted)):
         from vidsight.engine.config import GenerationConfig
 
-        session = server.sessions.get(session_id)
+        session = _visible(server, session_id, tenant)
         generation = GenerationConfig(max_new_tokens=body.max_tokens)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
@@ -83,3 +94,11 @@ def add_session_routes(app: FastAPI, server, guarded) -> None:
             yield f"event: answer\ndata: {json.dumps(await work)}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _visible(server, session_id: str, tenant: Tenant):
+    """The session if ``tenant`` may see it; 404 otherwise, as for a session that is not there."""
+    session = server.sessions.get(session_id)
+    if not tenant.sees(session.spec):
+        raise RequestError(404, f"no chat session {session_id!r} (sessions end with the server process)")
+    return session

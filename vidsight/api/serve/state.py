@@ -15,6 +15,7 @@ from vidsight.api.serve.metrics import Metrics
 from vidsight.api.serve.scheduler import Scheduler
 from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
+from vidsight.api.serve.tenants import RequestCounter
 from vidsight.api.serve.watches import WatchManager
 from vidsight.engine.steps import encode_together
 
@@ -41,6 +42,7 @@ class Server:
         self.sessions: SessionManager | None = None
         self.asker = None
         self._places = threading.BoundedSemaphore(config.max_concurrent)
+        self.requests = RequestCounter()   # per tenant, for its max_requests
 
     def start(self) -> None:
         from vidsight.engine import Asker

@@ -6,12 +6,13 @@ import asyncio
 import io
 import json
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.store import RUNNING
+from vidsight.api.serve.tenants import Tenant
 
 # How often an events stream looks for new events in the store (shared by every replica).
 POLL_S = 0.2
@@ -38,51 +39,61 @@ class WatchRequest(BaseModel):
     realtime: bool = False
 
 
-def add_watch_routes(app: FastAPI, server, guarded) -> None:
-    @app.post("/v1/watches", dependencies=guarded, status_code=201)
-    async def start_watch(body: WatchRequest):
-        watch_id = await asyncio.to_thread(server.watches.start, body.model_dump())
+def add_watch_routes(app: FastAPI, server, admitted, authorised) -> None:
+    """The watch routes; ``admitted`` gives a request's tenant and counts it among its requests in
+    progress, ``authorised`` only gives it (event streams, long-lived, are not counted)."""
+
+    @app.post("/v1/watches", status_code=201)
+    async def start_watch(body: WatchRequest, tenant: Tenant = Depends(admitted)):
+        if tenant.max_watches is not None:
+            running = sum(w["state"] == RUNNING and w.get("tenant") == tenant.name for w in server.store.watches())
+            if running >= tenant.max_watches:
+                raise RequestError(429, f"tenant {tenant.name}: {running} watches running, its limit "
+                                        f"(watches={tenant.max_watches})")
+        watch_id = await asyncio.to_thread(server.watches.start, {**body.model_dump(), "tenant": tenant.name})
         return server.store.watch(watch_id)
 
-    @app.get("/v1/watches", dependencies=guarded)
-    async def list_watches():
-        return {"object": "list", "data": server.store.watches()}
+    @app.get("/v1/watches")
+    async def list_watches(tenant: Tenant = Depends(admitted)):
+        return {"object": "list", "data": [w for w in server.store.watches() if tenant.sees(w)]}
 
-    @app.get("/v1/watches/{watch_id}", dependencies=guarded)
-    async def get_watch(watch_id: str):
-        return _found(server, watch_id)
+    @app.get("/v1/watches/{watch_id}")
+    async def get_watch(watch_id: str, tenant: Tenant = Depends(admitted)):
+        return _found(server, watch_id, tenant)
 
-    @app.delete("/v1/watches/{watch_id}", dependencies=guarded)
-    async def stop_watch(watch_id: str):
-        _found(server, watch_id)
+    @app.delete("/v1/watches/{watch_id}")
+    async def stop_watch(watch_id: str, tenant: Tenant = Depends(admitted)):
+        _found(server, watch_id, tenant)
         await asyncio.to_thread(server.watches.stop, watch_id, 30.0)
         return server.store.watch(watch_id)
 
-    @app.get("/v1/watches/{watch_id}/verdicts", dependencies=guarded)
-    async def verdicts(watch_id: str):
-        _found(server, watch_id)
+    @app.get("/v1/watches/{watch_id}/verdicts")
+    async def verdicts(watch_id: str, tenant: Tenant = Depends(admitted)):
+        _found(server, watch_id, tenant)
         return {"object": "list", "data": server.store.verdicts(watch_id)}
 
-    @app.get("/v1/watches/{watch_id}/frame.jpg", dependencies=guarded)
-    async def latest_frame(watch_id: str):
-        _found(server, watch_id)
+    @app.get("/v1/watches/{watch_id}/frame.jpg")
+    async def latest_frame(watch_id: str, tenant: Tenant = Depends(admitted)):
+        _found(server, watch_id, tenant)
         frame = server.watches.latest_frame(watch_id)
         if frame is None:
             raise RequestError(404, f"watch {watch_id} has judged no window in this server's life yet")
         return Response(_jpeg(frame), media_type="image/jpeg")
 
-    @app.get("/v1/watches/{watch_id}/events", dependencies=guarded)
-    async def events(watch_id: str, request: Request, last_event_id: int | None = None):
-        _found(server, watch_id)
+    @app.get("/v1/watches/{watch_id}/events")
+    async def events(watch_id: str, request: Request, last_event_id: int | None = None,
+                     tenant: Tenant = Depends(authorised)):
+        _found(server, watch_id, tenant)
         header = request.headers.get("last-event-id", "")
         after = int(header) if header.isdigit() else (last_event_id or 0)
         return StreamingResponse(_events(server, watch_id, after, request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
 
-def _found(server, watch_id: str) -> dict:
+def _found(server, watch_id: str, tenant: Tenant) -> dict:
+    """The watch's record if ``tenant`` may see it; 404 otherwise, as for a watch that is not there."""
     record = server.store.watch(watch_id)
-    if record is None:
+    if record is None or not tenant.sees(record):
         raise RequestError(404, f"no watch {watch_id!r}")
     return record
 
