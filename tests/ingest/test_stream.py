@@ -214,3 +214,66 @@ def test_an_hls_playlist_cannot_make_ffmpeg_read_a_local_file(hls_server, monkey
     url = hls_server(f"{hls_server.base}/seg.ts")
     monkeypatch.setitem(PROTOCOL_WHITELIST, "http", "tcp")
     assert _frames(url) == 0
+
+
+def test_failures_are_counted_in_a_row_and_a_frame_starts_the_count_again(make_test_video, monkeypatch):
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
+    real_open, opened = av.open, []
+
+    class Dropping:
+        """Every connection dies after 6 more frames."""
+
+        def __init__(self, container):
+            self.container, self.streams = container, container.streams
+
+        def decode(self, stream):
+            for k, frame in enumerate(self.container.decode(stream)):
+                if k == len(opened) * 6:
+                    raise av.error.EOFError(5, "connection reset")
+                yield frame
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.container.close()
+
+    def fake_open(url, mode="r", timeout=None, options=None):
+        opened.append(url)
+        return Dropping(real_open(str(path), mode))
+
+    monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
+    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    source = StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=1)
+    assert len(list(source)) == 6 and len(opened) == 4   # three drops, each after new frames: never two in a row
+
+
+def test_a_stream_failing_longer_than_its_window_gives_up_whatever_the_count(monkeypatch):
+    clock = [0.0]
+
+    def failing_open(url, mode="r", timeout=None, options=None):
+        raise av.error.ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
+    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr("vidsight.ingest.stream.time.monotonic", lambda: clock[0])
+    with pytest.raises(VideoError, match="failed 4 times in a row over 7 s"):
+        list(StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=100, reconnect_window_s=5.0))
+
+
+def test_a_network_source_that_is_not_video_fails_at_once(tmp_path):
+    import functools
+    import http.server
+
+    (tmp_path / "page.html").write_text("<html><body>" + "not a video " * 500 + "</body></html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(VideoError, match="not a video stream"):
+            list(StreamSource(f"http://127.0.0.1:{server.server_address[1]}/page.html", fps=2.0))
+        assert time.monotonic() - started < 5   # no reconnect back-off
+    finally:
+        server.shutdown()

@@ -11,7 +11,8 @@ from vidsight.api.options import _float
 
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.api.serve.config import (API_KEY_ENV, DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_CONCURRENT,
-                                           DEFAULT_MAX_VIDEO_BYTES, DEFAULT_REPLICA_TIMEOUT_S, default_db_path)
+                                           DEFAULT_MAX_VIDEO_BYTES, DEFAULT_REPLICA_TIMEOUT_S, DEFAULT_SOURCE_RETRIES,
+                                           DEFAULT_SOURCE_RETRY_WINDOW_S, default_db_path)
     from vidsight.engine.config import DEFAULT_MODEL
 
     serve = commands.add_parser("serve", parents=parents,
@@ -38,6 +39,12 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              "e.g. 192.168.1.0/24)")
     egress.add_argument("--allowed-webhook-networks", nargs="+", default=(), metavar="CIDR",
                         help="networks webhooks may reach although private")
+    serve.add_argument("--source-retries", type=int, default=DEFAULT_SOURCE_RETRIES, metavar="N",
+                       help="a watch's or session's network source failing this many times in a row ends failed "
+                            f"(default: {DEFAULT_SOURCE_RETRIES})")
+    serve.add_argument("--source-retry-window", type=_float, default=DEFAULT_SOURCE_RETRY_WINDOW_S, metavar="S",
+                       help="...or failing this many seconds without a frame "
+                            f"(default: {DEFAULT_SOURCE_RETRY_WINDOW_S:g})")
     serve.add_argument("--db", default=None, help="watches, verdicts and alerts: a SQLite file or a postgresql:// URL "
                                                   f"(default: {default_db_path()})")
     serve.add_argument("--max-video-bytes", type=int, default=DEFAULT_MAX_VIDEO_BYTES,
@@ -77,7 +84,8 @@ def serve_config(args):
                        allowed_media_domains=tuple(args.allowed_media_domains) if args.allowed_media_domains else None,
                        allowed_stream_networks=tuple(args.allowed_stream_networks),
                        allowed_webhook_networks=tuple(args.allowed_webhook_networks),
-                       api_keys=read_api_keys(args.api_keys) if args.api_keys else ())
+                       api_keys=read_api_keys(args.api_keys) if args.api_keys else (),
+                       source_retries=args.source_retries, source_retry_window_s=args.source_retry_window)
 
 
 def ray_config(args):

@@ -66,12 +66,14 @@ class WatchConfig:
             raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
 
     def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None,
-             ffmpeg_options: dict | None = None) -> StreamSource:
+             ffmpeg_options: dict | None = None, reconnect_tries: int = 5,
+             reconnect_window_s: float = 60.0) -> StreamSource:
         """Open ``source`` the way this watch needs it: at its sampling rate, with motion vectors
         judged by its own motion rule exactly when it prunes by motion (`StreamSource` explains the
         other arguments)."""
         return StreamSource(source, fps=self.windows.fps, realtime=realtime, motion=self.prune,
-                            follow_idle_s=follow_idle_s, ffmpeg_options=ffmpeg_options)
+                            follow_idle_s=follow_idle_s, ffmpeg_options=ffmpeg_options,
+                            reconnect_tries=reconnect_tries, reconnect_window_s=reconnect_window_s)
 
 
 @dataclasses.dataclass

@@ -99,7 +99,11 @@ class StreamSource:
         realtime: Pace a file at its own frame rate, as a camera would deliver it.
         motion: Collect H.264 motion vectors and judge each frame's blocks by this rule (for
             motion-guided pruning); None decodes without vectors.
-        reconnect_tries: Reopen a network stream this many times after it drops (0 for files).
+        reconnect_tries: Reopen a network stream this many times in a row after it drops or fails
+            to open (0 for files); a frame decoded starts the count again.
+        reconnect_window_s: Give up on a network stream failing without a frame for this long,
+            whatever the count. A source that opens but holds no video (FFmpeg finds no media in
+            it, or no video stream) fails at once.
         follow_idle_s: Keep reading a file that grows; stop once it has not grown for this long
             (None: read it once). A followed file may start empty or with an incomplete header,
             as a recorder has just created it.
@@ -108,7 +112,8 @@ class StreamSource:
     """
 
     def __init__(self, source: str | Path, fps: float, realtime: bool = False, motion: MotionPruneConfig | None = None,
-                 reconnect_tries: int = 5, follow_idle_s: float | None = None, ffmpeg_options: dict | None = None):
+                 reconnect_tries: int = 5, follow_idle_s: float | None = None, ffmpeg_options: dict | None = None,
+                 reconnect_window_s: float = 60.0):
         self.source = str(source)
         self.ffmpeg_options = dict(ffmpeg_options or {})
         self.network = self.source.startswith(NETWORK_SCHEMES)
@@ -118,16 +123,20 @@ class StreamSource:
             check_readable(self.source, allow_empty=follow_idle_s is not None)
         self.fps, self.realtime, self.motion = fps, realtime, motion
         self.reconnect_tries = reconnect_tries if self.network else 0
+        self.reconnect_window_s = reconnect_window_s
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
 
     def __iter__(self) -> Iterator[SampledFrame]:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
         origin = None  # the first frame's time: streams rarely start at 0
+        failing_since = None   # when the current run of failures began
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
+            decoded_before = self.frames_decoded
             try:
                 for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after), since):
+                    attempt, failing_since = 0, None
                     since.add(kind, step)
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
@@ -146,8 +155,12 @@ class StreamSource:
                     continue
                 if isinstance(exc, VideoError):
                     raise
-                if attempt >= self.reconnect_tries:
-                    raise VideoError(f"{self.source}: stream failed ({exc})") from exc
+                if isinstance(exc, av.error.InvalidDataError) and self.frames_decoded == decoded_before:
+                    raise VideoError(f"{self.source}: not a video stream ({exc})") from exc
+                failing_since = time.monotonic() if failing_since is None else failing_since
+                if attempt >= self.reconnect_tries or time.monotonic() - failing_since > self.reconnect_window_s:
+                    raise VideoError(f"{self.source}: stream failed {attempt + 1} times in a row "
+                                     f"over {time.monotonic() - failing_since:.0f} s ({exc})") from exc
                 wait = min(30.0, 2.0 ** attempt)
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
                 time.sleep(wait)

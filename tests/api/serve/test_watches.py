@@ -184,3 +184,26 @@ def test_a_watch_that_breaks_ends_with_an_error_event(make_local_server, monkeyp
         record = httpx.get(f"{url}/v1/watches/{watch_id}").json()
     assert [e["event"] for e in events] == ["error"] and "RuntimeError: a bug" in events[0]["data"]["message"]
     assert record["state"] == "failed"
+
+
+def test_a_source_that_never_comes_back_ends_failed_with_its_last_error(make_local_server, tmp_path):
+    import functools
+
+    (tmp_path / "page.html").write_text("<html>" + "no video here " * 500 + "</html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *args: None
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{files.server_address[1]}"
+    try:
+        with make_local_server(allowed_stream_networks=("127.0.0.1",), source_retries=1) as (url, server):
+            ids = [httpx.post(f"{url}/v1/watches", json={"source": f"{base}/{name}", "query": QUERY, **SETTINGS}
+                              ).json()["id"] for name in ("missing.ts", "page.html")]
+            ends = [read_events(url, watch_id)[-1] for watch_id in ids]
+            records = [server.store.watch(watch_id) for watch_id in ids]
+    finally:
+        files.shutdown()
+    assert [e["event"] for e in ends] == ["error", "error"] and [r["state"] for r in records] == ["failed"] * 2
+    assert "failed 2 times in a row" in ends[0]["data"]["message"]   # a 404 may come back: retried once
+    assert "not a video stream" in ends[1]["data"]["message"]          # an HTML page never will: at once
+    assert records[0]["error"] == ends[0]["data"]["message"]

@@ -15,6 +15,9 @@ API_KEY_ENV = "VIDSIGHT_API_KEY"
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 DEFAULT_FETCH_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONCURRENT = 64
+# A network source that does not come back: tries in a row, and seconds of failing, before it ends.
+DEFAULT_SOURCE_RETRIES = 5
+DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
 # A request body holds JSON and at most a base64 video: 4/3 of the video cap, plus the text.
 BODY_OVERHEAD_BYTES = 2**20
 
@@ -54,6 +57,9 @@ class ServeConfig:
             private, loopback or link-local (cameras on a LAN).
         allowed_webhook_networks: The same for webhooks.
         api_keys: Keys per tenant (`tenants`, from ``--api-keys FILE``), beside ``api_key``.
+        source_retries: A watch's or session's network source that fails to open (or drops) this
+            many times in a row ends ``failed`` with the last error.
+        source_retry_window_s: ...or that fails for this long without a frame.
     """
 
     model: str
@@ -69,8 +75,12 @@ class ServeConfig:
     allowed_stream_networks: tuple[str, ...] = ()
     allowed_webhook_networks: tuple[str, ...] = ()
     api_keys: tuple[ApiKey, ...] = ()
+    source_retries: int = DEFAULT_SOURCE_RETRIES
+    source_retry_window_s: float = DEFAULT_SOURCE_RETRY_WINDOW_S
 
     def __post_init__(self):
+        if self.source_retries < 0 or not self.source_retry_window_s > 0:
+            raise ConfigError("--source-retries must be 0 or more and --source-retry-window positive")
         check_keys(self.keys, "the API keys")
         parse_networks(self.allowed_stream_networks, "--allowed-stream-networks")
         parse_networks(self.allowed_webhook_networks, "--allowed-webhook-networks")

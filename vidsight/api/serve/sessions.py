@@ -59,7 +59,9 @@ class SessionManager:
         source, options = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))
         config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
-        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], ffmpeg_options=options)
+        stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], ffmpeg_options=options,
+                              reconnect_tries=self.serve_config.source_retries,
+                              reconnect_window_s=self.serve_config.source_retry_window_s)
         chat = ChatSession(self.adapter, policy, config)
         frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
         session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)

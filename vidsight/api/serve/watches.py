@@ -132,7 +132,9 @@ class WatchManager:
         try:
             config = watch_config(spec)
             url, options = stream_source(spec["source"], self.serve_config)
-            source = config.open(url, realtime=spec.get("realtime", False), ffmpeg_options=options)
+            source = config.open(url, realtime=spec.get("realtime", False), ffmpeg_options=options,
+                                 reconnect_tries=self.serve_config.source_retries,
+                                 reconnect_window_s=self.serve_config.source_retry_window_s)
             first, streak = self.store.resume_point(watch_id)
             # A file is read again from its start and its judged windows passed over; a live
             # source goes on from now, its windows numbered after the stored ones.
