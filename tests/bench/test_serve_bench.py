@@ -1,6 +1,7 @@
 """`bench serve` against a server on loopback: completions and real-time watches, no errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,19 @@ def test_bench_serve_on_ray_loads_each_replica_count(tmp_path, tiny_model_dir, m
     assert rows[1]["projected_requests_per_s"] == 2 * report["per_replica_requests_per_s"] > 0
     assert all(len(row["watch_realtime_factors"]) == 1 for row in rows)
     assert (tmp_path / "serve_ray.png").stat().st_size > 0
+
+
+def test_a_short_soak_gives_back_what_the_server_took(tmp_path, tiny_model_dir):
+    """Every kind of client ran, nothing answered 5xx, and the server's descriptors, threads and
+    temporary entries are back to their warm-up counts once the load is over."""
+    from vidsight.bench.soak import run_soak
+    from vidsight.bench.watch import anomaly_videos
+
+    videos = [Path(v["video"]) for v in anomaly_videos(tmp_path / "videos", 2)]
+    report = run_soak(20, str(tiny_model_dir), videos, "cpu")
+    kinds = {key.rsplit(" ", 1)[0] for key in report["statuses"]}
+    assert {"completion", "watch", "events", "session", "message", "close session"} <= kinds
+    assert any(key.startswith("malformed") and key.endswith(("403", "422")) for key in report["statuses"])
+    assert report["server_errors"] == []
+    warm, end = report["warm"], report["end"]
+    assert end["fds"] <= warm["fds"] and end["threads"] <= warm["threads"] and end["temp_entries"] == 0

@@ -38,6 +38,10 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts (default: 1 2)")
     serve.add_argument("--replica-cpus", type=_float, default=1.0, help="with --ray: CPUs per replica (default: 1)")
     serve.add_argument("--ray-address", default=None, help="with --ray: the cluster to use (default: start one here)")
+    serve.add_argument("--soak", type=_float, default=None, metavar="SECONDS",
+                       help="instead: a server process under mixed load (completions, real-time watches whose "
+                            "event streams drop, sessions, malformed requests) this long; answers by status, and "
+                            "its RSS, descriptors, threads and temporary entries after warm-up against after the load")
     serve.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
     serve.add_argument("--json", action="store_true", help="print the JSON report")
 
@@ -48,6 +52,8 @@ def run_bench_serve(args) -> int:
 
     if args.ray and args.url:
         raise ConfigError("--ray deploys its own server: leave out --url")
+    if args.soak is not None:
+        return _run_soak(args)
     if args.ray:
         return _run_on_ray(args)
     with contextlib.ExitStack() as stack:
@@ -60,6 +66,23 @@ def run_bench_serve(args) -> int:
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
+    return 0
+
+
+def _run_soak(args) -> int:
+    from vidsight.api.serve.config import absolute_model
+    from vidsight.bench.report import write_report
+    from vidsight.bench.soak import format_soak_report, plot_soak_report, run_soak
+    from vidsight.bench.watch import anomaly_videos
+    from vidsight.errors import ConfigError
+
+    if args.url or args.ray or not args.soak > 0:
+        raise ConfigError("--soak takes positive seconds and starts its own server: leave out --url and --ray")
+    videos = [Path(v["video"]) for v in anomaly_videos(Path(args.out) / "videos", 3)]
+    report = run_soak(args.soak, absolute_model(args.model), videos, args.device,
+                      progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
+    json_path, png_path = write_report(report, args.out, "soak", plot_soak_report)
+    print(json.dumps(report) if args.json else f"{format_soak_report(report)}\n\n{json_path}\n{png_path}")
     return 0
 
 

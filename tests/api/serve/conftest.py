@@ -33,14 +33,26 @@ def long_video(media, make_test_video):
 
 
 @pytest.fixture
-def scratch(tmp_path, monkeypatch):
-    """Temporary files go here, so a test can see none is left."""
+def scratch(request, tmp_path, monkeypatch):
+    """Temporary files go here, so a test can see none is left: this process's, or under Ray the
+    replicas' (their TMPDIR, `ray_tmp`), where the requests are served."""
     import tempfile
 
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("make_server") == "ray":
+        root = request.getfixturevalue("ray_tmp")
+        assert not list(root.iterdir()), "an earlier Ray test left temporary files"
+        return root
     root = tmp_path / "tmp"
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def ray_tmp(tmp_path_factory):
+    """The Ray replicas' temporary directory (their TMPDIR)."""
+    return tmp_path_factory.mktemp("ray-tmp")
 
 
 @pytest.fixture
@@ -59,7 +71,7 @@ def make_local_server(tiny_adapter, media, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def ray_serve():
+def ray_serve(ray_tmp):
     """Ray and Ray Serve on this machine, HTTP on a free loopback port; yields its URL and the
     deployments made so far (settings -> route prefix)."""
     import ray
@@ -69,7 +81,7 @@ def ray_serve():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+             configure_logging=False, runtime_env={"env_vars": {"TMPDIR": str(ray_tmp)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}", {}
     serve.shutdown()
