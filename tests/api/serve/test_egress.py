@@ -193,3 +193,25 @@ def test_an_hls_playlist_cannot_send_ffmpeg_to_another_private_host(hls_files):
 
     assert frames("127.0.0.1/32") == 0 and requested == ["/list.m3u8"]   # the camera's own host only
     assert frames("127.0.0.0/8") > 0 and requested[-1] == "/seg.ts"      # the same playlist, through the proxy
+
+
+def test_a_redirect_from_an_allowed_host_to_a_private_one_is_refused_before_contact(counting_http):
+    import asyncio
+
+    from vidsight.api.serve.egress import send_checked
+
+    port, seen = counting_http
+    rules = EgressRules("webhook", (ipaddress.ip_network("127.0.0.1/32"),), flag="--allowed-webhook-networks")
+
+    async def post(url):
+        async with httpx.AsyncClient(follow_redirects=False, timeout=10) as client:
+            response = await send_checked(client, "GET", url, rules)
+            await response.aclose()
+            return response.status_code
+
+    assert asyncio.run(post(f"http://127.0.0.1:{port}/clip.mp4")) == 200
+    with pytest.raises(EgressRefused, match="a loopback address refused.*--allowed-webhook-networks"):
+        asyncio.run(post(f"http://127.0.0.1:{port}/to/http://127.0.0.2:{port}/clip.mp4"))
+    with pytest.raises(EgressRefused, match="only http and https"):
+        asyncio.run(post(f"http://127.0.0.1:{port}/to/file:///etc/passwd"))
+    assert [path for path, _ in seen] == ["/clip.mp4", f"/to/http://127.0.0.2:{port}/clip.mp4", "/to/file:///etc/passwd"]
