@@ -98,36 +98,42 @@ def test_a_follow_time_that_is_not_positive_is_refused(make_test_video, idle):
         StreamSource(make_test_video(duration_s=1.0)[0], fps=2.0, follow_idle_s=idle)
 
 
-def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_video, monkeypatch):
-    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
-    real_open = av.open
-    opened = []
+class _Dropping:
+    """An opened stream whose connection dies after ``drop_at`` frames (None: it does not)."""
 
-    class Dropping:
-        """The first connection dies after 10 frames."""
+    def __init__(self, container, drop_at: int | None):
+        self.container, self.streams, self.drop_at = container, container.streams, drop_at
 
-        def __init__(self, container):
-            self.container, self.streams = container, container.streams
+    def decode(self, stream):
+        for k, frame in enumerate(self.container.decode(stream)):
+            if k == self.drop_at:
+                raise av.error.EOFError(5, "connection reset")
+            yield frame
 
-        def decode(self, stream):
-            for k, frame in enumerate(self.container.decode(stream)):
-                if k == 10:
-                    raise av.error.EOFError(5, "connection reset")
-                yield frame
+    def __enter__(self):
+        return self
 
-        def __enter__(self):
-            return self
+    def __exit__(self, *exc):
+        self.container.close()
 
-        def __exit__(self, *exc):
-            self.container.close()
+
+def _open_dropping(monkeypatch, path, drop_at) -> list:
+    """Make every open of a stream open ``path`` instead, dying after ``drop_at(opens so far)`` frames;
+    returns the URLs opened."""
+    real_open, opened = av.open, []
 
     def fake_open(url, mode="r", timeout=None, options=None):
-        container = real_open(str(path), mode)
         opened.append(url)
-        return Dropping(container) if len(opened) == 1 else container
+        return _Dropping(real_open(str(path), mode), drop_at(len(opened)))
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
     monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    return opened
+
+
+def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_video, monkeypatch):
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
+    opened = _open_dropping(monkeypatch, path, lambda opens: 10 if opens == 1 else None)   # the first dies after 10
     source = StreamSource("rtsp://camera.invalid/live", fps=2.0)
     samples = list(source)
     assert len(opened) == 2
@@ -218,32 +224,7 @@ def test_an_hls_playlist_cannot_make_ffmpeg_read_a_local_file(hls_server, monkey
 
 def test_failures_are_counted_in_a_row_and_a_frame_starts_the_count_again(make_test_video, monkeypatch):
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
-    real_open, opened = av.open, []
-
-    class Dropping:
-        """Every connection dies after 6 more frames."""
-
-        def __init__(self, container):
-            self.container, self.streams = container, container.streams
-
-        def decode(self, stream):
-            for k, frame in enumerate(self.container.decode(stream)):
-                if k == len(opened) * 6:
-                    raise av.error.EOFError(5, "connection reset")
-                yield frame
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.container.close()
-
-    def fake_open(url, mode="r", timeout=None, options=None):
-        opened.append(url)
-        return Dropping(real_open(str(path), mode))
-
-    monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
-    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    opened = _open_dropping(monkeypatch, path, lambda opens: opens * 6)   # each dies after 6 more frames
     source = StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=1)
     assert len(list(source)) == 6 and len(opened) == 4   # three drops, each after new frames: never two in a row
 

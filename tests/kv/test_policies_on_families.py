@@ -2,7 +2,6 @@
 answers exactly as `full` (the Qwen2.5-VL case of each is in the policy's own tests)."""
 
 import pytest
-import torch
 
 from vidsight.kv.mosaic import MosaicConfig, MosaicPolicy
 from vidsight.kv.resv import ReSVConfig, ReSVPolicy

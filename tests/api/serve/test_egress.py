@@ -4,14 +4,13 @@ once, redirects checked again), the opt-ins, and FFmpeg kept to a source's own p
 import http.server
 import ipaddress
 import socket
-import threading
 
 import httpx
 import pytest
 
 from vidsight.api.serve.egress import EgressRefused, EgressRules, address_class, pinned
 
-from tests.api.serve.test_security import body
+from tests.api.serve.test_security import body, send_file, serving
 
 pytestmark = pytest.mark.slow
 
@@ -83,19 +82,13 @@ def counting_http(media):
                 self.send_header("Location", self.path[len("/to/"):])
                 self.end_headers()
                 return
-            data = (media / "clip.mp4").read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_file(self, media / "clip.mp4")
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1], seen
-    server.shutdown()
+    with serving(Handler) as port:
+        yield port, seen
 
 
 def test_completion_fetches_of_loopback_hosts_are_refused_without_contacting_them(make_local_server,
@@ -160,17 +153,13 @@ def hls_files(tmp_path, make_test_video):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    with serving(Handler, "0.0.0.0") as port:
+        def playlist(segment_url: str) -> str:
+            (tmp_path / "list.m3u8").write_text("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:3\n"
+                                                f"#EXTINF:3.0,\n{segment_url}\n#EXT-X-ENDLIST\n")
+            return f"http://127.0.0.1:{port}/list.m3u8"
 
-    def playlist(segment_url: str) -> str:
-        (tmp_path / "list.m3u8").write_text("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:3\n"
-                                            f"#EXTINF:3.0,\n{segment_url}\n#EXT-X-ENDLIST\n")
-        return f"http://127.0.0.1:{port}/list.m3u8"
-
-    yield playlist, port, requested
-    server.shutdown()
+        yield playlist, port, requested
 
 
 def test_an_hls_playlist_cannot_send_ffmpeg_to_another_private_host(hls_files):

@@ -1,6 +1,7 @@
 """Refusals: API key, the media allow-list, size caps, slow fetches, malformed requests; none
 leaves a temporary file behind."""
 
+import contextlib
 import http.server
 import os
 import threading
@@ -44,19 +45,33 @@ def slow_http(media):
                 except OSError:
                     return
             else:
-                data = (media / "clip.mp4").read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_file(self, media / "clip.mp4")
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+def send_file(handler: http.server.BaseHTTPRequestHandler, path) -> None:
+    """Answer ``handler``'s request with the file at ``path``, its length declared."""
+    data = path.read_bytes()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+@contextlib.contextmanager
+def serving(handler, host: str = "127.0.0.1"):
+    """An HTTP server with ``handler`` on a free port of ``host``, in a thread; yields the port."""
+    server = http.server.ThreadingHTTPServer((host, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
 
 
 def test_the_api_key_is_required_on_v1_only(make_server, media):

@@ -2,8 +2,6 @@
 limits answered 429 with the limit named; keys compared in constant time and never shown."""
 
 import secrets
-import threading
-import time
 
 import httpx
 import pytest
