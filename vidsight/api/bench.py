@@ -34,6 +34,12 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     decode = bench_commands.add_parser("decode", parents=[common],
                                        help="sequential vs threaded vs interval-parallel decoding, in one run")
     decode.add_argument("video", nargs="?", default=None, help="video file (default: a generated 10-min 1280x720 one)")
+    decode.add_argument("--video-s", type=_float, default=None,
+                        help="length of the generated video when no VIDEO is given (default: 600)")
+    decode.add_argument("--video-fps", type=_float, default=None,
+                        help="frame rate of the generated video when no VIDEO is given (default: 24)")
+    decode.add_argument("--gop", type=int, default=None,
+                        help="keyframe interval of the generated video when no VIDEO is given (default: 16)")
     decode.add_argument("--fps", type=_float, nargs="+", default=[1.0, 2.0], help="sampling rates (default: 1 2)")
     decode.add_argument("--workers", type=int, default=None, help="most parallel workers to try (default: CPU count)")
     decode.add_argument("--worker-counts", type=int, nargs="+", default=None,
@@ -146,6 +152,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                         help="the same stages on the CPU with the small shape and short videos (about a minute)")
     device.add_argument("--only", nargs="+", default=(), metavar="STAGE",
                         help="run only these stages: tests-float32, tests-bfloat16, ask, decode, watch, chat, serve")
+    device.add_argument("--part", type=int, choices=(1, 2), default=None,
+                        help="on a GPU, one of the two calls of at most 8 minutes: 1 (tests, ask) or 2 (decode, "
+                             "watch, chat, serve)")
     device.add_argument("--limit", nargs="+", default=(), metavar="STAGE=SECONDS",
                         help="change stages' time limits (e.g. ask=240 when the other stages are left out)")
     device.add_argument("--out", default="out/device-check",
@@ -182,9 +191,11 @@ def run_bench(args) -> int:
 
 
 def _run_bench_decode(args) -> int:
-    from vidsight.bench.decode import bench_video, format_decode_report, run_decode_bench, write_decode_report
+    from vidsight.bench.decode import (BENCH_VIDEO, bench_video, format_decode_report, run_decode_bench,
+                                       write_decode_report)
 
-    video = args.video or bench_video(args.out)
+    changes = {k: v for k, v in dict(duration_s=args.video_s, fps=args.video_fps, gop=args.gop).items() if v is not None}
+    video = args.video or bench_video(args.out, dataclasses.replace(BENCH_VIDEO, **changes))
     if args.worker_counts and min(args.worker_counts) < 1:
         raise ConfigError("--worker-counts must be positive")
     report = run_decode_bench(video, args.fps, args.workers, args.repeats, args.lengths, args.worker_counts)
@@ -289,7 +300,12 @@ def _run_bench_chat(args) -> int:
 def _run_bench_device(args) -> int:
     from vidsight.bench.device import format_device_report, run_device_check, stage_names
 
-    unknown = set(args.only) - set(stage_names(args.dry_run))
+    from vidsight.bench.device_stages import PARTS
+
+    if args.part is not None and args.only:
+        raise ConfigError("give --part or --only, not both")
+    only = PARTS[args.part - 1] if args.part else tuple(args.only)
+    unknown = set(only) - set(stage_names(args.dry_run))
     if unknown:
         raise ConfigError(f"--only: unknown stage {', '.join(sorted(unknown))}; "
                           f"choose from {', '.join(stage_names(args.dry_run))}")
@@ -300,7 +316,7 @@ def _run_bench_device(args) -> int:
             raise ConfigError(f"--limit {item}: give STAGE=SECONDS with a stage of {', '.join(stage_names(args.dry_run))}")
         limits[stage] = float(seconds)
     quiet = args.json
-    report = run_device_check(args.out, args.dry_run, tuple(args.only), limits,
+    report = run_device_check(args.out, args.dry_run, only, limits,
                               progress=(lambda _: None) if quiet else (lambda line: print(line, file=sys.stderr)))
     print(json.dumps(report, default=str) if args.json else format_device_report(report))
     return 0 if all(stage["status"] == "ok" for stage in report["stages"].values()) else 1

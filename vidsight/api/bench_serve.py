@@ -91,7 +91,7 @@ def _load(args, url: str, video: str) -> dict:
     from vidsight.tasks.families import ANOMALY_QUERY
 
     watch = {"query": args.question or ANOMALY_QUERY, "window_s": args.window, "stride": args.stride, "fps": args.fps}
-    quiet = args.json or not sys.stderr.isatty()
+    quiet = args.json   # lines, not bars: kept in logs too, so a run stopped part way keeps its levels
     return run_serve_bench(ServeClient(url, args.api_key), video, args.question or ANOMALY_QUERY, args.concurrency,
                            args.requests, args.watches, args.watch_video or video, watch, args.max_tokens,
                            progress=(lambda _: None) if quiet else (lambda line: print(line, file=sys.stderr)))

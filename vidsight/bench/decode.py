@@ -10,6 +10,7 @@ ones, time the parallel decoder with the most workers as processes instead of th
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,6 +133,8 @@ def run_decode_bench(path: str | Path, fps_values=(1.0, 2.0), workers=None, repe
             methods[name] = {"seconds": seconds, "identical": diff == 0, "max_abs_difference": diff,
                              "shape": list(frames.shape)}
             del frames
+        for name, entry in methods.items():   # one line each, kept when a run is stopped part way
+            print(f"{fps:g} fps, {name}: {entry['seconds']:.2f} s", file=sys.stderr, flush=True)
         for entry in methods.values():
             entry["speedup"] = base / entry["seconds"]
             if "workers" in entry or "processes" in entry:

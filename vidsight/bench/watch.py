@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import os
 import platform
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,6 +177,9 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
                          "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()}}
         if labelled:
             results[name]["per_window"] = precision_recall_f1(window_predicted, window_actual)
+        # One line per configuration as it ends, so a run stopped part way (the device check) keeps them.
+        print(f"{name}: {len(windows)} windows, vision + prefill {1000 * results[name]['vision_prefill_s']:.0f} ms "
+              "per window", file=sys.stderr, flush=True)
     base = base or results.get("full-comp")
     for result in results.values():
         if base:
