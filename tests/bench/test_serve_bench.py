@@ -53,7 +53,7 @@ def test_a_short_soak_gives_back_what_the_server_took(tmp_path, tiny_model_dir):
     from vidsight.bench.watch import anomaly_videos
 
     videos = [Path(v["video"]) for v in anomaly_videos(tmp_path / "videos", 2)]
-    report = run_soak(20, str(tiny_model_dir), videos, "cpu")
+    report = run_soak(12, str(tiny_model_dir), videos, "cpu", settle_s=3)
     kinds = {key.rsplit(" ", 1)[0] for key in report["statuses"]}
     assert {"completion", "watch", "events", "session", "message", "close session"} <= kinds
     assert any(key.startswith("malformed") and key.endswith(("403", "422")) for key in report["statuses"])

@@ -43,8 +43,9 @@ def process_sample(pid: int, scratch: Path) -> dict:
 
 
 def run_soak(seconds: float, model: str, videos: list[Path], device: str | None = None, seed: int = 0,
-             progress=lambda line: None) -> dict:
-    """Soak a server on loopback for ``seconds`` (see the module docstring) with ``videos`` to ask about."""
+             progress=lambda line: None, settle_s: float = SETTLE_S) -> dict:
+    """Soak a server on loopback for ``seconds`` (see the module docstring) with ``videos`` to ask
+    about, and read it again ``settle_s`` after the load."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="vidsight-soak-") as root:
         root = Path(root)
@@ -79,7 +80,7 @@ def run_soak(seconds: float, model: str, videos: list[Path], device: str | None 
                 time.sleep(min(SAMPLE_EVERY_S, max(0.0, deadline - time.monotonic())))
             for thread in threads:
                 thread.join(timeout=120)
-            time.sleep(SETTLE_S)
+            time.sleep(settle_s)
             end = process_sample(pid, scratch)
             samples.append(end)
     warm = warm or samples[0]
