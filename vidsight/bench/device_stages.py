@@ -68,7 +68,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
                     {"VIDSIGHT_TEST_DEVICE": device, "VIDSIGHT_TEST_DTYPE": dtype},
                     junit=out / f"tests-{dtype}.xml")
               for dtype in ("float32", "bfloat16")]
-    ask = (("--video-s", "8", "--video-fps", "4", "--workers", "2", "--group-frames", "4") if dry_run else
+    ask = (("--video-s", "4", "--video-fps", "4", "--workers", "2", "--group-frames", "2") if dry_run else
            ("--video-s", str(ASK_VIDEO_S), "--video-fps", str(ASK_VIDEO_FPS), "--workers", "16",
             "--group-frames", "32"))
     stages.append(Stage("ask", (*vidsight, "bench", "ask", "--shape", shape, "--headline", "--rho", "0.2",
@@ -76,7 +76,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
                         60 if dry_run else GPU_LIMITS_S["ask"], report=out / "ask" / "ask.json"))
     workers = ("1", "2") if dry_run else ("1", "4", "8", "16")
     # ask's video, made again (the same file) when a fresh machine runs this part without ask.
-    video = ("--video-s", "8", "--video-fps", "4") if dry_run else (
+    video = ("--video-s", "4", "--video-fps", "4") if dry_run else (
         "--video-s", str(ASK_VIDEO_S), "--video-fps", str(ASK_VIDEO_FPS))
     stages.append(Stage("decode", (*vidsight, "bench", "decode", *video, "--gop", str(ASK_GOP), "--fps", "1",
                                    "--repeats", "1", "--worker-counts", *workers, "--out", str(out / "ask")),
