@@ -250,3 +250,32 @@ def test_patches_encoded_and_prefilled_together_answer_as_one_at_a_time(tiny_ada
     assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-4, rtol=0)
     assert torch.equal(one.cache.tokens.position, many.cache.tokens.position)
     assert many.frames_seen == 11 and len(many._pending) == 1  # the odd frame still waits for its partner
+
+
+@pytest.mark.parametrize("name", ["rekv", "mosaic", "resv"])
+def test_each_session_and_fork_owns_its_policys_state(tiny_adapter, make_test_video, name):
+    """A policy object given to two sessions, or kept by a fork, is started afresh for each memory:
+    two sessions sharing one answer as two given their own, and neither disturbs the other."""
+    from vidsight.kv.retrieval import POLICIES, make_policy
+
+    assert all(callable(getattr(POLICIES[n]()[0], "start", None)) for n in POLICIES)   # every registered policy
+    batch = sampled(make_test_video, VIDEOS[0])
+    settings = {"rekv": dict(local_tokens=40, top_frames=1), "mosaic": dict(local_tokens=40, top_frames=1),
+                "resv": dict(ratio=0.05)}[name]
+    shared = make_policy(name, **settings)
+    a, b = ChatSession(tiny_adapter, shared, ChatConfig(fps=FPS)), ChatSession(tiny_adapter, shared, ChatConfig(fps=FPS))
+    alone = ChatSession(tiny_adapter, make_policy(name, **settings), ChatConfig(fps=FPS))
+    assert len({id(s.policy) for s in (a, b, alone)} | {id(shared)}) == 4
+    a.push(as_frames(batch, 0, 8))       # a reads more video before b starts
+    for session in (b, alone):
+        session.push(as_frames(batch, 0, 4))
+    first, reference = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (b, alone))
+    assert first.token_ids == reference.token_ids and torch.equal(first.logits, reference.logits)
+    assert first.stats.attended_tokens < first.stats.cached_tokens   # the policy did select
+    twin = ChatSession(tiny_adapter, make_policy(name, **settings), ChatConfig(fps=FPS))
+    twin.push(as_frames(batch, 0, 8))
+    fork = a.fork()
+    assert fork.policy is not a.policy
+    fork.ask(QUESTIONS[2], GenerationConfig(max_new_tokens=NEW_TOKENS))   # the fork works first...
+    after, untouched = (s.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (a, twin))
+    assert after.token_ids == untouched.token_ids and torch.equal(after.logits, untouched.logits)   # ...a is as before

@@ -131,7 +131,7 @@ def tiered_answers(adapter, frames, policy, tiers):
         cache = session.cache
         below = [(layer, b) for layer, blocks in enumerate(cache.blocks) for b in blocks if b.tier != "device"]
         spans = [len(torch.unique(cache.tokens.frame_index[cache.rows(layer)[b.slots]])) for layer, b in below]
-        return out, reads, below, spans
+        return out, reads, below, spans, session.policy
 
 
 def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefetch(ask_along, tiny_adapter, frames, tmp_path):
@@ -141,27 +141,26 @@ def test_offloaded_mosaic_answers_as_on_the_device_with_cluster_blocks_and_prefe
     tiers = TierConfig(device_tokens=100, host_tokens=60, disk_dir=tmp_path)
     # Eager splits decide alike wherever the tokens are, so offloading must change nothing.
     plain, _ = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(split="eager", **settings)))
-    eager = MosaicPolicy(MosaicConfig(split="eager", **settings))
-    tiered, reads, below, spans = tiered_answers(tiny_adapter, frames, eager, tiers)
+    tiered, reads, below, spans, eager = tiered_answers(tiny_adapter, frames,
+                                                        MosaicPolicy(MosaicConfig(split="eager", **settings)), tiers)
     for a, b in zip(plain, tiered, strict=True):
         assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
     assert below and all(b.grouped for _, b in below)  # below the device, blocks hold clusters
     assert max(spans) > 1  # a cluster gathered from several temporal patches moves as one block
     assert reads  # disk blocks were read ahead of the layer that needed them
     # Splitting offloaded clusters at once costs transfers for maintenance alone; deferring them does not.
-    deferred = MosaicPolicy(MosaicConfig(**settings))
-    tiered_answers(tiny_adapter, frames, deferred, tiers)
+    deferred = tiered_answers(tiny_adapter, frames, MosaicPolicy(MosaicConfig(**settings)), tiers)[-1]
     assert eager.report()["maintenance_transfers"] > 0 == deferred.report()["maintenance_transfers"]
     assert deferred.report()["deferred_splits"] > 0
     assert not list(tmp_path.iterdir())
 
 
 def test_splits_stop_at_the_cluster_cap_and_spare_small_clusters(ask_along, tiny_adapter, frames):
-    policy = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=2, max_clusters=3))
-    ask_along(tiny_adapter, frames, policy)
+    policy = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=2,
+                                                                      max_clusters=3)))[1].policy
     for table in policy._layers.values():
         for partition in torch.unique(table.visual).tolist():
             assert len(table.candidates(partition)) <= 3
-    never = MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2, min_split_size=10_000))
-    ask_along(tiny_adapter, frames, never)
+    never = ask_along(tiny_adapter, frames, MosaicPolicy(MosaicConfig(local_tokens=40, top_frames=2,
+                                                                     min_split_size=10_000)))[1].policy
     assert never.report()["splits"] == 0 < policy.report()["splits"]

@@ -108,8 +108,8 @@ def test_keeping_everything_equals_full(ask_along, tiny_adapter, frames, setting
 
 
 def test_at_its_default_threshold_each_head_attends_to_its_own_share(ask_along, tiny_adapter, frames):
-    policy = ReSVPolicy()
-    out = ask_along(tiny_adapter, frames, policy)[0]
+    out, session = ask_along(tiny_adapter, frames, ReSVPolicy())
+    policy = session.policy
     assert out[-1].stats.attended_tokens < out[-1].stats.cached_tokens
     report = policy.report()
     assert 0 < report["frame_ratio"] < 1 and 0 < report["answer_ratio"] <= 1 and report["tokens_per_cluster"] > 1

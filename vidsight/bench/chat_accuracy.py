@@ -41,8 +41,7 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                   settings: dict, tiers: TierConfig | None = None) -> list[dict]:
     """One session over ``stream`` under one policy: each question asked at its time."""
     rows = []
-    policy = make_policy(policy_name, **settings)
-    with ChatSession(adapter, policy, ChatConfig(fps=SAMPLE_FPS), tiers) as chat:
+    with ChatSession(adapter, make_policy(policy_name, **settings), ChatConfig(fps=SAMPLE_FPS), tiers) as chat:
         for question in stream.questions:
             chat.push(frames[chat.frames_seen : question.frames_seen])
             if tiers is not None:
@@ -54,7 +53,7 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "seconds_back": round(question.time_s - question.event_s, 1),
                          "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
                          "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
-                         "ttft_s": answer.stats.ttft_s, "policy_report": policy.report(),
+                         "ttft_s": answer.stats.ttft_s, "policy_report": chat.policy.report(),
                          "device_peak_tokens": chat.cache.device_peak_tokens if tiers is not None else None,
                          "bytes_moved": sum(answer.stats.bytes_moved.values()),
                          "question_bytes_moved": sum(answer.stats.question_bytes_moved.values()),

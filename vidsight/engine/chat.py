@@ -152,10 +152,11 @@ class ChatSession:
     def __init__(self, adapter: VLMAdapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
                  tiers: TierConfig | None = None):
         self.adapter, self.config = adapter, config
-        self.policy = policy if policy is not None else FullPolicy()
         shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)
         self.cache = (KVCache(*shape, INITIAL_CAPACITY, adapter.dtype, adapter.device) if tiers is None
                       else TieredKVCache(*shape, adapter.dtype, adapter.device, tiers))
+        # The session's own policy state (a policy object given to several sessions is shared by none).
+        self.policy = (policy if policy is not None else FullPolicy()).start(self.cache)
         layout = adapter.build_prompt("?", 0)
         self._prefix = layout.input_ids[: layout.video_start]
         self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
@@ -270,11 +271,11 @@ class ChatSession:
         """A session that shares this one's model and starts from a copy of its memory (tiers too).
 
         Args:
-            policy: The fork's policy (default: this session's).
+            policy: The fork's policy (default: this session's settings, started afresh on the fork's memory).
         """
         fork = copy.copy(self)
-        fork.policy = self.policy if policy is None else policy
         fork.cache = self.cache.clone()
+        fork.policy = (self.policy if policy is None else policy).start(fork.cache)
         fork._pending, fork.patches = list(self._pending), []
         return fork
 

@@ -133,7 +133,11 @@ class MosaicPolicy:
         self._question_start: dict[int, int] = {}
         self._predicted: dict[int, set[int]] = {}
         self._shape = (0, 0)
-        self._cache_id: int | None = None
+
+    def start(self, cache: KVCache) -> "MosaicPolicy":
+        fresh = MosaicPolicy(self.config)
+        cache.set_layout(fresh._group_of)  # offloaded KV stays cluster-contiguous
+        return fresh
 
     def report(self) -> dict:
         """Live clusters (visual; semantic per layer on average), splits, transfers, prefetch hits."""
@@ -146,10 +150,6 @@ class MosaicPolicy:
 
     # -- the seam --------------------------------------------------------------------------------
     def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:
-        if self._cache_id != id(cache):  # a fork or another session: this policy starts over
-            self.__init__(self.config)
-            self._cache_id = id(cache)
-            cache.set_layout(self._group_of)  # offloaded KV stays cluster-contiguous
         self._unrotate = step.unrotate
         if layer == 0:
             for frame_index, embeds in step.patches:

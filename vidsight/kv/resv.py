@@ -222,7 +222,12 @@ class ReSVPolicy:
         self._ratios: dict[tuple[str, int, int], list[float]] = defaultdict(list)  # (kind, layer, head) -> shares
         self._predicted: dict[int, torch.Tensor] = {}   # layer -> (kv_heads, slots) its previous layer predicted
         self._prefetch_hits = self._prefetch_wanted = 0
-        self._cache_id: int | None = None
+
+    def start(self, cache: KVCache) -> "ReSVPolicy":
+        fresh = ReSVPolicy(self.config)
+        if self.config.clustering and self.config.layout:
+            fresh._lay_out(cache)
+        return fresh
 
     def report(self) -> dict:
         """Retrieval ratios (selected share of the cached video, per head) by step kind: their mean,
@@ -250,11 +255,6 @@ class ReSVPolicy:
         return {(layer, head): sum(v) / len(v) for (k, layer, head), v in self._ratios.items() if k == kind and v}
 
     def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:
-        if self._cache_id != id(cache):  # a fork or another session: start over
-            self.__init__(self.config)
-            self._cache_id = id(cache)
-            if self.config.clustering and self.config.layout:
-                self._lay_out(cache)
         tables = self._index(layer, cache)
         filled, rows = cache.filled[layer], cache.rows(layer)
         video = cache.tokens.kind[rows] == VIDEO

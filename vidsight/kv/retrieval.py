@@ -89,6 +89,12 @@ class KVPolicy(Protocol):
         """What the policy's own upkeep did so far (cluster counts, splits, ...); empty for most."""
         ...
 
+    def start(self, cache: KVCache) -> "KVPolicy":
+        """The policy a session over ``cache`` uses: this one's settings with no per-stream state
+        (a new object for a policy that keeps any), attached to the cache (its offload layout).
+        A session owns what this returns; a fork starts another."""
+        ...
+
 
 class FullPolicy:
     """Every cached token: the exact reference the other policies are measured against."""
@@ -97,6 +103,9 @@ class FullPolicy:
 
     def report(self) -> dict:
         return {}
+
+    def start(self, cache: KVCache) -> "FullPolicy":
+        return self   # nothing kept per stream
 
     def select(self, layer, cache, q, step):
         return None
@@ -145,6 +154,9 @@ class RecentPolicy:
 
     def report(self) -> dict:
         return {}
+
+    def start(self, cache: KVCache) -> "RecentPolicy":
+        return self   # nothing kept per stream
 
     def select(self, layer, cache, q, step):
         filled = cache.filled[layer]
@@ -203,7 +215,9 @@ class ReKVPolicy:
         self._retrieved: dict[int, torch.Tensor] = {}   # layer -> slots chosen at the question
         self._question_start: dict[int, int] = {}       # layer -> first slot of the question
         self._index: dict[int, _BlockIndex] = {}
-        self._cache_id: int | None = None
+
+    def start(self, cache: KVCache) -> "ReKVPolicy":
+        return ReKVPolicy(self.config)
 
     def report(self) -> dict:
         """The bytes of its block index (the device holds it)."""
@@ -235,8 +249,6 @@ class ReKVPolicy:
         A temporal patch is written whole in one step, so the slots since then form new blocks;
         a question's own slots lie past the video and are dropped again before the next patch.
         """
-        if self._cache_id != id(cache):
-            self._index, self._cache_id = {}, id(cache)
         filled, rows = cache.filled[layer], cache.rows(layer)
         index = self._index.get(layer)
         if index is None:
