@@ -57,9 +57,14 @@ class _Handler(socketserver.BaseRequestHandler):
     rules: EgressRules
 
     def handle(self) -> None:
-        head = _read_head(self.request)
+        self.request.settimeout(CONNECT_TIMEOUT_S)   # a client that connects and says nothing goes
+        try:
+            head = _read_head(self.request)
+        except OSError:
+            return
         if head is None:
             return
+        self.request.settimeout(None)
         method, target, rest = head
         if method == "CONNECT":   # https (FFmpeg's httpproxy protocol): a tunnel to host:port
             url, forward = f"https://{target}", b""
