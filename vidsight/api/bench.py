@@ -299,21 +299,20 @@ def _run_bench_chat(args) -> int:
 
 def _run_bench_device(args) -> int:
     from vidsight.bench.device import format_device_report, run_device_check, stage_names
-
     from vidsight.bench.device_stages import PARTS
 
     if args.part is not None and args.only:
         raise ConfigError("give --part or --only, not both")
+    names = stage_names(args.dry_run)
     only = PARTS[args.part - 1] if args.part else tuple(args.only)
-    unknown = set(only) - set(stage_names(args.dry_run))
+    unknown = set(only) - set(names)
     if unknown:
-        raise ConfigError(f"--only: unknown stage {', '.join(sorted(unknown))}; "
-                          f"choose from {', '.join(stage_names(args.dry_run))}")
+        raise ConfigError(f"--only: unknown stage {', '.join(sorted(unknown))}; choose from {', '.join(names)}")
     limits = {}
     for item in args.limit:
         stage, _, seconds = item.partition("=")
-        if stage not in stage_names(args.dry_run) or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
-            raise ConfigError(f"--limit {item}: give STAGE=SECONDS with a stage of {', '.join(stage_names(args.dry_run))}")
+        if stage not in names or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
+            raise ConfigError(f"--limit {item}: give STAGE=SECONDS with a stage of {', '.join(names)}")
         limits[stage] = float(seconds)
     quiet = args.json
     report = run_device_check(args.out, args.dry_run, only, limits,
