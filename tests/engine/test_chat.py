@@ -16,7 +16,7 @@ from vidsight.ingest.feed import FrameFeed
 from vidsight.ingest.stream import SampledFrame
 from vidsight.ingest.types import CodecInfo
 from vidsight.kv import VIDEO
-from vidsight.kv.retrieval import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
+from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
 
 from tests.settings import assert_same_answer
 
@@ -256,9 +256,9 @@ def test_patches_encoded_and_prefilled_together_answer_as_one_at_a_time(tiny_ada
 def test_each_session_and_fork_owns_its_policys_state(tiny_adapter, make_test_video, name):
     """A policy object given to two sessions, or kept by a fork, is started afresh for each memory:
     two sessions sharing one answer as two given their own, and neither disturbs the other."""
-    from vidsight.kv.retrieval import POLICIES, make_policy
+    from vidsight.kv.policies import POLICIES, make_policy
 
-    assert all(callable(getattr(POLICIES[n]()[0], "start", None)) for n in POLICIES)   # every registered policy
+    assert all(callable(getattr(POLICIES[n].load(), "start", None)) for n in POLICIES)   # every registered policy
     batch = sampled(make_test_video, VIDEOS[0])
     settings = {"rekv": dict(local_tokens=40, top_frames=1), "mosaic": dict(local_tokens=40, top_frames=1),
                 "resv": dict(ratio=0.05)}[name]

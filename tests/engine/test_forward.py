@@ -5,7 +5,7 @@ import torch
 
 from vidsight.engine.forward import attend, attend_chunk_after_past, forward
 from vidsight.kv import TEXT, VIDEO, GroupPruner, KVCache, PruneConfig, TokenTable
-from vidsight.kv.retrieval import Step
+from vidsight.kv.policies import Step
 
 KINDS = [TEXT] * 3 + [VIDEO] * 12 + [TEXT] * 2
 

@@ -8,9 +8,9 @@ from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.errors import ConfigError
 from vidsight.kv import KVCache, TokenTable
 from vidsight.kv.cache import VIDEO
-from vidsight.kv.clusters import ClusterTable, cosine_variance, unit
-from vidsight.kv.mosaic import MosaicConfig, MosaicPolicy, _flat, size_threshold
-from vidsight.kv.retrieval import Step, make_policy
+from vidsight.kv.policies.clusters import ClusterTable, cosine_variance, unit
+from vidsight.kv.policies.mosaic import MosaicConfig, MosaicPolicy, _flat, size_threshold
+from vidsight.kv.policies import Step, make_policy
 
 QUESTION = "What colour is the square?"
 EVERYTHING = dict(local_tokens=1, top_frames=100_000, visual_top=100_000)
@@ -63,11 +63,23 @@ def test_running_statistics_equal_recomputation_from_the_members(ask_along, tiny
             assert abs(table.variance(cluster) - float(expected)) < 1e-5
 
 
-class Offloaded(KVCache):
-    """A one-tier cache that says its tokens are elsewhere, so splits must wait."""
+class _Elsewhere:
+    """An offload capability whose tokens are never on the device."""
 
     def resident(self, layer, slots):
         return False
+
+    def set_layout(self, group_of, per_head=False):
+        pass
+
+    def prefetch(self, layer, slots, heads=None):
+        pass
+
+
+class Offloaded(KVCache):
+    """A one-tier cache that says its tokens are elsewhere, so splits must wait."""
+
+    offload = _Elsewhere()
 
 
 def unrotated(kind):
@@ -129,7 +141,7 @@ def tiered_answers(adapter, frames, policy, tiers):
             session.push(frames[start : start + 6])
             out.append(session.ask(QUESTION, GenerationConfig(max_new_tokens=4)))
         cache = session.cache
-        below = [(layer, b) for layer, blocks in enumerate(cache.blocks) for b in blocks if b.tier != "device"]
+        below = [(layer, b) for layer, blocks in enumerate(cache.table.layers) for b in blocks if b.tier != "device"]
         spans = [len(torch.unique(cache.tokens.frame_index[cache.rows(layer)[b.slots]])) for layer, b in below]
         return out, reads, below, spans, session.policy
 

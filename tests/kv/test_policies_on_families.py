@@ -3,9 +3,9 @@ answers exactly as `full` (the Qwen2.5-VL case of each is in the policy's own te
 
 import pytest
 
-from vidsight.kv.mosaic import MosaicConfig, MosaicPolicy
-from vidsight.kv.resv import ReSVConfig, ReSVPolicy
-from vidsight.kv.retrieval import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, make_policy
+from vidsight.kv.policies import MosaicConfig, MosaicPolicy
+from vidsight.kv.policies import ReSVConfig, ReSVPolicy
+from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, make_policy
 
 from tests.settings import assert_same_answer
 

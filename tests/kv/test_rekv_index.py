@@ -4,7 +4,7 @@ import torch
 
 from vidsight.engine.forward import unrotation
 from vidsight.kv import VIDEO, KVCache, TokenTable
-from vidsight.kv.retrieval import ReKVConfig, ReKVPolicy, Step
+from vidsight.kv.policies import ReKVConfig, ReKVPolicy, Step
 
 
 class LazyReKV(ReKVPolicy):

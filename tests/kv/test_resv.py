@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from vidsight.errors import ConfigError
-from vidsight.kv import resv
-from vidsight.kv.resv import ReSVConfig, ReSVPolicy, _Clusters, _row_scores, hamming, hash_bits, wicsum
-from vidsight.kv.retrieval import make_policy
+from vidsight.kv.policies import resv
+from vidsight.kv.policies.resv import ReSVConfig, ReSVPolicy
+from vidsight.kv.policies.resv_tables import HashClusters, hamming, hash_bits, row_scores, wicsum
+from vidsight.kv.policies import make_policy
 
 
 
@@ -33,7 +34,7 @@ def test_tokens_join_the_nearest_cluster_under_the_threshold_in_token_order(thre
     policy = ReSVPolicy(ReSVConfig(hyperplanes=16, hamming_threshold=threshold))
     policy._planes = torch.randn(8, 16, generator=generator)
     centres = torch.randn(6, 8, generator=generator)
-    table = _Clusters(8)
+    table = HashClusters(8)
     owners = []
     for step in range(3):   # three steps of 40 tokens near six centres
         keys = centres[torch.randint(0, 6, (40,), generator=generator)] + 0.3 * torch.randn(40, 8, generator=generator)
@@ -146,19 +147,19 @@ def test_mean_rows_score_each_query_head_by_its_queries_mean(ask_along, tiny_ada
 def test_max_rows_score_each_cluster_by_the_steps_best_token_per_query_head():
     generator = torch.Generator().manual_seed(6)
     queries, keys = torch.randn(3, 5, 8, generator=generator), torch.randn(11, 8, generator=generator)
-    scores = _row_scores(queries, keys, "max")
+    scores = row_scores(queries, keys, "max")
     assert scores.shape == (3, 11)
     for head in range(3):
         for cluster in range(11):
             best = max(float(queries[head, token] @ keys[cluster]) for token in range(5))
             assert abs(float(scores[head, cluster]) - best) < 1e-5
-    assert torch.allclose(_row_scores(queries, keys, "mean"), queries.mean(dim=1) @ keys.T)
-    assert _row_scores(queries, keys, "tokens").shape == (15, 11)
+    assert torch.allclose(row_scores(queries, keys, "mean"), queries.mean(dim=1) @ keys.T)
+    assert row_scores(queries, keys, "tokens").shape == (15, 11)
 
 
 def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, monkeypatch):
     seen, kind = [], []
-    select, row_scores = ReSVPolicy.select, resv._row_scores
+    select, row_scores = ReSVPolicy.select, resv.row_scores
 
     def spy_select(self, layer, cache, q, step):
         kind.append(step.kind)
@@ -169,7 +170,7 @@ def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, 
         return row_scores(queries, keys, rows)
 
     monkeypatch.setattr(ReSVPolicy, "select", spy_select)
-    monkeypatch.setattr(resv, "_row_scores", spy_scores)
+    monkeypatch.setattr(resv, "row_scores", spy_scores)
     ask_along(tiny_adapter, frames[:6], make_policy("resv:mean_frame_rows=1"))
     assert {rows for step, rows in seen if step == "frame"} == {"mean"}
     assert {rows for step, rows in seen if step != "frame"} == {"tokens"} and len({step for step, _ in seen}) == 3
@@ -202,13 +203,13 @@ def test_offloaded_kv_laid_out_by_cluster_per_head_changes_no_answer(ask_along, 
     for a, b in zip(plain, tiered, strict=True):
         assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
     cache = session.cache
-    below = [b for layer in cache.blocks for b in layer if b.tier != "device"]
+    below = [b for layer in cache.table.layers for b in layer if b.tier != "device"]
     assert below and all(b.head is not None for b in below)   # one cluster of one head per block
     tables = session.policy._tables
     for block in below:
         if block.group >= 0:
             assert (tables[block.layer][block.head].owner[block.slots] == block.group).all()
-    assert cache.whole_read_bytes["disk"] > 0
+    assert cache.traffic().whole_read_bytes["disk"] > 0
 
 
 def test_bad_settings_are_refused():

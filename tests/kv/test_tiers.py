@@ -60,7 +60,7 @@ def test_offloading_to_host_and_disk_changes_no_answer(tiny_adapter, frames, tmp
     tiered, session = run(tiny_adapter, frames, budget, check)
     for a, b in zip(plain, tiered, strict=True):
         assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
-    assert seen[-1]["disk"] > 0 and session.cache.bytes_moved["up"] > 0 and session.cache.evicted_tokens == 0
+    assert seen[-1]["disk"] > 0 and session.cache.traffic().bytes_moved["up"] > 0 and session.cache.traffic().evicted_tokens == 0
     assert not os.listdir(tmp_path)  # the session's directory went with it
 
 
@@ -82,7 +82,7 @@ class _CopyInFlight:
 
 
 def _keep_host_copies_in_flight(monkeypatch) -> None:
-    from vidsight.kv import copies
+    from vidsight.kv.tiers import copies
 
     to_host = copies.CopyEngine.to_host
 
@@ -127,7 +127,7 @@ def test_without_a_disk_the_oldest_blocks_are_evicted_and_counted():
         cache.write(0, torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4))
         cache.keep(0, 2)
         cache.commit(TokenTable.text(torch.zeros(3, 2, dtype=torch.long)))
-    assert cache.evicted_tokens == 4 and cache.read(0)[0].shape[2] == 4
+    assert cache.traffic().evicted_tokens == 4 and cache.read(0)[0].shape[2] == 4
 
 
 def test_the_session_directory_goes_on_error_too(tiny_adapter, frames, tmp_path):
@@ -155,7 +155,7 @@ def _write_chunks(cache, chunks):
 
 
 def test_a_block_is_readable_while_its_disk_write_is_in_flight(tmp_path, monkeypatch):
-    from vidsight.kv.copies import CopyEngine
+    from vidsight.kv.tiers.copies import CopyEngine
 
     release, write = threading.Event(), CopyEngine._write
 
@@ -169,7 +169,7 @@ def test_a_block_is_readable_while_its_disk_write_is_in_flight(tmp_path, monkeyp
     chunks = [torch.randn(1, 2, 3, 8) for _ in range(3)]
     started = time.monotonic()
     _write_chunks(cache, chunks)   # each chunk attends to the blocks whose writes hang
-    assert cache.tokens_by_tier()["disk"] == 6 and not list(cache.directory.iterdir())  # written later
+    assert cache.tokens_by_tier()["disk"] == 6 and not list(cache.disk.directory.iterdir())  # written later
     keys, _ = cache.read(0)  # waits for nothing it does not need: the host copies serve
     assert torch.equal(keys, torch.cat(chunks, dim=2))
     assert time.monotonic() - started < 5 and not release.is_set()   # no write was waited for
@@ -179,7 +179,7 @@ def test_a_block_is_readable_while_its_disk_write_is_in_flight(tmp_path, monkeyp
 
 
 def test_a_full_disk_evicts_the_oldest_blocks_counted_with_one_warning(tmp_path, monkeypatch, caplog):
-    from vidsight.kv.copies import CopyEngine
+    from vidsight.kv.tiers.copies import CopyEngine
 
     def full(self, path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -189,7 +189,7 @@ def test_a_full_disk_evicts_the_oldest_blocks_counted_with_one_warning(tmp_path,
                           TierConfig(device_tokens=2, host_tokens=2, disk_dir=tmp_path))
     _write_chunks(cache, [torch.full((1, 1, 2, 4), float(k)) for k in range(5)])
     cache._reap(wait=True)
-    assert cache.evicted_tokens == 6 and cache.tokens_by_tier() == {"device": 2, "host": 2, "disk": 0}
+    assert cache.traffic().evicted_tokens == 6 and cache.tokens_by_tier() == {"device": 2, "host": 2, "disk": 0}
     assert cache.read(0)[0][0, 0, :, 0].tolist() == [3, 3, 4, 4]  # the newest stay
     assert len([r for r in caplog.records if "disk tier is full" in r.message]) == 1
     cache.close()
@@ -201,19 +201,19 @@ def test_a_tiered_session_forks_with_its_own_directory(tiny_adapter, frames, tmp
     with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0), tiers=budget) as session:
         session.push(frames[:12])
         fork = session.fork()
-        assert fork.cache.directory != session.cache.directory and fork.cache.tokens_by_tier()["disk"] > 0
+        assert fork.cache.disk.directory != session.cache.disk.directory and fork.cache.tokens_by_tier()["disk"] > 0
         a, b = (s.ask(QUESTION, GenerationConfig(max_new_tokens=4)) for s in (session, fork))
         assert a.token_ids == b.token_ids and torch.equal(a.logits, b.logits)
         fork.close()
-        assert os.listdir(tmp_path) == [session.cache.directory.name]
-        assert session.cache.device_peak_tokens >= 200 and session.cache.tokens_by_tier()["device"] <= 200
+        assert os.listdir(tmp_path) == [session.cache.disk.directory.name]
+        assert session.cache.traffic().device_peak_tokens >= 200 and session.cache.tokens_by_tier()["device"] <= 200
     assert not os.listdir(tmp_path)
 
 
 def _recount(cache: TieredKVCache) -> dict[str, int]:
     """Tokens per tier from the blocks, a block of one key head counting for that head's share."""
     units = {"device": 0, "host": 0, "disk": 0}
-    for block in (b for layer in cache.blocks for b in layer):
+    for block in (b for layer in cache.table.layers for b in layer):
         units[block.tier] += block.length * (cache.shape[0] if block.head is None else 1)
     return {tier: count // cache.shape[0] for tier, count in units.items()}
 
@@ -260,9 +260,9 @@ def test_reads_of_chosen_slots_match_what_was_written_through_moves_regroups_and
             written = [w[:, :, : cache.filled[layer]] for layer, w in enumerate(written)]
             assert cache.tokens_by_tier() == _recount(cache)
     # A host block whose copy is still landing joins the layout at the next step.
-    below = [b for layer in cache.blocks for b in layer
+    below = [b for layer in cache.table.layers for b in layer
              if b.tier == "disk" or (b.tier == "host" and b.transfer is None)]
-    assert _recount(cache)["disk"] > 0 and cache.evicted_tokens == 0
+    assert _recount(cache)["disk"] > 0 and cache.traffic().evicted_tokens == 0
     assert all((b.head is not None) == per_head for b in below)
     for layer in range(layers):
         keys, values = cache.read(layer)
@@ -284,12 +284,12 @@ def test_a_split_group_is_laid_out_again_so_reading_one_half_moves_only_that_hal
         cache.commit(TokenTable.text(torch.zeros(3, 1, dtype=torch.long)))
     layout["groups"] = 4   # groups 0 and 1 split: slots 2, 6 and 3, 7 leave them
     cache.commit(TokenTable.text(torch.zeros(3, 0, dtype=torch.long)))
-    host = [b for b in cache.blocks[0] if b.tier == "host"]
+    host = [b for b in cache.table.layers[0] if b.tier == "host"]
     assert all(torch.equal(b.slots % 4, torch.full_like(b.slots, b.group)) for b in host)
     wanted = torch.tensor([2, 6])
-    before = sum(cache.bytes_moved.values())
+    before = sum(cache.traffic().bytes_moved.values())
     cache.read(0, wanted)
-    assert sum(cache.bytes_moved.values()) - before == 2 * heads * len(wanted) * dim * 4
+    assert sum(cache.traffic().bytes_moved.values()) - before == 2 * heads * len(wanted) * dim * 4
 
 
 def test_in_a_per_head_layout_one_heads_cluster_is_one_whole_block_read():
@@ -303,10 +303,10 @@ def test_in_a_per_head_layout_one_heads_cluster_is_one_whole_block_read():
         cache.commit(TokenTable.text(torch.zeros(3, 1, dtype=torch.long)))
     cluster = torch.tensor([0, 3, 6])   # head 1's group 0 among the host slots (0-7)
     wants = torch.tensor([[False] * 3, [True] * 3])
-    before, whole = sum(cache.bytes_moved.values()), cache.whole_read_bytes["host"]
+    before, whole = sum(cache.traffic().bytes_moved.values()), cache.traffic().whole_read_bytes["host"]
     cache.read(0, cluster, wants)
-    moved = sum(cache.bytes_moved.values()) - before
-    assert moved == 2 * len(cluster) * dim * 4 == cache.whole_read_bytes["host"] - whole
+    moved = sum(cache.traffic().bytes_moved.values()) - before
+    assert moved == 2 * len(cluster) * dim * 4 == cache.traffic().whole_read_bytes["host"] - whole
 
 
 def test_a_per_head_layout_needs_somewhere_to_keep_every_head(tmp_path):

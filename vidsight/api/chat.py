@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import (POLICY_NAMES, _float, add_policy_options, add_tier_options, foreign_policy_flags,
+from vidsight.api.options import (_float, add_policy_options, add_tier_options, foreign_policy_flags,
                                   policy_settings, tier_config)
 from vidsight.errors import ConfigError
 
@@ -18,13 +18,14 @@ PROGRESS_EVERY_PATCHES = 32
 
 def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.engine.config import DEFAULT_MODEL
+    from vidsight.kv.policies.registry import POLICIES
 
     chat = commands.add_parser("chat", parents=parents, help="ask questions at any moment about a stream seen so far")
     chat.set_defaults(run=run_chat)
     chat.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
     chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
-    chat.add_argument("--policy", default="full", choices=POLICY_NAMES,
+    chat.add_argument("--policy", default="full", choices=list(POLICIES),
                       help="which cached tokens each step attends to (default: full, exact)")
     add_policy_options(chat)
     add_tier_options(chat)
@@ -65,7 +66,7 @@ def read_questions(path: str | Path) -> list[tuple[float, str]]:
 
 
 def _policy(args):
-    from vidsight.kv.retrieval import make_policy
+    from vidsight.kv.policies.registry import make_policy
 
     others = foreign_policy_flags(args, args.policy)
     if others:

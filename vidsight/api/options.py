@@ -96,65 +96,38 @@ def feed_config(args):
                       split_cores=not args.oversubscribe)
 
 
-POLICY_NAMES = ("full", "recent", "rekv", "mosaic", "resv")
-# The retrieval policies' settings: flag -> (config field, parser, the policies it sets, help).
-# A parser of True or False is a switch that sets the field to it.
-POLICY_FLAGS = {
-    "--window-tokens": ("window_tokens", int, ("recent",), "recent: local window in tokens (default: 4096)"),
-    "--local-tokens": ("local_tokens", int, ("rekv", "mosaic", "resv"),
-                       "rekv, mosaic, resv: local window in tokens (default: 15000, ReKV's; resv: 0, V-Rex's)"),
-    "--top-frames": ("top_frames", int, ("rekv", "mosaic"),
-                     "rekv: frame blocks retrieved; mosaic: its token budget in frame blocks (default: 64, ReKV's)"),
-    "--visual-top": ("visual_top", int, ("mosaic",), "mosaic: visual partitions searched (default: 4)"),
-    "--tau-small": ("tau_small", _float, ("mosaic",), "mosaic: variance threshold of small clusters (default: 0.05)"),
-    "--tau-large": ("tau_large", _float, ("mosaic",), "mosaic: variance threshold of large clusters (default: 0.15)"),
-    "--tau-rate": ("tau_rate", _float, ("mosaic",), "mosaic: cluster size of the threshold's transition (default: 16)"),
-    "--visual-tau": ("visual_tau", _float, ("mosaic",), "mosaic: variance threshold of visual clusters (default: 0.002)"),
-    "--min-split-size": ("min_split_size", int, ("mosaic",), "mosaic: clusters smaller than this never split (default: 32)"),
-    "--max-clusters": ("max_clusters", int, ("mosaic",),
-                       "mosaic: semantic clusters per visual partition and layer before splits stop (default: 64)"),
-    "--hyperplanes": ("hyperplanes", int, ("resv",), "resv: random hyperplanes, bits per key hash (default: 32)"),
-    "--hamming-threshold": ("hamming_threshold", int, ("resv",),
-                            "resv: a key joins a cluster whose hash differs in fewer bits (default: 7)"),
-    "--wics-ratio": ("ratio", _float, ("resv",), "resv: WiCSum's Th_r-wics (default: 0.3; 1 keeps everything)"),
-    "--wics-weights": ("weights", str, ("resv",),
-                       "resv: WiCSum weighs clusters by score (default, eqs. 1-3) or by attention (exp of the scaled score)"),
-    "--wics-rows": ("rows", str, ("resv",),
-                    "resv: WiCSum's rows: tokens (default: every query of a step), or one per query head: "
-                    "mean (of its queries) or max (each cluster's best score over the step's tokens)"),
-    "--mean-frame-rows": ("mean_frame_rows", True, ("resv",),
-                          "resv: frame steps score one mean row per query head (questions keep --wics-rows)"),
-    "--clustering": ("clustering", str, ("mosaic",),
-                     "mosaic: nested (default), or an ablation: visual, semantic, none (token-level top-k)"),
-    "--split": ("split", str, ("mosaic",), "mosaic: deferred (default, Algorithm 1) or eager"),
-    "--no-summaries": ("summaries", False, ("mosaic",), "mosaic: no representatives of unretrieved clusters"),
-    "--no-prefetch": ("prefetch", False, ("mosaic", "resv"), "mosaic, resv: no cross-layer prediction"),
-}
-
-
 def add_policy_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting the registered policies' configs expose (their help and defaults from there)."""
+    from vidsight.kv.policies.registry import policy_flags
+
     group = parser.add_argument_group("retrieval policies (chat)")
-    for flag, (field, parse, _, help_text) in POLICY_FLAGS.items():
-        if isinstance(parse, bool):
-            group.add_argument(flag, dest=field, action="store_const", const=parse, default=None, help=help_text)
+    for flag in policy_flags().values():
+        if flag.switch is not None:
+            group.add_argument(flag.flag, dest=flag.field, action="store_const", const=flag.switch, default=None,
+                               help=flag.help)
         else:
-            group.add_argument(flag, dest=field, type=parse, default=None, help=help_text)
+            parse = _float if flag.kind is float else flag.kind
+            group.add_argument(flag.flag, dest=flag.field, type=parse, default=None, help=flag.help)
 
 
 def policy_settings(args) -> dict[str, dict]:
     """Per policy name, the config fields its flags set (flags not given are left out)."""
-    settings = {name: {} for name in POLICY_NAMES}
-    for field, _, names, _ in POLICY_FLAGS.values():
-        if getattr(args, field) is not None:
-            for name in names:
-                settings[name][field] = getattr(args, field)
+    from vidsight.kv.policies.registry import POLICIES, policy_flags
+
+    settings = {name: {} for name in POLICIES}
+    for flag in policy_flags().values():
+        if getattr(args, flag.field, None) is not None:
+            for name, _, _ in flag.policies:
+                settings[name][flag.field] = getattr(args, flag.field)
     return settings
 
 
 def foreign_policy_flags(args, policy: str) -> list[str]:
     """The flags given that do not apply to ``policy``."""
-    return [flag for flag, (field, _, names, _) in POLICY_FLAGS.items()
-            if getattr(args, field) is not None and policy not in names]
+    from vidsight.kv.policies.registry import policy_flags
+
+    return [flag.flag for flag in policy_flags().values()
+            if getattr(args, flag.field, None) is not None and policy not in {name for name, _, _ in flag.policies}]
 
 
 def add_tier_options(parser: argparse.ArgumentParser) -> None:
@@ -171,7 +144,7 @@ def tier_config(args):
     """The tiers the flags ask for, or None (one device buffer) when none is set."""
     from pathlib import Path
 
-    from vidsight.kv.tiers import TierConfig
+    from vidsight.kv.tiers.config import TierConfig
 
     if args.kv_device_budget is None and args.kv_host_budget is None and args.kv_disk is None:
         return None

@@ -27,7 +27,8 @@ from vidsight.engine.config import GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.synthetic import SyntheticSpec
-from vidsight.kv.retrieval import RecentConfig, RecentPolicy, make_policy
+from vidsight.kv.policies import RecentConfig, RecentPolicy, make_policy
+from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models import load_model
 from vidsight.models.shapes import MODEL_SHAPES, build_shape
@@ -102,13 +103,13 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         timed = list(itertools.islice(frames, spec.temporal_patch_size * timed_patches))
         for name in policies:
             fork = own.get(name) or session.fork(make_policy(name, **settings.get(name.partition(":")[0], {})))
-            moved, first_patch = dict(fork.cache.bytes_moved), len(fork.patches)
-            read, whole = dict(fork.cache.read_bytes), dict(fork.cache.whole_read_bytes)
-            if tiers is not None:
-                fork.cache.device_peak_tokens = fork.cache.tokens_by_tier()["device"]
+            first_patch = len(fork.patches)
+            if fork.cache.offload is not None:
+                fork.cache.offload.reset_peak()
+            before = traffic_of(fork.cache)
             fork.push(timed)
             answer = fork.ask(QUESTION, GenerationConfig(max_new_tokens=1))
-            timed_steps = fork.patches[first_patch:]
+            timed_steps, moved = fork.patches[first_patch:], traffic_of(fork.cache).since(before)
             rows.append({
                 "history_tokens": session.cache.length, "policy": name,
                 "patch_prefill_s": float(np.median([p.per_patch_s for p in timed_steps])),
@@ -116,11 +117,10 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 "question_ttft_s": answer.stats.ttft_s, "question_attended_tokens": answer.stats.attended_tokens,
                 "question_retrieved_tokens": answer.stats.retrieved_tokens,
                 "cache_bytes": fork.cache.nbytes,
-                "device_peak_tokens": fork.cache.device_peak_tokens if tiers is not None else None,
+                "device_peak_tokens": moved.device_peak_tokens if tiers is not None else None,
                 "tokens_by_tier": fork.cache.tokens_by_tier(),
-                "bytes_moved": {way: fork.cache.bytes_moved[way] - moved[way] for way in moved},
-                "read_bytes": {tier: fork.cache.read_bytes[tier] - read[tier] for tier in read},
-                "whole_read_bytes": {tier: fork.cache.whole_read_bytes[tier] - whole[tier] for tier in whole},
+                "bytes_moved": moved.bytes_moved, "read_bytes": moved.read_bytes,
+                "whole_read_bytes": moved.whole_read_bytes,
                 "policy_report": fork.policy.report(),
             })
             if name not in own:

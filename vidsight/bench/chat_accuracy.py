@@ -18,7 +18,8 @@ from vidsight.engine.config import GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.ingest.types import CodecInfo
-from vidsight.kv.retrieval import make_policy
+from vidsight.kv.policies.registry import make_policy
+from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
@@ -44,8 +45,8 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
     with ChatSession(adapter, make_policy(policy_name, **settings), ChatConfig(fps=SAMPLE_FPS), tiers) as chat:
         for question in stream.questions:
             chat.push(frames[chat.frames_seen : question.frames_seen])
-            if tiers is not None:
-                chat.cache.device_peak_tokens = chat.cache.tokens_by_tier()["device"]
+            if chat.cache.offload is not None:
+                chat.cache.offload.reset_peak()
             answer = chat.ask(question.question, GenerationConfig(max_new_tokens=ANSWER_TOKENS))
             rows.append({"seed": stream.seed, "time_s": question.time_s, "family": question.family,
                          "question": question.question, "truth": question.answer, "answer": answer.answer,
@@ -54,7 +55,7 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
                          "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
                          "ttft_s": answer.stats.ttft_s, "policy_report": chat.policy.report(),
-                         "device_peak_tokens": chat.cache.device_peak_tokens if tiers is not None else None,
+                         "device_peak_tokens": traffic_of(chat.cache).device_peak_tokens if tiers is not None else None,
                          "bytes_moved": sum(answer.stats.bytes_moved.values()),
                          "question_bytes_moved": sum(answer.stats.question_bytes_moved.values()),
                          "read_bytes": sum(answer.stats.read_bytes.values()),

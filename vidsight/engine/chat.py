@@ -19,14 +19,15 @@ from collections.abc import Callable, Iterable
 import torch
 
 from vidsight.engine.config import GenerationConfig
-from vidsight.engine.forward import first_level, forward
+from vidsight.engine.forward import first_level, forward, new_cache
 from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prompt import interleave, patch_rows
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
-from vidsight.kv import VIDEO, KVCache, TokenTable
-from vidsight.kv.retrieval import FullPolicy, KVPolicy, Step
-from vidsight.kv.tiers import TierConfig, TieredKVCache
+from vidsight.kv import VIDEO, TokenTable
+from vidsight.kv.policies import FullPolicy, KVPolicy, Step
+from vidsight.kv.store import KVStore, traffic_of
+from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.vision import preprocess_video, video_size
 
@@ -152,9 +153,7 @@ class ChatSession:
     def __init__(self, adapter: VLMAdapter, policy: KVPolicy | None = None, config: ChatConfig = ChatConfig(),
                  tiers: TierConfig | None = None):
         self.adapter, self.config = adapter, config
-        shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)
-        self.cache = (KVCache(*shape, INITIAL_CAPACITY, adapter.dtype, adapter.device) if tiers is None
-                      else TieredKVCache(*shape, adapter.dtype, adapter.device, tiers))
+        self.cache = new_cache(adapter, INITIAL_CAPACITY, tiers)
         # The session's own policy state (a policy object given to several sessions is shared by none).
         self.policy = (policy if policy is not None else FullPolicy()).start(self.cache)
         layout = adapter.build_prompt("?", 0)
@@ -258,8 +257,7 @@ class ChatSession:
 
     def close(self) -> None:
         """Release the session's disk tier, if it has one."""
-        if isinstance(self.cache, TieredKVCache):
-            self.cache.close()
+        self.cache.close()
 
     def __enter__(self) -> "ChatSession":
         return self
@@ -312,7 +310,7 @@ class ChatSession:
         before = self.cache.length
         stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
         question_step, answer_step = Step("question"), Step("answer")
-        moved_before = dict(self.cache.bytes_moved)
+        traffic_before = traffic_of(self.cache)
         with torch.inference_mode():
             video_suffix = self.adapter.video_suffix()
             length = video_suffix.shape[0] + len(question_ids)
@@ -333,10 +331,11 @@ class ChatSession:
         stats.answer_s = time.perf_counter() - started
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
-        stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), dict(self.cache.bytes_moved)
-        stats.question_bytes_moved = {way: moved - moved_before[way] for way, moved in stats.bytes_moved.items()}
-        stats.copy_s = {way: round(seconds, 6) for way, seconds in self.cache.copy_seconds.items()}
-        stats.read_bytes, stats.whole_read_bytes = dict(self.cache.read_bytes), dict(self.cache.whole_read_bytes)
+        traffic = traffic_of(self.cache)
+        stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), traffic.bytes_moved
+        stats.question_bytes_moved = traffic.since(traffic_before).bytes_moved
+        stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
+        stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
         return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
 
     def _keep_turn(self, ids: list[int], last_position: int) -> None:

@@ -7,8 +7,19 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
-from vidsight.kv.retrieval import KVPolicy, Selection, Step
+from vidsight.kv.policies import KVPolicy, Selection, Step
+from vidsight.kv.store import KVStore
+from vidsight.kv.tiers import TierConfig, TieredKVCache
 from vidsight.models.base import VLMAdapter
+
+
+def new_cache(adapter: VLMAdapter, capacity: int, tiers: TierConfig | None = None) -> KVStore:
+    """An empty cache for ``adapter``'s layers on its device: one buffer of ``capacity`` slots per
+    layer (it grows by doubling on `reserve`), or blocks in the ``tiers`` given."""
+    shape = (adapter.num_layers, adapter.num_kv_heads, adapter.head_dim)
+    if tiers is None:
+        return KVCache(*shape, capacity, adapter.dtype, adapter.device)
+    return TieredKVCache(*shape, adapter.dtype, adapter.device, tiers)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
@@ -79,7 +90,7 @@ def unrotation(adapter: VLMAdapter):
 
 
 @torch.inference_mode()
-def forward(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
+def forward(adapter: VLMAdapter, cache: KVStore, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
             hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
             ) -> torch.Tensor:
     """Run one chunk through every layer, appending its keys and values to ``cache``.

@@ -8,8 +8,9 @@ import torch
 
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import forward
-from vidsight.kv import KVCache, TokenTable
-from vidsight.kv.retrieval import KVPolicy, Step
+from vidsight.kv import TokenTable
+from vidsight.kv.policies import KVPolicy, Step
+from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
 
 
@@ -32,7 +33,7 @@ class TokenSampler:
 
 
 @torch.inference_mode()
-def generate(adapter: VLMAdapter, cache: KVCache, logits: torch.Tensor, next_position: int, config: GenerationConfig,
+def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
              step: Step | None = None) -> list[int]:
     """Decode from the prefill's last logits until an end token or ``max_new_tokens``.

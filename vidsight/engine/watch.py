@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
-from vidsight.engine.forward import forward
+from vidsight.engine.forward import forward, new_cache
 from vidsight.engine.prompt import VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
@@ -26,9 +26,10 @@ from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
-from vidsight.kv import VIDEO, KVCache
+from vidsight.kv import VIDEO
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
+from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
@@ -107,7 +108,7 @@ class _Pending:
     """A window half judged: what `Watcher._finish` needs once its new frames are encoded."""
 
     encode: EncodeRequest
-    cache: KVCache
+    cache: KVStore
     prompt: VideoPrompt
     done: int              # tokens already in the cache (the prefix and the reused patches)
     refreshed: torch.Tensor  # slots of the refreshed tokens
@@ -255,8 +256,7 @@ class Watcher:
         if patches:
             cache, done, refreshed = self._kv.reuse(patches, prompt, len(ids) + 1, clock)
         else:
-            cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(ids) + 1, adapter.dtype,
-                            adapter.device)
+            cache = new_cache(adapter, len(ids) + 1)
         first_new = patches * spec.temporal_patch_size
         with clock.stage("preprocess"):
             pixels = preprocess_video(batch.data[first_new:].to(adapter.device), spec, adapter.dtype, size=plan.size)

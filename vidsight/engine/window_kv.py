@@ -7,11 +7,12 @@ import dataclasses
 
 import torch
 
-from vidsight.engine.forward import add_level, attend, split_levels
+from vidsight.engine.forward import add_level, attend, new_cache, split_levels
 from vidsight.engine.refresh import Overlap, RefreshPolicy
 from vidsight.engine.stats import StageClock
 from vidsight.engine.prompt import VideoPrompt
-from vidsight.kv import VIDEO, KVCache, TokenTable
+from vidsight.kv import VIDEO, TokenTable
+from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
 
 
@@ -19,7 +20,7 @@ from vidsight.models.base import VLMAdapter
 class _Window:
     """What the next window reuses: the cache and the visual embeddings behind it."""
 
-    cache: KVCache
+    cache: KVStore
     samples: list[int]          # stream sample number of each frame
     gop_starts: list[bool]      # each frame: the first sampled frame of its GOP
     video_embeds: torch.Tensor  # (video tokens, hidden)
@@ -40,7 +41,7 @@ class WindowKV:
         self.adapter, self.policy, self.in_place = adapter, policy, in_place
         self.previous: _Window | None = None
 
-    def remember(self, cache: KVCache, samples: list[int], gop_starts: list[bool], reused: int,
+    def remember(self, cache: KVStore, samples: list[int], gop_starts: list[bool], reused: int,
                  new_embeds: torch.Tensor, video_start: int, patch_tokens: list[int]) -> None:
         """Keep a judged window for the next one: its cache and the visual embeddings of its video
         (the ``reused`` last ones of the window before, then ``new_embeds``)."""
@@ -64,7 +65,7 @@ class WindowKV:
         return patches
 
     def reuse(self, patches: int, prompt: VideoPrompt, capacity: int, clock: StageClock
-              ) -> tuple[KVCache, int, torch.Tensor]:
+              ) -> tuple[KVStore, int, torch.Tensor]:
         """The window's cache holding the prefix and the reused patches, re-rotated to their new
         positions and refreshed; returns (cache, tokens filled, slots refreshed).
 
@@ -100,7 +101,7 @@ class WindowKV:
         return cache, done, refreshed[~torch.isin(refreshed, text)]
 
     def _carry(self, source: torch.Tensor, rows: TokenTable, capacity: int, old_positions: torch.Tensor,
-               new_positions: torch.Tensor, in_place: bool) -> KVCache:
+               new_positions: torch.Tensor, in_place: bool) -> KVStore:
         """A cache of ``capacity`` slots holding the previous cache's tokens at ``source`` first,
         keys re-rotated to ``new_positions``: the previous cache itself ``in_place`` (``source``
         then ascending and without repeats)."""
@@ -110,8 +111,7 @@ class WindowKV:
                                                                                new_positions[:, kept]))
             old.reserve(capacity - done)
             return old
-        cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, capacity, adapter.dtype,
-                        adapter.device)
+        cache = new_cache(adapter, capacity)
         for layer in range(adapter.num_layers):
             keys, values = old.read(layer, source)
             cache.write(layer, adapter.rerotate_keys(keys, old_positions, new_positions), values)
@@ -120,7 +120,7 @@ class WindowKV:
         return cache
 
 
-def _refresh(adapter: VLMAdapter, cache: KVCache, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+def _refresh(adapter: VLMAdapter, cache: KVStore, slots: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
              policy: RefreshPolicy, always: torch.Tensor) -> torch.Tensor:
     """Recompute the KV of the tokens at ``slots`` (ascending) from their input ``embeds``
     (``(n, hidden)``, or ``(n, levels, hidden)``), each attending to every cached token before it; the policy's narrowing

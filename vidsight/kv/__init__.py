@@ -1,4 +1,4 @@
-"""The KV cache as data, and the policies that decide what it keeps."""
+"""The KV cache as data (`KVStore`: one device buffer, or tiers), and the policies that decide what it keeps."""
 
 from vidsight._lazy import lazy_exports
 
@@ -6,5 +6,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.kv.cache": ("TEXT", "VIDEO", "KVCache", "TokenTable"),
     "vidsight.kv.config": ("SCORERS", "PruneConfig"),
     "vidsight.kv.prune": ("GroupPruner", "LayerHook", "QueryRecorder"),
-    "vidsight.kv.retrieval": ("KVPolicy", "Step", "make_policy"),
+    "vidsight.kv.store": ("KVStore", "KVTraffic", "Offload"),
+    "vidsight.kv.policies": ("KVPolicy", "Step", "make_policy"),
 })

@@ -91,10 +91,7 @@ class KVCache:
         self.filled = [0] * num_layers
         self.slot_rows = torch.full((num_layers, capacity), -1, dtype=torch.long)
         self.tokens = TokenTable.empty()
-        self.bytes_moved = {"up": 0, "down": 0}  # between tiers: none here
-        self.copy_seconds = {"up": 0.0, "down": 0.0}
-        self.read_bytes = {"host": 0, "disk": 0}         # read up from each tier below the device: none here
-        self.whole_read_bytes = {"host": 0, "disk": 0}
+        self.shape = (num_kv_heads, head_dim)
 
     @property
     def nbytes(self) -> int:
@@ -105,9 +102,17 @@ class KVCache:
         """Tokens fed so far, kept or not (the rows of `tokens`)."""
         return len(self.tokens)
 
+    @property
+    def offload(self) -> None:
+        """No tiers below the device."""
+        return None
+
     def tokens_by_tier(self) -> dict[str, int]:
         """Cached tokens summed over layers, per tier: all on the device (`TieredKVCache` has more)."""
         return {"device": sum(self.filled), "host": 0, "disk": 0}
+
+    def close(self) -> None:
+        """Nothing held outside memory."""
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None,
               heads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,16 +159,6 @@ class KVCache:
             return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
         index = slots.to(self.keys.device)
         return self.keys[layer][:, :, index], self.values[layer][:, :, index]
-
-    def resident(self, layer: int, slots: torch.Tensor) -> bool:
-        """Whether ``slots`` of ``layer`` are on the device (always: this cache has one tier)."""
-        return True
-
-    def set_layout(self, group_of, per_head: bool = False) -> None:
-        """Nothing to lay out: one tier (`TieredKVCache.set_layout` groups blocks below the device)."""
-
-    def prefetch(self, layer: int, slots: torch.Tensor, heads: torch.Tensor | None = None) -> None:
-        """Nothing to fetch: one tier."""
 
     def rows(self, layer: int) -> torch.Tensor:
         """The token-table row of each of ``layer``'s filled slots."""
@@ -219,9 +214,7 @@ class KVCache:
         copy = KVCache.__new__(KVCache)
         copy.keys, copy.values = self.keys.clone(), self.values.clone()
         copy.capacity, copy.filled = self.capacity, list(self.filled)
-        copy.slot_rows, copy.tokens = self.slot_rows.clone(), self.tokens[:]
-        copy.bytes_moved, copy.copy_seconds = dict(self.bytes_moved), dict(self.copy_seconds)
-        copy.read_bytes, copy.whole_read_bytes = dict(self.read_bytes), dict(self.whole_read_bytes)
+        copy.slot_rows, copy.tokens, copy.shape = self.slot_rows.clone(), self.tokens[:], self.shape
         return copy
 
     def truncate(self, length: int) -> None:
@@ -271,6 +264,16 @@ class KVCache:
         """Record what the chunk's tokens are, once every layer has settled it with `keep`."""
         self.tokens = TokenTable.concat([self.tokens, rows])
 
-    def layer_tokens(self, layer: int) -> TokenTable:
-        """What each filled slot of ``layer`` holds, in slot order."""
-        return self.tokens[self.rows(layer)]
+    def layer_tokens(self, layer: int, slots: torch.Tensor | None = None) -> TokenTable:
+        """What ``slots`` of ``layer`` hold (every filled slot when None), in slot order."""
+        rows = self.rows(layer)
+        return self.tokens[rows if slots is None else rows[slots]]
+
+    def video_slots(self, layer: int, start: int = 0) -> torch.Tensor:
+        """The slots of ``layer`` from ``start`` on that hold video tokens, ascending."""
+        return video_slots(self.tokens, self.rows(layer), start)
+
+
+def video_slots(tokens: TokenTable, rows: torch.Tensor, start: int) -> torch.Tensor:
+    """Of the slots whose token-table ``rows`` are given, those from ``start`` on holding video."""
+    return torch.nonzero(tokens.kind[rows[start:]] == VIDEO).flatten() + start

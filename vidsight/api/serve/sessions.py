@@ -54,7 +54,7 @@ class SessionManager:
         from vidsight.engine.chat import ChatConfig, ChatSession
         from vidsight.ingest.queue import FrameQueue
         from vidsight.ingest.stream import StreamSource
-        from vidsight.kv.retrieval import make_policy
+        from vidsight.kv.policies.registry import make_policy
 
         source, options = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))

@@ -16,14 +16,15 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.prefill.config import PrefillConfig
-from vidsight.engine.forward import forward
+from vidsight.engine.forward import forward, new_cache
 from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
 from vidsight.engine.request import Request
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed.frames import FrameFeed
 from vidsight.ingest.types import CodecInfo
-from vidsight.kv import VIDEO, GroupPruner, KVCache, QueryRecorder, TokenTable
+from vidsight.kv import VIDEO, GroupPruner, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
+from vidsight.kv.store import KVStore
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.vision import preprocess_video
 from vidsight.vision.dedup import RedundantPatches
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class Prefilled:
     """A prompt in the cache, ready to generate from."""
 
-    cache: KVCache
+    cache: KVStore
     logits: torch.Tensor   # (vocab,) of the first answer token
     next_position: int
 
@@ -45,8 +46,7 @@ def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.T
                       ) -> list[torch.Tensor]:
     """Each layer's queries of the text after the video, run with the text before it only."""
     keep = torch.cat([torch.arange(video_start), torch.arange(video_end, len(ids))])
-    cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, len(keep), adapter.dtype,
-                    adapter.device)
+    cache = new_cache(adapter, len(keep))
     recorder = QueryRecorder(len(ids) - video_end)
     with torch.inference_mode():
         forward(adapter, cache, adapter.embed_tokens(ids[keep][None]), positions[:, keep],
@@ -101,9 +101,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
         if config.prune.skip_pruned:
             # All of the question's group reaches the question at every layer.
             last_pruner = GroupPruner(dataclasses.replace(config.prune, skip_pruned=False), queries)
-    cache = KVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
-                    _capacity(chunks, rows.kind == VIDEO, config, max_new_tokens),
-                    adapter.dtype, adapter.device)
+    cache = new_cache(adapter, _capacity(chunks, rows.kind == VIDEO, config, max_new_tokens))
 
     masks = _motion_masks(feed, config, plan, spec)
     stats.encoded_visual_tokens = 0

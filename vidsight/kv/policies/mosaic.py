@@ -24,75 +24,39 @@ import math
 
 import torch
 
-from vidsight.errors import ConfigError
-from vidsight.kv.cache import VIDEO, KVCache
-from vidsight.kv.clusters import ClusterTable, split_in_two, unit
-from vidsight.kv.retrieval import Selection, Step, sink_mask, window_mask
-
-CLUSTERINGS = ("nested", "visual", "semantic", "none")
-SPLITS = ("deferred", "eager")
+from vidsight.kv.policies.base import Selection, Step
+from vidsight.kv.policies.clusters import ClusterTable, split_in_two, unit
+from vidsight.kv.policies.common import NewVideo, QuestionChoice, sink_mask, video_mask, window_mask
+from vidsight.kv.policies.configs import MosaicConfig
+from vidsight.kv.store import KVStore
 
 
 @dataclasses.dataclass(frozen=True)
-class MosaicConfig:
-    """Mosaic's settings. The paper's thresholds did not survive extraction; ours are named here,
-    chosen from the task model's keys: one temporal patch of background has a cosine variance
-    of 0.006 (layer 0) to 0.07 (layer 3), a patch with an object 0.25 to 0.39.
+class Clustering:
+    """How memory is organised: Mosaic's two levels, or an ablation with one or none.
 
     Attributes:
-        local_tokens: The most recent cached tokens every step attends to (ReKV's window, so the
-            two compare at the same one).
-        top_frames: The retrieval budget, in temporal patches' worth of tokens (ReKV's 64 frames).
-        visual_top: Visual partitions searched at the second stage.
-        tau_small: Variance threshold of a one-token cluster (the stricter one).
-        tau_large: Variance threshold of a large cluster (the looser one).
-        tau_rate: Cluster size over which the threshold moves from ``tau_small`` to ``tau_large``.
-        visual_tau: Variance threshold of a visual cluster. Pooled frame embeddings vary far
-            less than keys (consecutive frames of one shot are nearly identical); at 0.002 the
-            chat suite's streams (two to four shots, three brief objects each) form about five
-            visual clusters, at 0.01 under three, merging the frames that show an object into
-            their shot (the sweep: docs/benchmarks.md).
-        min_split_size: Clusters smaller than this are never split (the paper: small clusters are
-            unstable and should not be split aggressively).
-        max_clusters: Semantic clusters per visual partition and layer past which none is split:
-            a split reads every member, so without a cap keys that are all far apart (random
-            weights) would split on every patch.
-        clustering: ``nested`` (Mosaic), or an ablation: ``visual`` (frames only), ``semantic``
-            (keys only, one partition), ``none`` (token-level top-k over every video key).
-        split: ``deferred`` (Algorithm 1: wait until the cluster is fetched) or ``eager``.
-        summaries: Attend to the representatives of the clusters not retrieved.
-        prefetch: Predict layer l+1's clusters from layer l's query and count the hits.
-        rotated: Cluster and score keys and queries as the cache holds them, after the rotary
-            embedding (Mosaic does not say which). False compares them before it, as ReKV's code
-            scores; the thresholds above were chosen on rotated keys, and before rotation the same
-            thresholds leave a few large clusters (measured in docs/benchmarks.md), so the default
-            stays rotated. Summaries are rotated keys either way.
+        by_frames: Temporal patches form visual partitions by what they look like (else one partition).
+        by_keys: Within a partition, tokens form semantic clusters by their keys (else the
+            partition is one cluster, never split).
     """
 
-    local_tokens: int = 15000
-    top_frames: int = 64
-    visual_top: int = 4
-    tau_small: float = 0.05
-    tau_large: float = 0.15
-    tau_rate: float = 16.0
-    visual_tau: float = 0.002
-    min_split_size: int = 32
-    max_clusters: int = 64
-    clustering: str = "nested"
-    split: str = "deferred"
-    summaries: bool = True
-    prefetch: bool = True
-    rotated: bool = True
+    by_frames: bool
+    by_keys: bool
 
-    def __post_init__(self):
-        if min(self.local_tokens, self.top_frames, self.visual_top, self.min_split_size, self.max_clusters) < 1 \
-                or self.tau_rate <= 0:
-            raise ConfigError("local_tokens, top_frames, visual_top, min_split_size, max_clusters and tau_rate "
-                              "must be positive")
-        if not 0 < self.tau_small <= self.tau_large <= 2 or not 0 < self.visual_tau <= 2:
-            raise ConfigError("need 0 < tau_small <= tau_large <= 2 (cosine variances lie in [0, 2])")
-        if self.clustering not in CLUSTERINGS or self.split not in SPLITS:
-            raise ConfigError(f"clustering must be one of {CLUSTERINGS} and split one of {SPLITS}")
+    @property
+    def clusters(self) -> bool:
+        """Whether there are clusters at all (else retrieval is token-level top-k)."""
+        return self.by_frames or self.by_keys
+
+    @property
+    def two_stage(self) -> bool:
+        """Retrieval picks partitions first, then clusters within them."""
+        return self.by_frames and self.by_keys
+
+
+CLUSTERINGS = {"nested": Clustering(by_frames=True, by_keys=True), "visual": Clustering(by_frames=True, by_keys=False),
+               "semantic": Clustering(by_frames=False, by_keys=True), "none": Clustering(by_frames=False, by_keys=False)}
 
 
 def size_threshold(size: int | torch.Tensor, config: MosaicConfig):
@@ -124,19 +88,20 @@ class MosaicPolicy:
 
     def __init__(self, config: MosaicConfig = MosaicConfig()):
         self.config = config
+        self.clustering = CLUSTERINGS[config.clustering]
         self.stats = MosaicStats()
         self.visual = ClusterTable()                 # temporal patches, by pooled visual embedding
         self._frame_partition: dict[int, int] = {}   # frame index -> visual cluster
         self._layers: dict[int, ClusterTable] = {}
         self._frames: dict[int, set[int]] = {}       # layer -> frames indexed (for the token budget)
-        self._answer: dict[int, Selection] = {}      # layer -> its question's selection
-        self._question_start: dict[int, int] = {}
+        self._new = NewVideo()
+        self._chosen = QuestionChoice()
         self._predicted: dict[int, set[int]] = {}
-        self._shape = (0, 0)
 
-    def start(self, cache: KVCache) -> "MosaicPolicy":
+    def start(self, cache: KVStore) -> "MosaicPolicy":
         fresh = MosaicPolicy(self.config)
-        cache.set_layout(fresh._group_of)  # offloaded KV stays cluster-contiguous
+        if cache.offload is not None:
+            cache.offload.set_layout(fresh._group_of)  # offloaded KV stays cluster-contiguous
         return fresh
 
     def report(self) -> dict:
@@ -149,32 +114,27 @@ class MosaicPolicy:
                 "index_bytes": index}
 
     # -- the seam --------------------------------------------------------------------------------
-    def select(self, layer: int, cache: KVCache, q: torch.Tensor, step: Step) -> Selection:
+    def select(self, layer: int, cache: KVStore, q: torch.Tensor, step: Step) -> Selection:
         self._unrotate = step.unrotate
         if layer == 0:
             for frame_index, embeds in step.patches:
                 self._place_frame(frame_index, embeds)
-        self._shape = cache.read(layer, torch.empty(0, dtype=torch.long))[0].shape[1::2]  # (kv_heads, head_dim)
         table = self._index(layer, cache)
         filled = cache.filled[layer]
-        if step.kind == "answer" and layer in self._answer:
-            chosen = self._answer[layer]
-            slots = torch.cat([chosen.slots, torch.arange(self._question_start[layer], filled)])
-            return Selection(slots, chosen.keys, chosen.values)
+        recalled = self._chosen.recall(layer, filled) if step.kind == "answer" else None
+        if recalled is not None:
+            chosen, summaries = recalled
+            return Selection(torch.nonzero(chosen).flatten(), *summaries)
         keep = self._kept(cache, layer)
-        query = _query(q if self.config.rotated else step.unrotate(q, step.positions.to(q.device)), self._shape[0])
+        query = _query(q if self.config.rotated else step.unrotate(q, step.positions.to(q.device)), cache.shape[0])
         chosen = self._retrieve(layer, cache, table, query, keep)
         if layer in self._predicted:
             self.stats.prefetch_hits += len(self._predicted.pop(layer) & set(chosen))
             self.stats.prefetch_wanted += len(chosen)
         if self.config.prefetch and layer + 1 < len(cache.filled):
-            following = self._index(layer + 1, cache)
-            predicted = self._retrieve(layer + 1, cache, following, query, keep)
-            self._predicted[layer + 1] = set(predicted)
-            if predicted and self.config.clustering != "none":
-                cache.prefetch(layer + 1, torch.nonzero(torch.isin(following.owner, torch.tensor(predicted))).flatten())
+            self._prefetch(layer + 1, cache, query, keep)
         retrieved = torch.zeros(filled, dtype=torch.bool)
-        if self.config.clustering == "none":
+        if not self.clustering.clusters:
             retrieved[torch.tensor(chosen, dtype=torch.long)] = True
         else:
             for cluster in chosen:
@@ -182,10 +142,18 @@ class MosaicPolicy:
                     self._split(layer, table, cluster, cache, fetched=True)
             retrieved[: len(table.owner)] = torch.isin(table.owner, torch.tensor(chosen, dtype=torch.long))
         step.retrieved += int((retrieved & ~keep).sum())
-        selection = Selection(torch.nonzero(keep | retrieved).flatten(), *self._summaries(table, keep | retrieved))
+        summaries = self._summaries(table, keep | retrieved, cache.shape)
         if step.kind == "question":
-            self._answer[layer], self._question_start[layer] = selection, filled
-        return selection
+            self._chosen.remember(layer, torch.nonzero(keep | retrieved).flatten(), filled, *summaries)
+        return Selection(torch.nonzero(keep | retrieved).flatten(), *summaries)
+
+    def _prefetch(self, following: int, cache: KVStore, query: torch.Tensor, keep: torch.Tensor) -> None:
+        """Predict the next layer's clusters from this layer's query, and start moving them up."""
+        table = self._index(following, cache)
+        predicted = self._retrieve(following, cache, table, query, keep)
+        self._predicted[following] = set(predicted)
+        if predicted and self.clustering.clusters and cache.offload is not None:
+            cache.offload.prefetch(following, torch.nonzero(torch.isin(table.owner, torch.tensor(predicted))).flatten())
 
     def _group_of(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """The cluster of each of ``slots`` of ``layer`` (-1: none yet), for the tiers' layout."""
@@ -197,38 +165,40 @@ class MosaicPolicy:
         out[known] = table.owner[slots[known]]
         return out
 
-    def _kept(self, cache: KVCache, layer: int) -> torch.Tensor:
+    def _kept(self, cache: KVStore, layer: int) -> torch.Tensor:
         """Slots every step attends to: text (the system prompt, kept dialogue) and the local window."""
-        filled, rows = cache.filled[layer], cache.rows(layer)
+        filled = cache.filled[layer]
         return (sink_mask(cache, layer, first_frame=False) | window_mask(filled, self.config.local_tokens)
-                | (cache.tokens.kind[rows] != VIDEO))
+                | ~video_mask(cache, layer))
+
+    def _resident(self, cache: KVStore, layer: int, slots: torch.Tensor) -> bool:
+        return cache.offload is None or cache.offload.resident(layer, slots)
 
     # -- building and keeping the clusters ---------------------------------------------------------
     def _place_frame(self, frame_index: int, embeds: torch.Tensor) -> None:
-        """Put a temporal patch in the visual cluster it looks most like, or a new one."""
+        """Put a temporal patch in the visual cluster it looks most like, or a new one (or, without
+        visual partitions, in the one partition)."""
         vector = unit(embeds.float().mean(dim=0).cpu())[None]
-        if self.config.clustering in ("semantic", "none"):
+        if not self.clustering.by_frames:
             partition = 0 if self.visual.size else self.visual.add(vector, vector, vector, vector, visual=0,
                                                                    first=frame_index)
         else:
             partition = self.visual.assign(vector, lambda n: self.config.visual_tau, first=frame_index)
         self._frame_partition[frame_index] = partition
 
-    def _index(self, layer: int, cache: KVCache) -> ClusterTable:
+    def _index(self, layer: int, cache: KVStore) -> ClusterTable:
         """The layer's clusters, with the video slots written since it was last read assigned."""
         table = self._layers.setdefault(layer, ClusterTable())
-        filled, rows = cache.filled[layer], cache.rows(layer)
+        filled = cache.filled[layer]
         if filled < len(table.owner):  # a question's slots were dropped
             table.owner = table.owner[:filled]
-            table.indexed = min(table.indexed, filled)
         table.owner = torch.cat([table.owner, torch.full((filled - len(table.owner),), -1, dtype=torch.long)])
-        new = torch.nonzero(cache.tokens.kind[rows[table.indexed : filled]] == VIDEO).flatten() + table.indexed
-        table.indexed = filled
+        new = self._new.take(cache, layer)
         if len(new) == 0:
             return table
-        frames = cache.tokens.frame_index[rows[new]]
+        frames = cache.layer_tokens(layer, new).frame_index
         self._frames.setdefault(layer, set()).update(frames.tolist())
-        if self.config.clustering == "none":
+        if not self.clustering.clusters:
             return table
         scores, keys, values = self._read(layer, cache, new)
         partition = torch.tensor([self._frame_partition.get(f, 0) for f in frames.tolist()])
@@ -237,24 +207,24 @@ class MosaicPolicy:
             self._absorb(layer, table, cache, new[mine], scores[mine], keys[mine], values[mine], group)
         return table
 
-    def _read(self, layer: int, cache: KVCache, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _read(self, layer: int, cache: KVStore, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(n, kv_heads * head_dim)`` float32 rows of ``slots``: the keys as scored, the keys, the values."""
         keys, values = cache.read(layer, slots)
         scores = keys if self.config.rotated else self._unrotate(
-            keys, cache.tokens.position[cache.rows(layer)[slots]].T.to(keys.device))
+            keys, cache.layer_tokens(layer, slots).position.T.to(keys.device))
         return _flat(scores), _flat(keys), _flat(values)
 
-    def _absorb(self, layer: int, table: ClusterTable, cache: KVCache, slots, scores, keys, values, group: int
+    def _absorb(self, layer: int, table: ClusterTable, cache: KVStore, slots, scores, keys, values, group: int
                 ) -> None:
         """Assign one visual partition's new tokens; split, or defer splitting, the clusters they make invalid."""
         units = unit(scores)
         candidates = table.candidates(group)
         if len(candidates) == 0:
             table.owner[slots] = table.add(units, scores, keys, values, visual=group, first=int(slots[0]))
-            if self.config.clustering != "visual":
+            if self.clustering.by_keys:
                 self._check(layer, table, table.size - 1, cache)
             return
-        if self.config.clustering == "visual":  # one cluster per visual partition: never split
+        if not self.clustering.by_keys:  # one cluster per partition: never split
             table.extend(int(candidates[0]), slots, units, scores, keys, values)
             return
         best = candidates[(units @ unit(table.unit_sum[candidates]).T).argmax(dim=1)]
@@ -266,7 +236,7 @@ class MosaicPolicy:
             size = int(table.count[cluster]) + int(mine.sum())
             cohesive = not self._splittable(table, cluster, size) or table.variance_with(
                 cluster, units[mine]) <= size_threshold(size, self.config)
-            if cohesive or self.config.split == "eager" or cache.resident(layer, table.members(cluster)):
+            if cohesive or self.config.split == "eager" or self._resident(cache, layer, table.members(cluster)):
                 table.extend(cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 if not cohesive:
                     self._split(layer, table, cluster, cache, fetched=False)
@@ -285,17 +255,17 @@ class MosaicPolicy:
         return size >= self.config.min_split_size and len(table.candidates(int(table.visual[cluster]))) \
             < self.config.max_clusters
 
-    def _check(self, layer: int, table: ClusterTable, cluster: int, cache: KVCache) -> None:
+    def _check(self, layer: int, table: ClusterTable, cluster: int, cache: KVStore) -> None:
         size = int(table.count[cluster])
         if self._splittable(table, cluster, size) and table.variance(cluster) > size_threshold(size, self.config):
             self._split(layer, table, cluster, cache, fetched=False)
 
-    def _split(self, layer: int, table: ClusterTable, cluster: int, cache: KVCache, fetched: bool) -> None:
+    def _split(self, layer: int, table: ClusterTable, cluster: int, cache: KVStore, fetched: bool) -> None:
         """Split ``cluster``, with the newcomers waiting on it, in two by its members' keys."""
         table.merge_waiting(cluster)
         table.lazy[cluster] = False
         members = table.members(cluster)
-        if not fetched and not cache.resident(layer, members):
+        if not fetched and not self._resident(cache, layer, members):
             self.stats.maintenance_transfers += 1
         scores, keys, values = self._read(layer, cache, members)
         second = split_in_two(unit(scores))
@@ -304,13 +274,13 @@ class MosaicPolicy:
             self.stats.splits += 1
 
     # -- retrieval -----------------------------------------------------------------------------------
-    def _retrieve(self, layer: int, cache: KVCache, table: ClusterTable, query: torch.Tensor,
+    def _retrieve(self, layer: int, cache: KVStore, table: ClusterTable, query: torch.Tensor,
                   keep: torch.Tensor) -> list[int]:
         """The clusters (for ``none``: the token slots) the query retrieves within the budget."""
         frames = max(len(self._frames.get(layer, ())), 1)
-        video = int((cache.tokens.kind[cache.rows(layer)] == VIDEO).sum())
+        video = int(video_mask(cache, layer).sum())
         budget = self.config.top_frames * max(1, video // frames)
-        if self.config.clustering == "none":
+        if not self.clustering.clusters:
             return self._top_tokens(layer, cache, query, keep, budget)
         if table.size == 0:
             return []
@@ -319,7 +289,7 @@ class MosaicPolicy:
         if len(live) == 0:
             return []
         scores = table.mean_scores(live) @ query
-        if self.config.clustering == "nested":   # stage 1: the best visual partitions
+        if self.clustering.two_stage:   # stage 1: the best visual partitions
             partitions = torch.unique(table.visual[live])
             best = torch.topk(table.partition_mean_scores(partitions) @ query, min(self.config.visual_top, len(partitions)))
             inside = torch.isin(table.visual[live], partitions[best.indices])
@@ -331,20 +301,20 @@ class MosaicPolicy:
                 used += int(outside[cluster])
         return taken
 
-    def _top_tokens(self, layer: int, cache: KVCache, query: torch.Tensor, keep: torch.Tensor, budget: int
+    def _top_tokens(self, layer: int, cache: KVStore, query: torch.Tensor, keep: torch.Tensor, budget: int
                     ) -> list[int]:
         """The ablation without clusters: the ``budget`` video tokens whose keys best match the query."""
-        rows = cache.rows(layer)
-        candidates = torch.nonzero((cache.tokens.kind[rows] == VIDEO) & ~keep).flatten()
+        candidates = torch.nonzero(video_mask(cache, layer) & ~keep).flatten()
         if len(candidates) == 0:
             return []
         scores = self._read(layer, cache, candidates)[0] @ query
         return candidates[torch.topk(scores, min(budget, len(candidates))).indices].tolist()
 
-    def _summaries(self, table: ClusterTable, attended: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _summaries(self, table: ClusterTable, attended: torch.Tensor, shape: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(1, kv_heads, m, head_dim)`` representatives of the clusters left out, in temporal order."""
-        heads, dim = self._shape
-        if not self.config.summaries or table.size == 0 or self.config.clustering == "none":
+        heads, dim = shape
+        if not self.config.summaries or table.size == 0 or not self.clustering.clusters:
             empty = torch.zeros((1, heads, 0, dim))
             return empty, empty
         left = torch.nonzero(table.outside(attended) > 0).flatten()

@@ -1,4 +1,4 @@
-"""Cosine clusters with running statistics, as Mosaic keeps them (`kv.mosaic`).
+"""Cosine clusters with running statistics, as Mosaic keeps them (`kv.policies.mosaic`).
 
 A cluster keeps its size and the sums of its members' unit vectors, raw keys and values: the
 centroid direction, the representative key and value and the variance all follow from the sums,
@@ -61,7 +61,6 @@ class ClusterTable:
         lazy: ``(C,)`` a split is pending (deferred until the cluster is fetched).
         parent: ``(C,)`` for newcomers waiting on a pending split, the cluster they wait for; else -1.
         owner: ``(slots,)`` the cluster of each slot, -1 for none.
-        indexed: Slots already assigned.
     """
 
     def __init__(self):
@@ -72,7 +71,6 @@ class ClusterTable:
         self.lazy = torch.zeros(0, dtype=torch.bool)
         self.parent = torch.zeros(0, dtype=torch.long)
         self.owner = torch.zeros(0, dtype=torch.long)
-        self.indexed = 0
 
     @property
     def size(self) -> int:
