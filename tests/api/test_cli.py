@@ -196,10 +196,10 @@ def test_watch_missing_source(tmp_path, capsys):
 
 def test_ask_decoding_flags_set_the_feed():
     from vidsight.api.cli import build_parser
-    from vidsight.api.options import feed_config
+    from vidsight.api.settings import feed_config
     from vidsight.ingest import FeedConfig
 
-    assert feed_config(build_parser().parse_args(["ask", "v.mp4", "q"])) == FeedConfig()
+    assert feed_config(vars(build_parser().parse_args(["ask", "v.mp4", "q"]))) == FeedConfig()
     args = build_parser().parse_args(["ask", "v.mp4", "q", "--decode-workers", "3", "--decode-all-frames",
                                       "--resize-after-decoding", "--oversubscribe"])
-    assert feed_config(args) == FeedConfig(workers=3, trim_gops=False, resize_in_decoder=False, split_cores=False)
+    assert feed_config(vars(args)) == FeedConfig(workers=3, trim_gops=False, resize_in_decoder=False, split_cores=False)

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from vidsight.api.options import _float, add_feed_options, add_prefill_options, feed_config, prefill_config
+from vidsight.api.options import _float, add_feed_options, add_prefill_options
+from vidsight.api.settings import ask_configs, feed_config
 
 
 def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -33,15 +34,12 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run_ask(args) -> int:
-    from vidsight.engine import Asker, GenerationConfig
-    from vidsight.ingest import SamplingConfig
+    from vidsight.engine import Asker
 
-    sampling = SamplingConfig(fps=args.fps, max_frames=args.max_frames)
-    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.seed)
+    sampling, generation, prefill = ask_configs(vars(args))
     asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None)
-    result = asker.ask(args.video, args.question, sampling=sampling, generation=generation, prefill=prefill_config(args),
-                       feed=feed_config(args), progress=sys.stderr.isatty() and not args.json)
+    result = asker.ask(args.video, args.question, sampling=sampling, generation=generation, prefill=prefill,
+                       feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from vidsight.api.bench_serve import add_bench_serve_parser, run_bench_serve
-from vidsight.api.options import (_float, add_policy_options, add_prefill_options, add_tier_options, policy_settings,
-                                  prefill_config, tier_config)
+from vidsight.api.options import _float, add_policy_options, add_prefill_options, add_tier_options, policy_settings
+from vidsight.api.settings import prefill_config, tier_config
 from vidsight.errors import ConfigError
 
 
@@ -182,7 +182,7 @@ def run_bench(args) -> int:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
-    report = run_accuracy(args.model, args.suite, args.root, prefill_config(args),
+    report = run_accuracy(args.model, args.suite, args.root, prefill_config(vars(args)),
                           progress=sys.stderr.isatty() and not args.json)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
@@ -283,14 +283,14 @@ def _run_bench_chat(args) -> int:
         from vidsight.models.paths import TASK_MODEL
 
         report = run_chat_accuracy(load_model(args.model or TASK_MODEL, device="cpu"), args.streams, args.stream_frames,
-                                   tuple(args.policies), settings, progress=not args.json, tiers=tier_config(args))
+                                   tuple(args.policies), settings, progress=not args.json, tiers=tier_config(vars(args)))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "chat-accuracy.json").write_text(json.dumps(report, indent=1))
         print(json.dumps(report) if args.json else f"{format_chat_accuracy(report)}\n\n{out / 'chat-accuracy.json'}")
         return 0
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
-                            args.out, progress=not args.json, settings=settings, tiers=tier_config(args),
+                            args.out, progress=not args.json, settings=settings, tiers=tier_config(vars(args)),
                             model=args.model)
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")

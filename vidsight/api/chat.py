@@ -9,8 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import (_float, add_policy_options, add_tier_options, foreign_policy_flags,
-                                  policy_settings, tier_config)
+from vidsight.api.options import _float, add_policy_options, add_tier_options, foreign_policy_flags, policy_settings
+from vidsight.api.settings import chat_configs
 from vidsight.errors import ConfigError
 
 PROGRESS_EVERY_PATCHES = 32
@@ -93,18 +93,18 @@ def _stdin_questions() -> queue.Queue:
 
 
 def run_chat(args) -> int:
-    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.chat import ChatSession
     from vidsight.engine.config import GenerationConfig
     from vidsight.ingest.stream import StreamSource
     from vidsight.models import load_model
 
     scheduled = read_questions(args.questions) if args.questions else None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    config = ChatConfig(fps=args.fps, keep_dialogue=args.keep_dialogue, batch_patches=args.batch_patches)
+    config, tiers = chat_configs(vars(args))
     policy = _policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime,
                           follow_idle_s=args.follow)
-    with ChatSession(load_model(args.model, device=args.device), policy, config, tier_config(args)) as session:
+    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
         return _converse(args, session, source, scheduled, generation)
 
 

@@ -53,15 +53,6 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._
     return group
 
 
-def motion_config(args):
-    """The `MotionPruneConfig` the flags ask for; None (off) unless ``--prune-tau`` is given."""
-    from vidsight.ingest.dynamic import MotionPruneConfig
-
-    if args.prune_tau is None:
-        return None
-    return MotionPruneConfig(tau=args.prune_tau, alpha=args.prune_alpha, rule=args.prune_rule)
-
-
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (QuickCodec)")
     group.add_argument("--decode-workers", type=int, default=None,
@@ -76,24 +67,6 @@ def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--oversubscribe", action="store_true",
                        help="let a model on the CPU keep all its threads while overlapped decoders run "
                             "(default: it uses the cores they leave, at least one, until decoding ends)")
-
-
-def prefill_config(args):
-    from vidsight.engine.prefill.config import PrefillConfig
-    from vidsight.kv.config import PruneConfig
-
-    prune = PruneConfig(rho=args.rho, scorer=args.kv_score, start_layer=args.prune_start_layer,
-                        skip_pruned=args.skip_pruned)
-    return PrefillConfig(group_frames=args.group_frames, prune=prune, motion=motion_config(args),
-                         dedup_patches=args.dedup_patches)
-
-
-def feed_config(args):
-    from vidsight.ingest.feed.config import FeedConfig
-
-    return FeedConfig(workers=args.decode_workers, overlap=not args.no_overlap and args.decode_workers != 0,
-                      trim_gops=not args.decode_all_frames, resize_in_decoder=not args.resize_after_decoding,
-                      split_cores=not args.oversubscribe)
 
 
 def add_policy_options(parser: argparse.ArgumentParser) -> None:
@@ -138,15 +111,3 @@ def add_tier_options(parser: argparse.ArgumentParser) -> None:
                        help="cached tokens host memory keeps; the rest moves to --kv-disk, or is evicted")
     group.add_argument("--kv-disk", default=None, metavar="DIR", help="memory-mapped disk tier, a directory per session")
     group.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
-
-
-def tier_config(args):
-    """The tiers the flags ask for, or None (one device buffer) when none is set."""
-    from pathlib import Path
-
-    from vidsight.kv.tiers.config import TierConfig
-
-    if args.kv_device_budget is None and args.kv_host_budget is None and args.kv_disk is None:
-        return None
-    return TierConfig(args.kv_device_budget, args.kv_host_budget, Path(args.kv_disk) if args.kv_disk else None,
-                      args.keep_kv)

@@ -45,6 +45,9 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     serve.add_argument("--source-retry-window", type=_float, default=DEFAULT_SOURCE_RETRY_WINDOW_S, metavar="S",
                        help="...or failing this many seconds without a frame "
                             f"(default: {DEFAULT_SOURCE_RETRY_WINDOW_S:g})")
+    serve.add_argument("--kv-disk", default=None, metavar="DIR",
+                       help="disk tier of sessions opened with KV budgets (a directory per session; default: none, "
+                            "KV past the host budget is evicted)")
     serve.add_argument("--db", default=None, help="watches, verdicts and alerts: a SQLite file or a postgresql:// URL "
                                                   f"(default: {default_db_path()})")
     serve.add_argument("--max-video-bytes", type=int, default=DEFAULT_MAX_VIDEO_BYTES,
@@ -85,7 +88,8 @@ def serve_config(args):
                        allowed_stream_networks=tuple(args.allowed_stream_networks),
                        allowed_webhook_networks=tuple(args.allowed_webhook_networks),
                        api_keys=read_api_keys(args.api_keys) if args.api_keys else (),
-                       source_retries=args.source_retries, source_retry_window_s=args.source_retry_window)
+                       source_retries=args.source_retries, source_retry_window_s=args.source_retry_window,
+                       kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None)
 
 
 def ray_config(args):

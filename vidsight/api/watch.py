@@ -6,6 +6,7 @@ import argparse
 import json
 
 from vidsight.api.options import _float, add_motion_options
+from vidsight.api.settings import watch_config
 
 
 def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -17,7 +18,7 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
     watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
     watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
-    watch.add_argument("--window", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
+    watch.add_argument("--window", dest="window_s", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
     watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
     watch.add_argument("--fps", type=_float, default=2.0, help="frames sampled per second (default: 2)")
     watch.add_argument("--align-windows", action="store_true",
@@ -34,31 +35,6 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
     add_motion_options(watch, "prune patches whose motion stays under this many pixels")
-
-
-# A watch's settings by the names the server's requests use -> (config, its field); the CLI's
-# flags map onto the same names. A setting left out takes its config's default.
-WATCH_SETTINGS = {
-    "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),
-    "align_windows": ("windows", "align_keyframes"), "refresh": ("watch", "refresh"),
-    "alert_after": ("watch", "alert_after"), "prune_tau": ("prune", "tau"), "prune_alpha": ("prune", "alpha"),
-    "prune_rule": ("prune", "rule"),
-}
-
-
-def watch_config(settings: dict):
-    """A `WatchConfig` from named settings (`WATCH_SETTINGS`); pruning is on when ``prune_tau`` is set."""
-    from vidsight.engine.watch import WatchConfig
-    from vidsight.ingest.dynamic import MotionPruneConfig
-    from vidsight.ingest.stream import WindowConfig
-
-    fields = {"windows": {}, "watch": {}, "prune": {}}
-    for name, value in settings.items():
-        if name in WATCH_SETTINGS and value is not None:
-            config, field = WATCH_SETTINGS[name]
-            fields[config][field] = value
-    prune = MotionPruneConfig(**fields["prune"]) if "tau" in fields["prune"] else None
-    return WatchConfig(windows=WindowConfig(**fields["windows"]), prune=prune, **fields["watch"])
 
 
 def verdict_records(verdict, query: str) -> list[dict]:
@@ -78,9 +54,7 @@ def run_watch(args) -> int:
     from vidsight.engine.watch import Watcher
     from vidsight.models import load_model
 
-    config = watch_config({"window_s": args.window, "stride": args.stride, "fps": args.fps,
-                           "align_windows": args.align_windows, "refresh": args.refresh, "alert_after": args.alert_after,
-                           "prune_tau": args.prune_tau, "prune_alpha": args.prune_alpha, "prune_rule": args.prune_rule})
+    config = watch_config(vars(args))
     source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):

@@ -3,9 +3,9 @@
 import pytest
 
 from vidsight.api.cli import build_parser
-from vidsight.api.options import prefill_config
 from vidsight.api.serve.media import RequestError
-from vidsight.api.serve.openai_api import ChatCompletionRequest, ask_configs
+from vidsight.api.serve.openai_api import ChatCompletionRequest
+from vidsight.api.settings import ask_configs
 from vidsight.errors import ConfigError
 
 
@@ -24,7 +24,7 @@ def request(**settings) -> ChatCompletionRequest:
 ])
 def test_request_settings_give_the_prefill_the_cli_flags_give(settings, flags):
     _, _, prefill = ask_configs(request(**settings).ask_options())
-    assert prefill == prefill_config(build_parser().parse_args(["ask", "v.mp4", "q", *flags]))
+    assert prefill == ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[2]
 
 
 def test_an_unknown_motion_rule_is_refused():

@@ -70,3 +70,28 @@ def test_a_session_that_breaks_says_so(make_local_server, monkeypatch):
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert record["state"] == "failed" and "RuntimeError: a bug" in record["error"]
+
+
+def test_a_session_with_kv_budgets_spills_to_the_servers_disk_tier_and_answers_the_same(make_local_server, tmp_path):
+    disk = tmp_path / "kv"
+    answers = {}
+    with make_local_server(kv_disk=disk) as (url, _):
+        for name, budgets in (("plain", {}), ("tiered", {"kv_device_budget": 100, "kv_host_budget": 60})):
+            opened = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0, **budgets})
+            assert opened.status_code == 201, opened.text
+            session_id = opened.json()["id"]
+            deadline = time.monotonic() + 60
+            while (record := httpx.get(f"{url}/v1/sessions/{session_id}").json())["state"] == "reading":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            answers[name] = httpx.post(f"{url}/v1/sessions/{session_id}/messages",
+                                       json={"question": QUESTION, "max_tokens": 8, "stream": False}, timeout=60).json()
+            if name == "tiered":
+                tiers = record["tokens_by_tier"]
+                assert tiers["device"] <= 100 and tiers["host"] <= 60 and tiers["disk"] > 0
+                assert len(list(disk.iterdir())) == 1   # the session's own directory
+            httpx.delete(f"{url}/v1/sessions/{session_id}")
+        assert not list(disk.iterdir())   # closing the session removed it
+        refused = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "kv_disk": "/tmp"})
+        assert refused.status_code == 422   # where the disk tier lives is the server's choice
+    assert answers["tiered"]["answer"] == answers["plain"]["answer"]

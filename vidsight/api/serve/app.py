@@ -16,12 +16,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 
 from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.media import RequestError, video_file
-from vidsight.api.serve.openai_api import (ChatCompletionRequest, ask_configs, chunk, completion, completion_id,
+from vidsight.api.serve.openai_api import (ChatCompletionRequest, chunk, completion, completion_id,
                                            usage_of)
 from vidsight.api.serve.session_routes import add_session_routes
 from vidsight.api.serve.state import Server
 from vidsight.api.serve.tenants import OPEN, Tenant, identify
 from vidsight.api.serve.watch_routes import add_watch_routes
+from vidsight.api.settings import ask_configs
 from vidsight.errors import ConfigError, VidsightError
 
 if TYPE_CHECKING:

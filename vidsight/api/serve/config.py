@@ -60,6 +60,8 @@ class ServeConfig:
         source_retries: A watch's or session's network source that fails to open (or drops) this
             many times in a row ends ``failed`` with the last error.
         source_retry_window_s: ...or that fails for this long without a frame.
+        kv_disk: Where sessions with KV budgets keep their disk tier (a directory per session,
+            removed when it closes); None: past the host budget the oldest KV is evicted.
     """
 
     model: str
@@ -77,6 +79,7 @@ class ServeConfig:
     api_keys: tuple[ApiKey, ...] = ()
     source_retries: int = DEFAULT_SOURCE_RETRIES
     source_retry_window_s: float = DEFAULT_SOURCE_RETRY_WINDOW_S
+    kv_disk: Path | None = None
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:

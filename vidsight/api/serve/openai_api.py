@@ -10,12 +10,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vidsight.api.serve.media import RequestError
+from vidsight.api.settings import ASK_SETTINGS
 
-# Settings a request may give, with the `ask` option each sets. vLLM's own names first.
-PROCESSOR_KWARGS = {"fps": "fps", "max_frames": "max_frames", "num_frames": "max_frames", "rho": "rho",
-                    "kv_score": "kv_score", "group_frames": "group_frames",
-                    "prune_start_layer": "prune_start_layer", "skip_pruned": "skip_pruned", "prune_tau": "prune_tau",
-                    "prune_alpha": "prune_alpha", "prune_rule": "prune_rule", "dedup_patches": "dedup_patches"}
+# Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
+# ``num_frames``; generation settings come from the request's own fields.
+PROCESSOR_KWARGS = {**{name: name for name, (config, _) in ASK_SETTINGS.items() if config != "generation"},
+                    "num_frames": "max_frames"}
 
 
 class VideoURL(BaseModel):
@@ -95,31 +95,6 @@ class ChatCompletionRequest(BaseModel):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         return options
-
-
-def ask_configs(options: dict[str, Any]):
-    """``(sampling, generation, prefill)`` configs from `ChatCompletionRequest.ask_options`."""
-    from vidsight.engine.config import GenerationConfig
-    from vidsight.engine.prefill.config import PrefillConfig
-    from vidsight.ingest import SamplingConfig
-    from vidsight.ingest.dynamic import MotionPruneConfig
-    from vidsight.kv.config import PruneConfig
-
-    def pick(*names: str, renamed: dict[str, str] | None = None) -> dict[str, Any]:
-        fields = renamed or {name: name for name in names}
-        return {field: options[key] for key, field in fields.items() if options.get(key) is not None}
-
-    try:
-        sampling = SamplingConfig(**pick("fps", "max_frames"))
-        generation = GenerationConfig(**pick("max_new_tokens", "temperature", "top_p", "seed"))
-        prune = PruneConfig(**pick(renamed={"rho": "rho", "kv_score": "scorer", "prune_start_layer": "start_layer",
-                                            "skip_pruned": "skip_pruned"}))
-        motion = (MotionPruneConfig(**pick(renamed={"prune_tau": "tau", "prune_alpha": "alpha", "prune_rule": "rule"}))
-                  if options.get("prune_tau") is not None else None)
-        prefill = PrefillConfig(prune=prune, motion=motion, **pick("group_frames", "dedup_patches"))
-    except TypeError as exc:
-        raise RequestError(422, f"a video setting has the wrong type: {exc}") from None
-    return sampling, generation, prefill
 
 
 def completion_id() -> str:

@@ -26,6 +26,10 @@ class SessionRequest(BaseModel):
     fps: float = Field(default=1.0, gt=0)
     batch_patches: int = Field(default=1, ge=1)
     realtime: bool = False
+    kv_device_budget: int | None = Field(default=None, ge=1, description="cached tokens (summed over layers) the "
+                                         "device keeps; the rest moves to host memory (`vidsight chat`'s flag)")
+    kv_host_budget: int | None = Field(default=None, ge=1, description="cached tokens host memory keeps; the rest "
+                                       "moves to the server's --kv-disk, or is evicted")
 
 
 class MessageRequest(BaseModel):

@@ -51,18 +51,23 @@ class SessionManager:
 
     def open(self, spec: dict) -> dict:
         """Start a session over ``spec['source']`` with the settings of ``POST /v1/sessions``."""
-        from vidsight.engine.chat import ChatConfig, ChatSession
+        from vidsight.api.settings import chat_configs
+        from vidsight.engine.chat import ChatSession
         from vidsight.ingest.queue import FrameQueue
         from vidsight.ingest.stream import StreamSource
         from vidsight.kv.policies.registry import make_policy
 
         source, options = stream_source(spec["source"], self.serve_config)
         policy = make_policy(spec["policy"], **spec.get("settings", {}))
-        config = ChatConfig(fps=spec["fps"], batch_patches=spec["batch_patches"])
+        # A client sets budgets; where the disk tier lives is the server's choice alone.
+        budgets = {name: spec.get(name) for name in ("kv_device_budget", "kv_host_budget")}
+        disk = self.serve_config.kv_disk if any(v is not None for v in budgets.values()) else None
+        config, tiers = chat_configs({"fps": spec["fps"], "batch_patches": spec["batch_patches"], **budgets,
+                                      "kv_disk": disk})
         stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], ffmpeg_options=options,
                               reconnect_tries=self.serve_config.source_retries,
                               reconnect_window_s=self.serve_config.source_retry_window_s)
-        chat = ChatSession(self.adapter, policy, config)
+        chat = ChatSession(self.adapter, policy, config, tiers)
         frames = FrameQueue(stream, drop_oldest=stream.network or spec["realtime"])
         session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)
         with self._lock:

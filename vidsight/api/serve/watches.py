@@ -15,7 +15,8 @@ import httpx
 from vidsight.api.serve.egress import EgressRefused, EgressRules, send_checked
 from vidsight.api.serve.media import RequestError, stream_source
 from vidsight.api.serve.store import DONE, FAILED, RUNNING, STOPPED, Store
-from vidsight.api.watch import end_record, verdict_records, watch_config
+from vidsight.api.settings import watch_config
+from vidsight.api.watch import end_record, verdict_records
 from vidsight.errors import VidsightError
 
 if TYPE_CHECKING:
