@@ -279,3 +279,15 @@ def test_each_session_and_fork_owns_its_policys_state(tiny_adapter, make_test_vi
     fork.ask(QUESTIONS[2], GenerationConfig(max_new_tokens=NEW_TOKENS))   # the fork works first...
     after, untouched = (s.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (a, twin))
     assert after.token_ids == untouched.token_ids and torch.equal(after.logits, untouched.logits)   # ...a is as before
+
+
+def test_chat_is_timed_by_stage_like_ask_and_watch(tiny_adapter, make_test_video):
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(sampled(make_test_video, VIDEOS[0]), 0, 4))
+    answer = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    for patch in session.patches:
+        assert set(patch.stages_s) == {"preprocess", "vision", "prefill"} and min(patch.stages_s.values()) > 0
+        assert sum(patch.stages_s.values()) <= patch.latency_s
+    stages = answer.stats.stages_s
+    assert answer.stats.ttft_s == stages["prefill"] > 0 and stages["generate"] > 0
+    assert stages["prefill"] + stages["generate"] <= answer.stats.answer_s

@@ -15,17 +15,15 @@ from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_video
-from vidsight.engine.prompt import plan_video
+from vidsight.engine.prompt import check_question, plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
-from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
 from vidsight.models import load_model
 from vidsight.vision import resize_frames
 
-MAX_QUESTION_CHARS = 20000
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +80,7 @@ class Asker:
         ``on_text`` is called with each new piece of the answer's text as it is generated (the
         pieces join to ``answer``).
         """
-        _check_question(question)
+        check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
         state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, request)
         return self._generate(state, generation, request, on_text)
@@ -103,7 +101,7 @@ class Asker:
             question: The question.
             fps: The rate the frames were sampled at (sets the model's temporal positions).
         """
-        _check_question(question)
+        check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
@@ -120,7 +118,7 @@ class Asker:
         feed: FeedConfig = FeedConfig(),
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
-        _check_question(question)
+        check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         return self._prefill(video, question, sampling, prefill, feed, 1, request).logits
 
@@ -185,13 +183,6 @@ class Asker:
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders
         return state
-
-
-def _check_question(question: str) -> None:
-    if not question or not question.strip():
-        raise ConfigError("the question is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
 
 
 def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -21,19 +20,19 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.forward import first_level, forward, new_cache
 from vidsight.engine.generate import TextStream, generate
-from vidsight.engine.prompt import interleave, patch_rows
+from vidsight.engine.prompt import check_question, interleave, patch_rows
+from vidsight.engine.stats import ANSWER_STAGES, PATCH_STAGES, StageClock
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import VIDEO, TokenTable
 from vidsight.kv.policies import FullPolicy, KVPolicy, Step
-from vidsight.kv.store import KVStore, traffic_of
+from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.
 INITIAL_CAPACITY = 4096
-MAX_QUESTION_CHARS = 20000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +74,10 @@ class ChatStats:
         cached_tokens: Tokens in the cache when the question came (the video and the prompt).
         attended_tokens: Cached tokens the question attended to, averaged over layers.
         retrieved_tokens: Of those, tokens a retrieval chose beyond sinks and the local window.
-        ttft_s: From the question to its first answer token.
+        ttft_s: From the question to its first answer token (the ``prefill`` stage).
         answer_s: From the question to the whole answer.
+        stages_s: Seconds of the question's ``prefill`` and the answer's ``generate`` (timed as
+            ask's and watch's stages are, once the device's queued work is done).
         tokens_by_tier: Cached tokens (summed over layers) on the device, host and disk after the answer.
         bytes_moved: Bytes copied up and down between the tiers since the session began.
         question_bytes_moved: Of those, the bytes copied while this question was answered.
@@ -93,6 +94,7 @@ class ChatStats:
     retrieved_tokens: float = 0.0
     ttft_s: float = 0.0
     answer_s: float = 0.0
+    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(ANSWER_STAGES, 0.0))
     tokens_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
     question_bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -107,12 +109,13 @@ class ChatStats:
 @dataclasses.dataclass
 class PatchStats:
     """One prefill of temporal patches (``ChatConfig.batch_patches`` of them, or fewer when a
-    question flushes them): its time and what its layers attended (per layer)."""
+    question flushes them): its time, per stage too, and what its layers attended (per layer)."""
 
     latency_s: float
     cached_tokens: int
     attended_tokens: float
     patches: int = 1
+    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(PATCH_STAGES, 0.0))
 
     @property
     def per_patch_s(self) -> float:
@@ -204,13 +207,17 @@ class ChatSession:
 
     def _prefill_patches(self, frames: list[SampledFrame]) -> None:
         adapter, spec = self.adapter, self.adapter.vision
-        started = time.perf_counter()
+        timing = PatchStats(0.0, self.cache.length, 0.0, len(frames) // spec.temporal_patch_size)
+        clock = StageClock(timing, adapter.device, reset_peak=False)
         with torch.inference_mode():
             if self._patches == 0:
-                self._prefill_text(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
-            video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
-                                     size=self._size)
-            embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
+                with clock.stage("prefill"):
+                    self._prefill_text(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
+            with clock.stage("preprocess"):
+                video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
+                                         size=self._size)
+            with clock.stage("vision"):
+                embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
             patches, gh, gw = video.grid_thw
             count = embeds.shape[1]
             seconds_per_patch = spec.temporal_patch_size / self.config.fps
@@ -236,14 +243,16 @@ class ChatSession:
                 rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s, positions)
                 inputs = embeds
             self.cache.reserve(inputs.shape[1])
-            cached = self.cache.length
+            timing.cached_tokens = self.cache.length
             per_patch = count // patches
             step = Step("frame", patches=[(f.frame_index, first_level(embeds[0, k * per_patch : (k + 1) * per_patch]))
                                           for k, f in enumerate(firsts)])
-            forward(adapter, self.cache, inputs, positions, rows, policy=self.policy, step=step)
+            with clock.stage("prefill"):
+                forward(adapter, self.cache, inputs, positions, rows, policy=self.policy, step=step)
         self._patches += patches
         self._next_position = int(positions.max()) + 1
-        self.patches.append(PatchStats(time.perf_counter() - started, cached, step.attended / step.layers, patches))
+        timing.latency_s, timing.attended_tokens = clock.elapsed(), step.attended / step.layers
+        self.patches.append(timing)
 
     def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step,
                       leading: torch.Tensor | None = None) -> torch.Tensor:
@@ -292,15 +301,11 @@ class ChatSession:
         Raises:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
         """
-        if not question or not question.strip():
-            raise ConfigError("the question is empty")
+        check_question(question)
         self._flush()
-        if len(question) > MAX_QUESTION_CHARS:
-            raise ConfigError(f"the question is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
         if self._patches == 0:
             raise ConfigError(f"no video yet: a question needs {self.adapter.vision.temporal_patch_size} frames "
                               f"first (one temporal patch); {self.frames_seen} arrived")
-        started = time.perf_counter()
         layout = self.adapter.build_prompt(question, 0)
         if not torch.equal(layout.input_ids[: layout.video_start], self._prefix):
             raise ModelError(f"{self.adapter.name}: the chat template puts text that depends on the question "
@@ -309,26 +314,28 @@ class ChatSession:
         question_ids = layout.input_ids[layout.video_start :]
         before = self.cache.length
         stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
+        clock = StageClock(stats, self.adapter.device, reset_peak=False)
         question_step, answer_step = Step("question"), Step("answer")
         traffic_before = traffic_of(self.cache)
         with torch.inference_mode():
-            video_suffix = self.adapter.video_suffix()
-            length = video_suffix.shape[0] + len(question_ids)
-            positions = (torch.arange(length) + self._next_position).expand(3, -1)
-            hidden = self._prefill_text(question_ids, positions, question_step, video_suffix)
-            logits = self.adapter.logits(hidden[0, -1])
-            first_token = time.perf_counter()
+            with clock.stage("prefill"):
+                video_suffix = self.adapter.video_suffix()
+                length = video_suffix.shape[0] + len(question_ids)
+                positions = (torch.arange(length) + self._next_position).expand(3, -1)
+                hidden = self._prefill_text(question_ids, positions, question_step, video_suffix)
+                logits = self.adapter.logits(hidden[0, -1])
             stream = TextStream(self.adapter, on_text) if on_text is not None else None
-            ids = generate(self.adapter, self.cache, logits, self._next_position + length, generation,
-                           on_token=stream, policy=self.policy, step=answer_step)
-            if stream is not None:
-                stream.finish(ids)
+            with clock.stage("generate"):
+                ids = generate(self.adapter, self.cache, logits, self._next_position + length, generation,
+                               on_token=stream, policy=self.policy, step=answer_step)
+                if stream is not None:
+                    stream.finish(ids)
             if self.config.keep_dialogue:
                 self._keep_turn(ids, self._next_position + length + len(ids) - 1)
         if not self.config.keep_dialogue:
             self.cache.truncate(before)
-        stats.ttft_s = first_token - started
-        stats.answer_s = time.perf_counter() - started
+        stats.ttft_s = stats.stages_s["prefill"]
+        stats.answer_s = clock.elapsed()
         stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
         stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
         traffic = traffic_of(self.cache)

@@ -8,10 +8,21 @@ import dataclasses
 
 import torch
 
+from vidsight.errors import ConfigError
 from vidsight.kv import VIDEO, TokenTable
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import video_size
+
+MAX_QUESTION_CHARS = 20000
+
+
+def check_question(question: str, what: str = "question") -> None:
+    """Refuse an empty or overlong question (or a watch's query) before any work is done."""
+    if not question or not question.strip():
+        raise ConfigError(f"the {what} is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise ConfigError(f"the {what} is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,8 @@ from vidsight.engine.memory import TensorMemoryMeter
 STAGES = ("decode", "preprocess", "vision", "prefill", "generate")
 # A watch window's stages: its first token is its verdict, so nothing is generated.
 WINDOW_STAGES = STAGES[:-1]
+PATCH_STAGES = ("preprocess", "vision", "prefill")   # a chat stream's temporal patches
+ANSWER_STAGES = ("prefill", "generate")              # a chat question: its prefill, then its answer
 
 
 @dataclasses.dataclass
@@ -92,15 +94,17 @@ class AskStats:
 class StageClock:
     """Times named stages, waiting for queued device work so each stage is charged its own time.
 
-    With ``meter_memory``, `memory` blocks also record their peak tensor memory.
+    ``stats`` has a ``stages_s`` dict holding each stage's name. With ``meter_memory``, `memory`
+    blocks also record their peak tensor memory; ``reset_peak`` starts the device's peak memory
+    counter afresh (a chat patch's clock leaves it to the work around it).
     """
 
-    def __init__(self, stats: AskStats | WindowStats, device: torch.device, meter_memory: bool = False):
+    def __init__(self, stats, device: torch.device, meter_memory: bool = False, reset_peak: bool = True):
         self.stats = stats
         self.device = device
         self.meter_memory = meter_memory
         self.started = time.perf_counter()
-        if device.type == "cuda":
+        if reset_peak and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
     def _sync(self) -> None:
@@ -111,6 +115,10 @@ class StageClock:
         """The time once the device's queued work is done."""
         self._sync()
         return time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since the clock started, once the device's queued work is done."""
+        return self._now() - self.started
 
     @contextlib.contextmanager
     def stage(self, name: str):

@@ -19,7 +19,7 @@ import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.forward import forward, new_cache
-from vidsight.engine.prompt import VideoPrompt, build_video_prompt, plan_video
+from vidsight.engine.prompt import VideoPrompt, build_video_prompt, check_question, plan_video
 from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
@@ -129,8 +129,7 @@ class Watcher:
     """
 
     def __init__(self, adapter: VLMAdapter, query: str, config: WatchConfig = WatchConfig()):
-        if not query.strip():
-            raise ConfigError("the query is empty")
+        check_question(query, "query")
         tp = adapter.vision.temporal_patch_size
         windows = config.windows
         refresh = refresh_policy(config.refresh, config.deviation_ratio)
