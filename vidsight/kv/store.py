@@ -3,7 +3,7 @@
 Two classes implement it: `KVCache` (one preallocated device buffer; the only one that prunes,
 overwrites and retains in place) and `TieredKVCache` (blocks on the device, in host memory and on
 disk). Offloading is a capability: ``store.offload`` is None for a cache with one tier, and an
-`Offload` (layout, prefetch, residency, traffic) for one with more. ``tests/kv/test_store.py``
+`Offload` (layout, prefetch, residency, traffic) for one with more. ``tests/kv/test_kv_store.py``
 checks that every caller uses only what these two protocols declare.
 """
 
