@@ -96,20 +96,16 @@ def parse_settings(config: type, text: str, label: str) -> dict:
     return out
 
 
-def parse_value(kind: type, value, what: str):
-    """A setting given as text (or JSON) as its field's type."""
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
+def parse_value(kind: type, text: str, what: str):
+    """A setting written in a label, as its field's type."""
     if kind is bool:
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
-            return value.lower() in ("1", "true", "yes")
-        raise ConfigError(f"{what} takes true or false, got {value!r}")
+        if text.lower() in ("1", "true", "yes", "0", "false", "no"):
+            return text.lower() in ("1", "true", "yes")
+        raise ConfigError(f"{what} takes true or false, got {text!r}")
     try:
-        if kind is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} takes a {kind.__name__}, got {value!r}") from None
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{what} takes a {kind.__name__}, got {text!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)
