@@ -18,8 +18,9 @@ def sink_mask(cache: KVStore, layer: int, first_frame: bool) -> torch.Tensor:
     sinks = rows < int(video[0])
     if first_frame:
         first = cache.tokens.frame_index[video[0]]
-        held = cache.layer_tokens(layer)
-        sinks |= (held.kind == VIDEO) & (held.frame_index == first)
+        first_patch = cache.video_slots(layer)
+        first_patch = first_patch[cache.layer_tokens(layer, first_patch).frame_index == first]
+        sinks[first_patch] = True
     return sinks
 
 
@@ -30,7 +31,9 @@ def window_mask(filled: int, tokens: int) -> torch.Tensor:
 
 def video_mask(cache: KVStore, layer: int) -> torch.Tensor:
     """``(filled,)`` bool: the slots of ``layer`` that hold video."""
-    return cache.layer_tokens(layer).kind == VIDEO
+    mask = torch.zeros(cache.filled[layer], dtype=torch.bool)
+    mask[cache.video_slots(layer)] = True
+    return mask
 
 
 class NewVideo:
