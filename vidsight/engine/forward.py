@@ -89,6 +89,38 @@ def unrotation(adapter: VLMAdapter):
     return lambda x, at: adapter.rerotate_keys(x, at, torch.zeros_like(at))
 
 
+def attend_cached(layer: int, cache: KVStore, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  policy: KVPolicy | None = None, step: Step | None = None) -> torch.Tensor:
+    """One layer's attention of a chunk over the cached tokens ``policy`` picks and itself, causally.
+
+    Writes the chunk's ``(1, kv_heads, L, head_dim)`` keys and values to ``cache`` (the caller
+    settles them with ``cache.keep``) and counts what was attended in ``step``.
+
+    Returns:
+        ``(1, heads, L, head_dim)`` attention output of the chunk's queries ``q``.
+    """
+    past = cache.filled[layer]
+    chosen = policy.select(layer, cache, q, step) if policy is not None else None
+    summary = chosen if isinstance(chosen, Selection) else None
+    if summary is not None:
+        chosen = summary.slots
+    keys, values = cache.write(layer, k, v, chosen, None if summary is None else summary.heads)
+    summaries = 0 if summary is None or summary.keys is None else summary.keys.shape[2]
+    if summaries:
+        # Summaries come first: they are past entries every query of the chunk may see.
+        keys = torch.cat([summary.keys.to(keys.device, keys.dtype), keys], dim=2)
+        values = torch.cat([summary.values.to(values.device, values.dtype), values], dim=2)
+    past_mask = None if summary is None or summary.heads is None else torch.cat(
+        [torch.ones((summary.heads.shape[0], summaries), dtype=torch.bool), summary.heads], dim=1)
+    if step is not None:
+        step.cached += past
+        step.attended += (past if chosen is None else len(chosen) if past_mask is None
+                          else float(summary.heads.sum(dim=1).float().mean()))
+        step.summaries += summaries
+        step.layers += 1
+    return attend(q, keys, values, keys.shape[2] - k.shape[2], past_mask=past_mask)
+
+
 @torch.inference_mode()
 def forward(adapter: VLMAdapter, cache: KVStore, embeds: torch.Tensor, positions: torch.Tensor, rows: TokenTable,
             hook: LayerHook | None = None, policy: KVPolicy | None = None, step: Step | None = None
@@ -122,27 +154,7 @@ def forward(adapter: VLMAdapter, cache: KVStore, embeds: torch.Tensor, positions
     alive = None  # chunk offsets of the tokens still computed; None: all of them
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, hidden, rotary)
-        past = cache.filled[layer]
-        chosen = policy.select(layer, cache, q, step) if policy is not None else None
-        summary = chosen if isinstance(chosen, Selection) else None
-        if summary is not None:
-            chosen = summary.slots
-        keys, values = cache.write(layer, k, v, chosen, None if summary is None else summary.heads)
-        summaries = 0 if summary is None or summary.keys is None else summary.keys.shape[2]
-        if summaries:
-            # Summaries come first: they are past entries every query of the chunk may see.
-            keys = torch.cat([summary.keys.to(keys.device, keys.dtype), keys], dim=2)
-            values = torch.cat([summary.values.to(values.device, values.dtype), values], dim=2)
-        past_mask = None if summary is None or summary.heads is None else torch.cat(
-            [torch.ones((summary.heads.shape[0], summaries), dtype=torch.bool), summary.heads], dim=1)
-        if step is not None:
-            step.cached += past
-            step.attended += (past if chosen is None else len(chosen) if past_mask is None
-                              else float(summary.heads.sum(dim=1).float().mean()))
-            step.summaries += summaries
-            step.layers += 1
-        hidden = adapter.finish_layer(layer, hidden, attend(q, keys, values, keys.shape[2] - k.shape[2],
-                                                            past_mask=past_mask))
+        hidden = adapter.finish_layer(layer, hidden, attend_cached(layer, cache, q, k, v, policy, step))
         hidden = add_level(hidden, added, layer)
         kept = hook.after_attention(layer, q, k, v, rows if alive is None else rows[alive]) if hook else None
         cache.keep(layer, k.shape[2], kept, alive)

@@ -1,13 +1,14 @@
-"""Token selection and the decode loop."""
+"""Token selection and the decode loop: one answer (`generate`), or several stepped together (`DecodeBatch`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
+from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.config import GenerationConfig
-from vidsight.engine.forward import forward
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
 from vidsight.kv.store import KVStore
@@ -32,11 +33,105 @@ class TokenSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
+@dataclasses.dataclass
+class Answer:
+    """One answer being generated: its cache, where it stands, and what it produced.
+
+    Attributes:
+        cache: The prefilled cache (prompt, and the answer's tokens as they are fed).
+        logits: ``(vocab,)`` logits of the next token.
+        next_position: Position (all three M-RoPE axes) of the next token fed.
+        config: How tokens are chosen and how many at most.
+        on_token: Called with the ids so far after each token.
+        policy: The cached tokens each generated token attends to (None: all).
+        step: An ``answer`` step counting what was attended.
+        ids: Generated ids, ending with the end token when one was produced.
+        done: No more tokens will come (an end token, the limit, or `cancel`).
+    """
+
+    cache: KVStore
+    logits: torch.Tensor
+    next_position: int
+    config: GenerationConfig = GenerationConfig()
+    on_token: Callable[[list[int]], None] | None = None
+    policy: KVPolicy | None = None
+    step: Step | None = None
+    ids: list[int] = dataclasses.field(default_factory=list)
+    done: bool = False
+
+    def __post_init__(self):
+        self._sampler = TokenSampler(self.config, self.logits.device)
+
+    def choose(self, eos_token_ids) -> int:
+        """Pick the next token from ``logits`` and record it; ends the answer at an end token or the limit."""
+        token = self._sampler(self.logits)
+        self.ids.append(token)
+        if self.on_token is not None:
+            self.on_token(self.ids)
+        if token in eos_token_ids or len(self.ids) == self.config.max_new_tokens:
+            self.done = True
+        return token
+
+    def cancel(self) -> None:
+        """Stop before the next step (a client that went away); its cache is no longer fed."""
+        self.done = True
+
+
+class DecodeBatch:
+    """Generates several answers together: each step feeds one token of every running answer.
+
+    Each answer's tokens are the ones `generate` would choose for it alone (tested): its own
+    sampler, positions, policy and end. An answer added between steps joins the next one.
+
+    Args:
+        adapter: The model's primitives.
+    """
+
+    def __init__(self, adapter: VLMAdapter):
+        self.adapter = adapter
+        self.running: list[Answer] = []
+
+    def add(self, answer: Answer) -> Answer:
+        self.running.append(answer)
+        return answer
+
+    @torch.inference_mode()
+    def step(self) -> int:
+        """Choose every running answer's next token, then feed those that go on, packed.
+
+        Returns:
+            Answers still running.
+        """
+        for answer in self.running:
+            if not answer.done:
+                answer.choose(self.adapter.eos_token_ids)
+        going = self.running = [answer for answer in self.running if not answer.done]
+        if going:
+            self._feed(going)
+        return len(self.running)
+
+    def _feed(self, answers: list[Answer]) -> None:
+        chunks = []
+        for answer in answers:
+            positions = torch.full((3, 1), answer.next_position, dtype=torch.long)
+            answer.cache.reserve(1)
+            chunks.append(Chunk(answer.cache, self.adapter.embed_tokens(torch.tensor([[answer.ids[-1]]])), positions,
+                                TokenTable.text(positions), answer.policy, answer.step))
+        for answer, hidden in zip(answers, forward_packed(self.adapter, chunks)):
+            answer.logits = self.adapter.logits(hidden[0, -1])
+            answer.next_position += 1
+
+    def run(self) -> None:
+        """Step until every answer has ended."""
+        while self.step():
+            pass
+
+
 @torch.inference_mode()
 def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
              step: Step | None = None) -> list[int]:
-    """Decode from the prefill's last logits until an end token or ``max_new_tokens``.
+    """Decode one answer from the prefill's last logits until an end token or ``max_new_tokens``.
 
     Args:
         adapter: The model's primitives.
@@ -51,21 +146,11 @@ def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_pos
     Returns:
         Generated ids, ending with the end token when one was produced.
     """
-    sample = TokenSampler(config, logits.device)
-    ids: list[int] = []
-    for offset in range(config.max_new_tokens):
-        token = sample(logits)
-        ids.append(token)
-        if on_token is not None:
-            on_token(ids)
-        if token in adapter.eos_token_ids or offset == config.max_new_tokens - 1:
-            break
-        positions = torch.full((3, 1), next_position + offset, dtype=torch.long)
-        embeds = adapter.embed_tokens(torch.tensor([[token]]))
-        cache.reserve(1)
-        hidden = forward(adapter, cache, embeds, positions, TokenTable.text(positions), policy=policy, step=step)
-        logits = adapter.logits(hidden[0, -1])
-    return ids
+    answer = Answer(cache, logits, next_position, config, on_token, policy, step)
+    batch = DecodeBatch(adapter)
+    batch.add(answer)
+    batch.run()
+    return answer.ids
 
 
 class TextStream:

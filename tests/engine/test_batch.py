@@ -1,0 +1,104 @@
+"""Sequences packed into one pass answer as each does alone: the packed forward, and decode steps
+of several answers with different videos, prompt lengths, settings and policies."""
+
+import pytest
+import torch
+
+from vidsight.engine import GenerationConfig, PrefillConfig
+from vidsight.engine.batch import Chunk, forward_packed
+from vidsight.engine.forward import forward, new_cache
+from vidsight.engine.generate import Answer, DecodeBatch
+from vidsight.engine.prefill import prefill_video
+from vidsight.engine.request import Request
+from vidsight.engine.stats import AskStats, StageClock
+from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.feed import FrameFeed
+from vidsight.kv import TokenTable
+from vidsight.kv.policies import RecentConfig, RecentPolicy, Step
+
+# Different sizes, lengths and questions, so the packed sequences differ in every way.
+REQUESTS = [
+    (dict(width=176, height=144, duration_s=4.0, fps=8, gop=8, bframes=True, seed=1), 2.0,
+     "What colour is the square?", GenerationConfig(max_new_tokens=8), False),
+    (dict(width=320, height=240, duration_s=3.0, fps=10, gop=10, bframes=False, seed=2), 1.0,
+     "Where did the square go after it stopped moving near the edge of the picture?",
+     GenerationConfig(max_new_tokens=3), False),
+    (dict(width=160, height=120, duration_s=5.0, fps=6, gop=6, bframes=True, seed=3), 2.0,
+     "How many squares?", GenerationConfig(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=7), True),
+]
+
+
+def prefilled(adapter, make_test_video, spec, fps, question, max_new_tokens):
+    path, _ = make_test_video(**spec)
+    info = probe(path)
+    frames = decode_frames(path, sample_frames(info, SamplingConfig(fps=fps)), info=info)
+    request = Request(StageClock(AskStats(), adapter.device))
+    return prefill_video(adapter, FrameFeed.decoded(frames), question, fps, PrefillConfig(group_frames=4),
+                         max_new_tokens, request)
+
+
+def answers(adapter, make_test_video):
+    """One `Answer` per request, each over its own prefilled cache; the last attends to a window."""
+    out = []
+    for spec, fps, question, generation, windowed in REQUESTS:
+        state = prefilled(adapter, make_test_video, spec, fps, question, generation.max_new_tokens)
+        policy = RecentPolicy(RecentConfig(window_tokens=40)).start(state.cache) if windowed else None
+        out.append(Answer(state.cache, state.logits, state.next_position, generation, policy=policy,
+                          step=Step("answer") if windowed else None))
+    return out
+
+
+def test_answers_decoded_together_equal_each_decoded_alone(tiny_adapter, make_test_video):
+    together, alone = answers(tiny_adapter, make_test_video), answers(tiny_adapter, make_test_video)
+    batch, singles = DecodeBatch(tiny_adapter), [DecodeBatch(tiny_adapter) for _ in alone]
+    for answer, single in zip(together, singles):
+        batch.add(answer)
+    for answer, single in zip(alone, singles):
+        single.add(answer)
+    steps, running = 0, True
+    while running:
+        running = batch.step()
+        for single in singles:
+            single.step()
+        steps += 1
+        for a, b in zip(together, alone, strict=True):
+            assert a.done == b.done
+            if not a.done:   # the next token's logits, from a packed pass and from a pass alone
+                torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
+    assert [a.ids for a in together] == [b.ids for b in alone]
+    assert [len(a.ids) for a in together] == [8, 3, 6] and steps == 8   # answers left the batch as they ended
+    assert together[2].step.attended < together[2].step.cached    # the window policy did select
+
+
+def test_the_answer_depends_on_its_own_video(tiny_adapter, make_test_video):
+    a, b = answers(tiny_adapter, make_test_video)[:2]
+    assert (a.logits - b.logits).abs().max() > 1e-2
+
+
+def test_a_cancelled_answer_leaves_the_batch_at_the_next_step(tiny_adapter, make_test_video):
+    first, second, _ = answers(tiny_adapter, make_test_video)
+    batch = DecodeBatch(tiny_adapter)
+    batch.add(first), batch.add(second)
+    batch.step()
+    length = second.cache.length
+    second.cancel()
+    assert batch.step() == 1 and second.cache.length == length and len(second.ids) == 1
+
+
+@pytest.mark.parametrize("family", ["tiny_adapter", "qwen3_adapter"])
+def test_packed_prefill_equals_each_chunk_alone(request, family):
+    adapter = request.getfixturevalue(family)
+    prompts = [adapter.text_ids("What colour is the square in the corner?"), adapter.text_ids("Count them."),
+               adapter.text_ids("Yes")]
+    caches = [new_cache(adapter, 64) for _ in prompts], [new_cache(adapter, 64) for _ in prompts]
+    chunks, alone = [], []
+    for ids, packed_cache, single_cache in zip(prompts, *caches):
+        ids = torch.tensor(ids)
+        positions = torch.arange(len(ids)).expand(3, -1) + 5
+        embeds = adapter.embed_tokens(ids[None])
+        chunks.append(Chunk(packed_cache, embeds, positions, TokenTable.text(positions)))
+        alone.append(forward(adapter, single_cache, embeds, positions, TokenTable.text(positions)))
+    for packed, single, packed_cache, single_cache in zip(forward_packed(adapter, chunks), alone, *caches):
+        torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-5)
+        for layer in range(adapter.num_layers):
+            torch.testing.assert_close(packed_cache.read(layer)[0], single_cache.read(layer)[0], atol=1e-5, rtol=1e-5)
