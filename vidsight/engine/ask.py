@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
-from vidsight.engine.generate import TextStream, generate
+from vidsight.engine.generate import Answer, DecodeBatch, TextStream
 from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_video
 from vidsight.engine.prompt import check_question, plan_video
 from vidsight.engine.request import Request
@@ -44,6 +44,40 @@ class AskResult:
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "stats": self.stats.to_dict()}
+
+
+class AskInProgress:
+    """A question whose video and question are prefilled and whose answer is being generated.
+
+    ``answer`` is stepped by a `DecodeBatch` (alone, or beside other answers on a server); once it
+    is done, `finish` gives the result. The ``generate`` stage is the time from the prefill's end
+    to `finish`, other answers' steps included when it shares the batch.
+    """
+
+    def __init__(self, adapter, state: Prefilled, generation: GenerationConfig, request: Request,
+                 on_text: Callable[[str], None] | None = None):
+        self.adapter, self.request = adapter, request
+        self._stream = TextStream(adapter, on_text) if on_text is not None else None
+        self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
+                         leave=False)
+        self.answer = Answer(state.cache, state.logits, state.next_position, generation, on_token=self._on_token)
+        self._since = request.clock.mark()
+
+    def _on_token(self, ids: list[int]) -> None:
+        self._bar.update(1)
+        if self._stream is not None:
+            self._stream(ids)
+
+    def finish(self) -> AskResult:
+        """The answer and its stats, once ``answer`` is done."""
+        ids = self.answer.ids
+        if self._stream is not None:
+            self._stream.finish(ids)
+        self._bar.close()
+        clock = self.request.clock
+        clock.charge("generate", self._since)
+        clock.stats.generated_tokens = len(ids)
+        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 
 
 class Asker:
@@ -80,10 +114,27 @@ class Asker:
         ``on_text`` is called with each new piece of the answer's text as it is generated (the
         pieces join to ``answer``).
         """
+        return _run(self.begin(video, question, sampling=sampling, generation=generation, prefill=prefill,
+                               feed=feed, progress=progress, on_text=on_text))
+
+    def begin(
+        self,
+        video: str | Path,
+        question: str,
+        *,
+        sampling: SamplingConfig = SamplingConfig(),
+        generation: GenerationConfig = GenerationConfig(),
+        prefill: PrefillConfig = PrefillConfig(),
+        feed: FeedConfig = FeedConfig(),
+        progress: bool = False,
+        on_text: Callable[[str], None] | None = None,
+    ) -> AskInProgress:
+        """`ask` up to its answer: decode and prefill, then hand back the answer to generate (a
+        server steps several together)."""
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
         state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, request)
-        return self._generate(state, generation, request, on_text)
+        return AskInProgress(self.adapter, state, generation, request, on_text)
 
     def ask_frames(
         self,
@@ -106,7 +157,7 @@ class Asker:
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
                               generation.max_new_tokens, request)
-        return self._generate(state, generation, request)
+        return _run(AskInProgress(self.adapter, state, generation, request))
 
     def prefill_logits(
         self,
@@ -121,26 +172,6 @@ class Asker:
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         return self._prefill(video, question, sampling, prefill, feed, 1, request).logits
-
-    def _generate(self, state: Prefilled, generation: GenerationConfig, request: Request,
-                  on_text: Callable[[str], None] | None = None) -> AskResult:
-        clock = request.clock
-        with clock.stage("generate"):
-            with tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
-                      leave=False) as bar:
-                stream = TextStream(self.adapter, on_text) if on_text is not None else None
-
-                def on_token(ids: list[int]) -> None:
-                    bar.update(1)
-                    if stream is not None:
-                        stream(ids)
-
-                ids = generate(self.adapter, state.cache, state.logits, state.next_position, generation,
-                               on_token=on_token)
-                if stream is not None:
-                    stream.finish(ids)
-        clock.stats.generated_tokens = len(ids)
-        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
 
     def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
                  max_new_tokens: int, request: Request) -> Prefilled:
@@ -183,6 +214,14 @@ class Asker:
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders
         return state
+
+
+def _run(progress: AskInProgress) -> AskResult:
+    """Generate an answer alone."""
+    batch = DecodeBatch(progress.adapter)
+    batch.add(progress.answer)
+    batch.run()
+    return progress.finish()
 
 
 def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:

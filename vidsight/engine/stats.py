@@ -116,6 +116,14 @@ class StageClock:
         self._sync()
         return time.perf_counter()
 
+    def mark(self) -> float:
+        """Now, once the device's queued work is done: the start of a stage timed in parts (`charge`)."""
+        return self._now()
+
+    def charge(self, name: str, since: float) -> None:
+        """Add the time from ``since`` (a `mark`) to now to stage ``name``."""
+        self.stats.stages_s[name] += self._now() - since
+
     def elapsed(self) -> float:
         """Seconds since the clock started, once the device's queued work is done."""
         return self._now() - self.started

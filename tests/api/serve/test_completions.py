@@ -51,3 +51,56 @@ def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expec
                                                 extra_body={"media_io_kwargs": {"video": {"fps": 4.0}}})
     assert answer.choices[0].message.content == expected.answer
     assert not list(scratch.iterdir())
+
+
+def test_concurrent_completions_are_decoded_together_and_answer_as_alone(make_local_server, media, tiny_adapter):
+    """Eight clients at once, two videos and three lengths: each answer is the one `ask` gives
+    alone, and decode steps fed several answers together."""
+    import concurrent.futures
+    import re
+
+    import httpx
+
+    requests = [(name, limit) for name in ("clip.mp4", "other.mp4") for limit in (4, 12, 20, 12)]
+    expected = {(name, limit): Asker(tiny_adapter).ask(media / name, QUESTION, sampling=SamplingConfig(fps=4.0),
+                                                       generation=GenerationConfig(max_new_tokens=limit))
+                for name, limit in set(requests)}
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+        def complete(request):
+            name, limit = request
+            return client.chat.completions.create(model="tiny", messages=video_message(str(media / name)),
+                                                  max_tokens=limit, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(complete, requests))
+        metrics = httpx.get(f"{url}/metrics").text
+    for request, answer in zip(requests, answers):
+        assert answer.choices[0].message.content == expected[request].answer
+        assert answer.usage.completion_tokens == len(expected[request].token_ids)
+    steps = float(re.search(r'vidsight:decode_batch_size_count\{model_name="tiny"\} (\S+)', metrics).group(1))
+    fed = float(re.search(r'vidsight:decode_batch_size_sum\{model_name="tiny"\} (\S+)', metrics).group(1))
+    assert fed > steps   # some steps fed several answers at once
+
+
+def test_a_client_that_goes_away_ends_its_answer(make_local_server, media, tiny_adapter):
+    import re
+
+    import httpx
+
+    alone = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                    generation=GenerationConfig(max_new_tokens=600))
+    assert len(alone.token_ids) == 600   # no end token comes: only leaving stops it
+
+    body = {"model": "tiny", "messages": video_message(str(media / "clip.mp4")), "max_tokens": 600,
+            "stream": True, "mm_processor_kwargs": {"fps": 4.0}}
+    with make_local_server() as (url, server):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            next(response.iter_lines())   # the answer has begun
+        # Its sequence is dropped at the next step: the model is free again long before 600 tokens.
+        quick = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=60)
+        assert quick.status_code == 200
+        steps = float(re.search(r'vidsight:decode_batch_size_count\{model_name="tiny"\} (\S+)',
+                                httpx.get(f"{url}/metrics").text).group(1))
+    assert steps < 300   # the first answer, which runs to 600 tokens when nobody leaves, stopped early

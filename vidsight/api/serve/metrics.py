@@ -28,6 +28,9 @@ class Metrics:
         self.vision_batch_size = Histogram("vidsight:vision_batch_size", "Watch windows encoded in one vision call.",
                                            ["model_name"], buckets=(1, 2, 3, 4, 6, 8, 16),
                                            registry=registry).labels(**label)
+        self.decode_batch_size = Histogram("vidsight:decode_batch_size", "Answers fed together in one decode step.",
+                                           ["model_name"], buckets=(1, 2, 4, 8, 16, 32, 64),
+                                           registry=registry).labels(**label)
         self.running = Gauge("vidsight:num_requests_running", "Model work running.", ["model_name"],
                              registry=registry).labels(**label)
         self.waiting = Gauge("vidsight:num_requests_waiting", "Model work waiting.", ["model_name"],

@@ -10,7 +10,11 @@ What is batched: watch windows are stepped work (`engine.steps`): when the worke
 also takes the windows waiting at the head of other clients' lines (up to ``max_batch``), runs
 each to the point where it needs its new frames encoded, encodes all of them in one vision call
 (unpruned ones; the encoder attends within each video, so each gets its own result), and
-finishes each. Requests and chat frames run whole: their prefill is interleaved with decoding.
+finishes each. Answers are generated together: a completion's prefill is one piece of work in
+its client's line, after which its answer joins the running answers, and between pieces of work
+the worker feeds one token of every running answer in one packed pass (`DecodeBatch`). So
+answers advance while watches and prefills take their turns, and a watch waits for at most one
+piece of work and one decode step. Chat frames run whole.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidsight.api.serve.media import RequestError
 from vidsight.engine.steps import EncodeRequest, Stepped
+
+if TYPE_CHECKING:
+    from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
 
@@ -36,6 +43,24 @@ class _Work:
     future: Future
     queued: float             # when it was queued (perf_counter)
     stepped: bool
+    ticket: "AnswerTicket | None" = None   # the work begins an answer that the decode batch finishes
+
+
+class AnswerTicket:
+    """A client's hold on an answer being generated: `cancel` (a client gone) ends it at the next step."""
+
+    def __init__(self):
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclasses.dataclass
+class _Generating:
+    progress: Any             # an `AskInProgress`
+    future: Future
+    ticket: AnswerTicket
 
 
 class Scheduler:
@@ -46,17 +71,22 @@ class Scheduler:
         on_queue_time: Called with how long each piece of work waited before it started.
         on_batch: Called with the size of each vision batch of stepped work.
         max_batch: Most stepped pieces encoded together.
+        decode: The batch that generates answers together (needed by `submit_answer`).
+        on_decode_batch: Called with the number of answers fed in each decode step.
     """
 
     def __init__(self, encode: Callable[[list[EncodeRequest]], list] | None = None,
                  on_queue_time: Callable[[float], None] | None = None,
-                 on_batch: Callable[[int], None] | None = None, max_batch: int = MAX_VISION_BATCH):
+                 on_batch: Callable[[int], None] | None = None, max_batch: int = MAX_VISION_BATCH,
+                 decode: DecodeBatch | None = None, on_decode_batch: Callable[[int], None] | None = None):
         self._lines: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._ready = threading.Condition()
         self._closing = False
         self._running = 0
         self._encode, self._on_queue_time, self._on_batch = encode, on_queue_time, on_batch
         self._max_batch = max_batch
+        self._decode, self._on_decode_batch = decode, on_decode_batch
+        self._generating: list[_Generating] = []   # touched by the worker thread only
         self._worker = threading.Thread(target=self._serve, name="vidsight-model", daemon=True)
         self._worker.start()
 
@@ -79,6 +109,14 @@ class Scheduler:
             raise TypeError("stepped work needs a scheduler built with encode=")
         return self._queue(client, steps, stepped=True)
 
+    def submit_answer(self, client: str, begin: Callable[[], Any]) -> tuple[Future, AnswerTicket]:
+        """Queue ``begin`` (a prefill returning an `AskInProgress`) in ``client``'s line; its answer
+        is then generated beside the others. The future holds the `AskResult`."""
+        if self._decode is None:
+            raise TypeError("answers need a scheduler built with decode=")
+        ticket = AnswerTicket()
+        return self._queue(client, begin, stepped=False, ticket=ticket), ticket
+
     def close(self, timeout_s: float | None = None) -> None:
         """Finish the work running; what still waits is refused with a clear error."""
         with self._ready:
@@ -90,13 +128,13 @@ class Scheduler:
             future.set_exception(RequestError(503, "the server is shutting down"))
         self._worker.join(timeout_s)
 
-    def _queue(self, client: str, work, stepped: bool) -> Future:
+    def _queue(self, client: str, work, stepped: bool, ticket: AnswerTicket | None = None) -> Future:
         future: Future = Future()
         with self._ready:
             if self._closing:
                 raise RequestError(503, "the server is shutting down")
             self._lines.setdefault(client, collections.deque()).append(
-                _Work(client, work, future, time.perf_counter(), stepped))
+                _Work(client, work, future, time.perf_counter(), stepped, ticket))
             self._ready.notify()
         return future
 
@@ -118,11 +156,13 @@ class Scheduler:
         return taken
 
     def _next(self) -> list[_Work] | None:
+        """The next piece of work (with its batch-mates); empty when none waits but answers run;
+        None once closed and idle."""
         with self._ready:
-            while not self._lines and not self._closing:
+            while not self._lines and not self._closing and not self._generating:
                 self._ready.wait()
             if not self._lines:
-                return None
+                return [] if self._generating else None
             items = self._take()
             if items[0].stepped:   # its batch-mates are other clients' stepped heads
                 items += self._take(stepped_only=True, after=items[0].client)
@@ -134,14 +174,45 @@ class Scheduler:
             for item in items:
                 if self._on_queue_time is not None:
                     self._on_queue_time(time.perf_counter() - item.queued)
-            if items[0].stepped:
+            if items and items[0].stepped:
                 self._run_stepped(items)
-            elif items[0].future.set_running_or_notify_cancel():
+            elif items and items[0].future.set_running_or_notify_cancel():
+                item = items[0]
                 try:
-                    items[0].future.set_result(items[0].work())
+                    result = item.work()
+                    if item.ticket is None:
+                        item.future.set_result(result)
+                    else:
+                        self._decode.add(result.answer)
+                        self._generating.append(_Generating(result, item.future, item.ticket))
                 except BaseException as exc:  # handed to the waiting client, which reports it
-                    items[0].future.set_exception(exc)
+                    item.future.set_exception(exc)
             self._running = 0
+            if self._generating:
+                self._step_answers()
+
+    def _step_answers(self) -> None:
+        """One token of every running answer; those that ended hand over their results."""
+        for generating in self._generating:
+            if generating.ticket.cancelled:
+                generating.progress.answer.cancel()
+        if self._on_decode_batch is not None:
+            self._on_decode_batch(sum(not g.progress.answer.done for g in self._generating))
+        try:
+            self._decode.step()
+        except BaseException as exc:   # the pass failed for every answer in it
+            for generating in self._generating:
+                generating.progress.answer.cancel()
+                generating.future.set_exception(exc)
+            self._decode.step()   # drops the cancelled answers
+            self._generating = []
+            return
+        for generating in [g for g in self._generating if g.progress.answer.done]:
+            self._generating.remove(generating)
+            try:
+                generating.future.set_result(generating.progress.finish())
+            except BaseException as exc:
+                generating.future.set_exception(exc)
 
     def _run_stepped(self, items: list[_Work]) -> None:
         waiting = []   # (steps, future, request) paused at their encoding

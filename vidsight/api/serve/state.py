@@ -46,6 +46,7 @@ class Server:
 
     def start(self) -> None:
         from vidsight.engine import Asker
+        from vidsight.engine.generate import DecodeBatch
         from vidsight.models import load_model
 
         if self.adapter is None:
@@ -55,7 +56,8 @@ class Server:
         adapter = self.adapter
         self.scheduler = Scheduler(encode=lambda requests: encode_together(adapter, requests),
                                    on_queue_time=self.metrics.queue_time.observe,
-                                   on_batch=self.metrics.vision_batch_size.observe)
+                                   on_batch=self.metrics.vision_batch_size.observe,
+                                   decode=DecodeBatch(adapter), on_decode_batch=self.metrics.decode_batch_size.observe)
         self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config, self.owner)
         if self.owner is None:
             self.watches.resume()
@@ -76,6 +78,14 @@ class Server:
     async def run_model(self, work: Callable[[], Any], client: str | None = None) -> Any:
         """Run ``work`` on the model's thread in ``client``'s turn (a request is a client of its own)."""
         future = self.scheduler.submit(client or uuid.uuid4().hex, work)
+        return await asyncio.wrap_future(future)
+
+    async def run_answer(self, begin: Callable[[], Any], started: Callable[[Any], None]) -> Any:
+        """Prefill with ``begin`` on the model's thread (an `AskInProgress`), then generate its
+        answer beside the other running answers; the `AskResult`. ``started`` gets the answer's
+        ticket at once: cancelling it (a client gone) ends the answer at the next step."""
+        future, ticket = self.scheduler.submit_answer(uuid.uuid4().hex, begin)
+        started(ticket)
         return await asyncio.wrap_future(future)
 
     @contextlib.contextmanager
