@@ -33,6 +33,9 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--window", type=_float, default=8.0, help="watch window in seconds (default: 8)")
     serve.add_argument("--stride", type=_float, default=0.25, help="watch stride as a share (default: 0.25)")
     serve.add_argument("--fps", type=_float, default=2.0, help="watch sampling rate (default: 2)")
+    serve.add_argument("--unbatched", action="store_true",
+                       help="without --url: also load a second server that runs each completion whole in its turn "
+                            "(--no-answer-batching), the same levels, for the comparison")
     serve.add_argument("--ray", action="store_true",
                        help="without --url: deploy on Ray Serve once per --replicas count and load each")
     serve.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts (default: 1 2)")
@@ -63,10 +66,27 @@ def run_bench_serve(args) -> int:
         if video is None:
             raise ConfigError("with --url, name the video the server should read (--video)")
         report = _load(args, url, video)
+        if args.unbatched:
+            report["unbatched"] = _unbatched_levels(args)
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
     return 0
+
+
+def _unbatched_levels(args) -> list[dict]:
+    """The completion levels against a server that runs each request whole in its turn."""
+    from vidsight.bench.serve import ServeClient, completion_levels
+    from vidsight.errors import ConfigError
+    from vidsight.tasks.families import ANOMALY_QUERY
+
+    if args.url:
+        raise ConfigError("--unbatched starts its own second server: leave out --url")
+    with _local_server(args, batch_answers=False) as (url, video):
+        return completion_levels(ServeClient(url, args.api_key), video, args.question or ANOMALY_QUERY,
+                                 args.concurrency, args.requests, args.max_tokens,
+                                 progress=(lambda _: None) if args.json else (lambda line: print(f"unbatched {line}",
+                                                                                             file=sys.stderr)))
 
 
 def _run_soak(args) -> int:
@@ -137,7 +157,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _served_video(args):
+def _served_video(args, batch_answers: bool = True):
     """A server's settings over ``--model``, serving a generated anomaly video (or ``--video``'s
     folder), with a database of its own; and the video's name as the server knows it."""
     from vidsight.api.serve import ServeConfig
@@ -148,14 +168,15 @@ def _served_video(args):
     model = absolute_model(args.model)
     with tempfile.TemporaryDirectory(prefix="vidsight-bench-serve-") as scratch:
         yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
-                          db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency))), video.name
+                          db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency)),
+                          batch_answers=batch_answers), video.name
 
 
 @contextlib.contextmanager
-def _local_server(args):
+def _local_server(args, batch_answers: bool = True):
     """A server on loopback in this process (`_served_video`'s settings)."""
     from vidsight.api.serve import create_app
     from vidsight.api.serve.background import serve_in_background
 
-    with _served_video(args) as (config, video), serve_in_background(create_app(config)) as url:
+    with _served_video(args, batch_answers) as (config, video), serve_in_background(create_app(config)) as url:
         yield url, video

@@ -45,6 +45,8 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     serve.add_argument("--source-retry-window", type=_float, default=DEFAULT_SOURCE_RETRY_WINDOW_S, metavar="S",
                        help="...or failing this many seconds without a frame "
                             f"(default: {DEFAULT_SOURCE_RETRY_WINDOW_S:g})")
+    serve.add_argument("--no-answer-batching", action="store_true",
+                       help="run each completion whole in its turn instead of generating concurrent answers together")
     serve.add_argument("--kv-disk", default=None, metavar="DIR",
                        help="disk tier of sessions opened with KV budgets (a directory per session; default: none, "
                             "KV past the host budget is evicted)")
@@ -89,7 +91,8 @@ def serve_config(args):
                        allowed_webhook_networks=tuple(args.allowed_webhook_networks),
                        api_keys=read_api_keys(args.api_keys) if args.api_keys else (),
                        source_retries=args.source_retries, source_retry_window_s=args.source_retry_window,
-                       kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None)
+                       kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None,
+                       batch_answers=not args.no_answer_batching)
 
 
 def ray_config(args):

@@ -135,14 +135,29 @@ def watch_figures(result: dict, stride_s: float, fps: float) -> dict:
             "realtime_factor": factor, "lag_s": _percentiles(lags), "stride_s": stride_s}
 
 
+def completion_levels(client: ServeClient, video: str, question: str, concurrency: list[int], requests: int,
+                      max_tokens: int, progress=print) -> list[dict]:
+    """`completion_load` at each level, with the decode steps the server ran meanwhile: how many
+    answers each fed on average, and answer tokens fed per second."""
+    levels = []
+    for level in concurrency:
+        before = client.metrics()
+        levels.append(completion_load(client, video, question, level, max(requests, level), max_tokens))
+        after = client.metrics()
+        steps = after.get("vidsight:decode_batch_size_count", 0) - before.get("vidsight:decode_batch_size_count", 0)
+        fed = after.get("vidsight:decode_batch_size_sum", 0) - before.get("vidsight:decode_batch_size_sum", 0)
+        levels[-1].update(decode_steps=steps, mean_decode_batch=fed / steps if steps else None,
+                          decode_tokens_per_s=fed / levels[-1]["wall_s"])
+        progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}, "
+                 f"answers per decode step {levels[-1]['mean_decode_batch'] or 0:.1f}")
+    return levels
+
+
 def run_serve_bench(client: ServeClient, video: str, question: str, concurrency: list[int], requests: int,
                     watches: int, watch_video: str, watch_spec: dict, max_tokens: int = 16,
                     progress=print) -> dict:
     """Completions alone at each level, then the highest level beside ``watches`` real-time watches."""
-    levels = []
-    for level in concurrency:
-        levels.append(completion_load(client, video, question, level, max(requests, level), max_tokens))
-        progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}")
+    levels = completion_levels(client, video, question, concurrency, requests, max_tokens, progress)
     watch_results: list[dict] = [{} for _ in range(watches)]
     spec = {"source": watch_video, "realtime": True, **watch_spec}
 
@@ -192,11 +207,12 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def format_serve_report(report: dict) -> str:
-    lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s"]
+    lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s  answers/step  tokens/s"]
     for level in [*report["completions"], {**report["mixed"]["completions"], "concurrency": "mixed"}]:
-        t, e = level["ttft_s"], level["e2e_s"]
-        lines.append(f"{level['concurrency']!s:>11}  {level['requests']:8d}  {level['errors']:6d}  "
-                     f"{level['requests_per_s']:5.2f}   {_pair(t)}   {_pair(e)}")
+        lines.append(_level_line(level))
+    if report.get("unbatched"):
+        lines.append("unbatched server (each request whole in its turn), same load:")
+        lines += [_level_line(level) for level in report["unbatched"]]
     lines.append("")
     lines.append("watch  windows  errors  real-time factor  lag p50/p99 s")
     for k, watch in enumerate(report["mixed"]["watches"]):
@@ -208,6 +224,14 @@ def format_serve_report(report: dict) -> str:
         lines.append(f"watch windows per vision call: {report['mixed']['windows_per_vision_batch']:.2f} "
                      f"({report['mixed']['vision_batches']:.0f} calls)")
     return "\n".join(lines)
+
+
+def _level_line(level: dict) -> str:
+    batch = level.get("mean_decode_batch")
+    tokens = level.get("decode_tokens_per_s")
+    return (f"{level['concurrency']!s:>11}  {level['requests']:8d}  {level['errors']:6d}  {level['requests_per_s']:5.2f}"
+            f"   {_pair(level['ttft_s'])}   {_pair(level['e2e_s'])}  {'-' if batch is None else f'{batch:12.2f}'}"
+            f"  {'-' if tokens is None else f'{tokens:8.1f}'}")
 
 
 def _pair(p: dict) -> str:

@@ -68,6 +68,13 @@ class AskInProgress:
         if self._stream is not None:
             self._stream(ids)
 
+    def generate_alone(self) -> AskResult:
+        """Generate the answer by itself, then `finish`."""
+        batch = DecodeBatch(self.adapter)
+        batch.add(self.answer)
+        batch.run()
+        return self.finish()
+
     def finish(self) -> AskResult:
         """The answer and its stats, once ``answer`` is done."""
         ids = self.answer.ids
@@ -114,8 +121,8 @@ class Asker:
         ``on_text`` is called with each new piece of the answer's text as it is generated (the
         pieces join to ``answer``).
         """
-        return _run(self.begin(video, question, sampling=sampling, generation=generation, prefill=prefill,
-                               feed=feed, progress=progress, on_text=on_text))
+        return self.begin(video, question, sampling=sampling, generation=generation, prefill=prefill, feed=feed,
+                          progress=progress, on_text=on_text).generate_alone()
 
     def begin(
         self,
@@ -157,7 +164,7 @@ class Asker:
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
                               generation.max_new_tokens, request)
-        return _run(AskInProgress(self.adapter, state, generation, request))
+        return AskInProgress(self.adapter, state, generation, request).generate_alone()
 
     def prefill_logits(
         self,
@@ -214,14 +221,6 @@ class Asker:
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders
         return state
-
-
-def _run(progress: AskInProgress) -> AskResult:
-    """Generate an answer alone."""
-    batch = DecodeBatch(progress.adapter)
-    batch.add(progress.answer)
-    batch.run()
-    return progress.finish()
 
 
 def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:

@@ -117,8 +117,11 @@ class DecodeBatch:
             answer.cache.reserve(1)
             chunks.append(Chunk(answer.cache, self.adapter.embed_tokens(torch.tensor([[answer.ids[-1]]])), positions,
                                 TokenTable.text(positions), answer.policy, answer.step))
-        for answer, hidden in zip(answers, forward_packed(self.adapter, chunks)):
-            answer.logits = self.adapter.logits(hidden[0, -1])
+        # One pass of the output head for every answer: on a memory-bound device it reads its
+        # weights once instead of once per answer.
+        last = torch.cat([hidden[0, -1:] for hidden in forward_packed(self.adapter, chunks)])
+        for answer, logits in zip(answers, self.adapter.logits(last)):
+            answer.logits = logits
             answer.next_position += 1
 
     def run(self) -> None:

@@ -62,6 +62,8 @@ class ServeConfig:
         source_retry_window_s: ...or that fails for this long without a frame.
         kv_disk: Where sessions with KV budgets keep their disk tier (a directory per session,
             removed when it closes); None: past the host budget the oldest KV is evicted.
+        batch_answers: Generate concurrent completions' answers together (`Scheduler`); False
+            runs each request whole in its turn (the comparison `bench serve --unbatched` makes).
     """
 
     model: str
@@ -80,6 +82,7 @@ class ServeConfig:
     source_retries: int = DEFAULT_SOURCE_RETRIES
     source_retry_window_s: float = DEFAULT_SOURCE_RETRY_WINDOW_S
     kv_disk: Path | None = None
+    batch_answers: bool = True
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:

@@ -84,6 +84,8 @@ class Server:
         """Prefill with ``begin`` on the model's thread (an `AskInProgress`), then generate its
         answer beside the other running answers; the `AskResult`. ``started`` gets the answer's
         ticket at once: cancelling it (a client gone) ends the answer at the next step."""
+        if not self.config.batch_answers:
+            return await self.run_model(lambda: begin().generate_alone())
         future, ticket = self.scheduler.submit_answer(uuid.uuid4().hex, begin)
         started(ticket)
         return await asyncio.wrap_future(future)
