@@ -104,25 +104,10 @@ class Asker:
         self.adapter = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, Path)) else model
         self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
 
-    def ask(
-        self,
-        video: str | Path,
-        question: str,
-        *,
-        sampling: SamplingConfig = SamplingConfig(),
-        generation: GenerationConfig = GenerationConfig(),
-        prefill: PrefillConfig = PrefillConfig(),
-        feed: FeedConfig = FeedConfig(),
-        progress: bool = False,
-        on_text: Callable[[str], None] | None = None,
-    ) -> AskResult:
-        """Answer ``question`` about the video file ``video``.
-
-        ``on_text`` is called with each new piece of the answer's text as it is generated (the
-        pieces join to ``answer``).
-        """
-        return self.begin(video, question, sampling=sampling, generation=generation, prefill=prefill, feed=feed,
-                          progress=progress, on_text=on_text).generate_alone()
+    def ask(self, video: str | Path, question: str, **options) -> AskResult:
+        """Answer ``question`` about the video file ``video``; ``options`` are `begin`'s (sampling,
+        generation, prefill and feed settings, ``progress``, ``on_text``)."""
+        return self.begin(video, question, **options).generate_alone()
 
     def begin(
         self,
@@ -137,7 +122,11 @@ class Asker:
         on_text: Callable[[str], None] | None = None,
     ) -> AskInProgress:
         """`ask` up to its answer: decode and prefill, then hand back the answer to generate (a
-        server steps several together)."""
+        server steps several together).
+
+        ``on_text`` is called with each new piece of the answer's text as it is generated (the
+        pieces join to ``answer``).
+        """
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
         state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, request)
@@ -226,7 +215,7 @@ class Asker:
 def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:
     """Answer one question about a video file, loading ``model`` for this call.
 
-    Keyword options are those of `Asker.ask` (``sampling``, ``generation``, ``prefill``, ``feed``,
-    ``progress``). To ask many questions, build one `Asker` and reuse it.
+    Keyword options are those of `Asker.begin` (``sampling``, ``generation``, ``prefill``, ``feed``,
+    ``progress``, ``on_text``). To ask many questions, build one `Asker` and reuse it.
     """
     return Asker(model).ask(video, question, **options)
