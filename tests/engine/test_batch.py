@@ -16,6 +16,8 @@ from vidsight.ingest.feed import FrameFeed
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import RecentConfig, RecentPolicy, Step
 
+from tests.settings import DTYPE, assert_logits_close
+
 # Different sizes, lengths and questions, so the packed sequences differ in every way.
 REQUESTS = [
     (dict(width=176, height=144, duration_s=4.0, fps=8, gop=8, bframes=True, seed=1), 2.0,
@@ -48,6 +50,7 @@ def answers(adapter, make_test_video):
     return out
 
 
+@pytest.mark.device_check
 def test_answers_decoded_together_equal_each_decoded_alone(tiny_adapter, make_test_video):
     together, alone = answers(tiny_adapter, make_test_video), answers(tiny_adapter, make_test_video)
     batch, singles = DecodeBatch(tiny_adapter), [DecodeBatch(tiny_adapter) for _ in alone]
@@ -64,7 +67,9 @@ def test_answers_decoded_together_equal_each_decoded_alone(tiny_adapter, make_te
         for a, b in zip(together, alone, strict=True):
             assert a.done == b.done
             if not a.done:   # the next token's logits, from a packed pass and from a pass alone
-                torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
+                assert_logits_close(a.logits, b.logits)
+        if DTYPE != torch.float32:
+            return   # later tokens follow from a different rounding of the context (tests/settings.py)
     assert [a.ids for a in together] == [b.ids for b in alone]
     assert [len(a.ids) for a in together] == [8, 3, 6] and steps == 8   # answers left the batch as they ended
     assert together[2].step.attended < together[2].step.cached    # the window policy did select
