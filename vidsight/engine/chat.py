@@ -207,7 +207,7 @@ class ChatSession:
 
     def _prefill_patches(self, frames: list[SampledFrame]) -> None:
         adapter, spec = self.adapter, self.adapter.vision
-        timing = PatchStats(0.0, self.cache.length, 0.0, len(frames) // spec.temporal_patch_size)
+        timing = PatchStats(0.0, 0, 0.0, len(frames) // spec.temporal_patch_size)
         clock = StageClock(timing, adapter.device, reset_peak=False)
         with torch.inference_mode():
             if self._patches == 0:

@@ -1,8 +1,9 @@
 """The tiers below the device, behind one small interface, so another tier (a remote store) is one class.
 
 A tier takes a block from the tier above (`receive`, a copy that may still be running when it
-returns), gives its data back to the device (`bring_up`), may read ahead (`prefetch`) and lets
-go of a block's storage (`release`). Both tiers start their copies through one `CopyEngine`.
+returns) and gives its data back to the device (`bring_up`); the disk tier also reads ahead
+(`prefetch`) and lets go of a block's file (`release`). Both start their copies through one
+`CopyEngine`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,8 @@ class Tier(Protocol):
         """Start storing the block's data (on the tier above) here; None when already done."""
         ...
 
-    def prefetch(self, block: Block) -> Transfer | None:
-        """Start reading the block into host memory ahead of a step (None: nothing to read)."""
-        ...
-
     def bring_up(self, block: Block) -> torch.Tensor:
         """The block's data on the device; the tier's copy is let go."""
-        ...
-
-    def release(self, block: Block) -> None:
-        """Let go of the block's storage here."""
         ...
 
 
@@ -53,14 +46,8 @@ class HostTier:
         block.data, transfer = self.copies.to_host(block.data)
         return transfer
 
-    def prefetch(self, block: Block) -> None:
-        return None   # already in memory
-
     def bring_up(self, block: Block) -> torch.Tensor:
         return self.copies.up(block.data)
-
-    def release(self, block: Block) -> None:
-        pass
 
 
 class DiskTier:
