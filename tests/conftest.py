@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,12 +15,13 @@ from tests.settings import DEVICE, DTYPE
 
 # Benchmarks, the command line end to end and training: `-m "not slow"` leaves them out.
 SLOW_FOLDERS = ("bench", "api", "train")
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if item.path.parent.name in SLOW_FOLDERS:
+        if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:   # tests/api/serve too
             item.add_marker(pytest.mark.slow)
         if "needs_cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)

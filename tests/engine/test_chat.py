@@ -19,6 +19,7 @@ from vidsight.kv import VIDEO
 from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
 
 from tests.settings import assert_same_answer
+from tests.variants import fast_first
 
 QUESTIONS = ["What colour is the square?", "Where is the square now?", "How many squares?"]
 NEW_TOKENS = 6
@@ -53,7 +54,7 @@ def reference(adapter, batch: FrameBatch, count: int, question: str):
 
 
 @pytest.mark.device_check
-@pytest.mark.parametrize("fields", VIDEOS, ids=["b-frames", "no-b-frames", "176x144"])
+@pytest.mark.parametrize("fields", fast_first(VIDEOS, ids=["b-frames", "no-b-frames", "176x144"]))
 def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter, make_test_video, fields):
     batch = sampled(make_test_video, fields)
     session = ChatSession(family_adapter, config=ChatConfig(fps=FPS))

@@ -12,6 +12,8 @@ from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, 
 from vidsight.ingest.feed import FrameFeed
 from vidsight.ingest.parallel import decode_parallel
 
+from tests.variants import fast_first
+
 # The containers the acceptance names, MPEG-4 part 2 in AVI, and small MPEG-2 frames in MPEG-PS:
 # several share one PES packet, so most carry no timestamp of their own and the demuxer
 # interpolates theirs, differently after a seek.
@@ -49,7 +51,7 @@ def test_parallel_and_seek_decoding_equal_sequential(make_test_video, name, stra
     assert_same_frames(sequential, parallel)
 
 
-@pytest.mark.parametrize("name", ["h264-mpegts", "mpeg2-mpegps", "mpeg2-mpegps-small"])
+@pytest.mark.parametrize("name", fast_first(["h264-mpegts", "mpeg2-mpegps", "mpeg2-mpegps-small"]))
 def test_every_frame_and_the_overlapped_feed_equal_sequential(make_test_video, name):
     path = container_video(make_test_video, name)
     info = probe(path)

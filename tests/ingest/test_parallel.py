@@ -11,6 +11,8 @@ from vidsight.ingest.parallel import choose_strategy, decode_parallel, gop_spans
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.types import FrameBatch
 
+from tests.variants import fast_first
+
 VIDEOS = {
     "b-frames": dict(duration_s=5.0, gop=10, bframes=True),
     "vfr, non-zero start": dict(duration_s=5.0, gop=12, bframes=True, variable_frame_rate=True, start_time_s=2.5),
@@ -27,7 +29,7 @@ def assert_same(a, b, with_codec_info):
             np.testing.assert_array_equal(x.motion, y.motion)
 
 
-@pytest.mark.parametrize("name", list(VIDEOS))
+@pytest.mark.parametrize("name", fast_first(list(VIDEOS)))
 @pytest.mark.parametrize("fps", [None, 2.0])
 @pytest.mark.parametrize("strategy", ["intervals", "seek"])
 def test_parallel_frames_equal_sequential(make_test_video, name, fps, strategy):
@@ -90,7 +92,7 @@ def test_unknown_backend_is_refused(make_test_video):
         decode_parallel(path, backend="fibers")
 
 
-@pytest.mark.parametrize("name", list(VIDEOS))
+@pytest.mark.parametrize("name", fast_first(list(VIDEOS)))
 @pytest.mark.parametrize("fps", [1.0, 3.0, 7.0])
 @pytest.mark.parametrize("threads", ["NONE", "AUTO"])
 def test_trimmed_gops_give_the_same_frames_with_less_decoding(make_test_video, name, fps, threads):
@@ -233,9 +235,9 @@ def _same_signals(a, b):
                 np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("motion", [MotionPruneConfig(), MotionPruneConfig(alpha=SOFTWARE_ALPHA),
-                                    MotionPruneConfig(rule="max")], ids=["persistent", "residuals", "max"])
-@pytest.mark.parametrize("video", ["b-frames", "last gop cut short"])
+@pytest.mark.parametrize("motion", fast_first([MotionPruneConfig(), MotionPruneConfig(alpha=SOFTWARE_ALPHA),
+                                                MotionPruneConfig(rule="max")], ids=["persistent", "residuals", "max"]))
+@pytest.mark.parametrize("video", fast_first(["b-frames", "last gop cut short"]))
 def test_decoders_judge_motion_as_the_live_source_does(make_test_video, motion, video):
     """Each sampled frame's signals (vectors, intra blocks, the rule's dynamic blocks since the
     sample before) are the same from the live source, one sequential decoder, interval decoders

@@ -177,6 +177,7 @@ def test_mean_frame_rows_pool_frame_steps_only(ask_along, tiny_adapter, frames, 
 
 
 @pytest.mark.device_check
+@pytest.mark.slow   # offloading is in the fast subset through Mosaic and tests/kv/test_tiers.py
 def test_prefetch_moves_offloaded_blocks_early_and_never_changes_what_is_attended(ask_along, tiny_adapter,
                                                                                  frames, tmp_path):
     from vidsight.kv.tiers import TierConfig
@@ -193,6 +194,7 @@ def test_prefetch_moves_offloaded_blocks_early_and_never_changes_what_is_attende
     assert math.isnan(single.policy.report()["prefetch_hit_rate"])
 
 
+@pytest.mark.slow
 def test_offloaded_kv_laid_out_by_cluster_per_head_changes_no_answer(ask_along, tiny_adapter, frames, tmp_path):
     from vidsight.kv.tiers import TierConfig
 
