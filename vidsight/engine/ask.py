@@ -14,7 +14,8 @@ from tqdm import tqdm
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.generate import Answer, DecodeBatch, TextStream
-from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_video
+from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_prefix, prefill_question, prefill_video
+from vidsight.engine.prefix_cache import PrefixCache, prefix_key
 from vidsight.engine.prompt import check_question, plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
@@ -97,12 +98,15 @@ class Asker:
         meter_memory: Record each request's peak prefill memory (``prefill_peak_bytes``). The
             default meters on CUDA, where the allocator counts for free, and not on the CPU,
             where it watches every tensor operation and so slows prefill (benchmarks turn it on).
+        prefix_cache: Keeps each video's prefilled KV for later questions about the same video
+            (None: every question prefills its video).
     """
 
     def __init__(self, model=DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None,
-                 meter_memory: bool | None = None):
+                 meter_memory: bool | None = None, prefix_cache: PrefixCache | None = None):
         self.adapter = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, Path)) else model
         self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
+        self.prefix_cache = prefix_cache
 
     def ask(self, video: str | Path, question: str, **options) -> AskResult:
         """Answer ``question`` about the video file ``video``; ``options`` are `begin`'s (sampling,
@@ -172,6 +176,24 @@ class Asker:
     def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
                  max_new_tokens: int, request: Request) -> Prefilled:
         """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
+        key = prefix_key(video, sampling, prefill, feed_config) if self.prefix_cache is not None else None
+        if key is None:
+            return self._decode_and(lambda feed, plan, fps: prefill_video(
+                self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
+                video, sampling, prefill, feed_config, request)
+        prefix = self.prefix_cache.get(key)
+        if prefix is None:
+            prefix = self._decode_and(lambda feed, plan, fps: prefill_prefix(
+                self.adapter, feed, fps, prefill, request, plan),
+                video, sampling, prefill, feed_config, request)
+            self.prefix_cache.put(key, prefix)
+        else:
+            request.clock.stats.cached_tokens = prefix.tokens
+        return prefill_question(self.adapter, prefix, question, max_new_tokens, request)
+
+    def _decode_and(self, fill, video, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
+                    request: Request):
+        """Probe and sample ``video``, start decoding it, and ``fill(feed, plan, sampled_fps)`` from its frames."""
         clock = request.clock
         stats = clock.stats
         with clock.stage("decode"):
@@ -204,8 +226,7 @@ class Asker:
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
-                state = prefill_video(self.adapter, feed, question, len(indices) / info.duration_s, prefill,
-                                      max_new_tokens, request, plan)
+                state = fill(feed, plan, len(indices) / info.duration_s)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

@@ -43,6 +43,7 @@ class AskStats:
         frames_lost: Requested frames the decoder could not produce.
         visual_tokens: Video tokens in the prompt.
         prompt_tokens: All prompt tokens.
+        cached_tokens: Prompt tokens whose KV came from the video prefix cache (not prefilled).
         generated_tokens: Answer tokens, including the end token when one was produced.
         encoded_visual_tokens: Video tokens the vision encoder produced: all of them, or those
             motion pruning kept (`PrefillConfig.motion`).
@@ -70,6 +71,7 @@ class AskStats:
     frames_lost: int = 0
     visual_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     generated_tokens: int = 0
     encoded_visual_tokens: int = 0
     kept_visual_tokens: int = 0

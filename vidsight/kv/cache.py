@@ -209,12 +209,21 @@ class KVCache:
         rows[:, : self.capacity] = self.slot_rows
         self.slot_rows, self.capacity = rows, capacity
 
-    def clone(self) -> "KVCache":
-        """An independent copy (its own buffers), e.g. to branch a stream's memory."""
+    def clone(self, room: int = 0) -> "KVCache":
+        """An independent copy (its own buffers), e.g. to branch a stream's memory, with room for
+        ``room`` more tokens per layer."""
+        capacity = max(self.capacity, max(self.filled) + room)
+        used = max(self.filled)
         copy = KVCache.__new__(KVCache)
-        copy.keys, copy.values = self.keys.clone(), self.values.clone()
-        copy.capacity, copy.filled = self.capacity, list(self.filled)
-        copy.slot_rows, copy.tokens, copy.shape = self.slot_rows.clone(), self.tokens[:], self.shape
+        with torch.inference_mode(False):  # normal tensors, writable whether or not a step runs
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                new = torch.zeros((*old.shape[:3], capacity, old.shape[4]), dtype=old.dtype, device=old.device)
+                new[:, :, :, :used] = old[:, :, :, :used]
+                setattr(copy, name, new)
+        copy.slot_rows = torch.full((self.slot_rows.shape[0], capacity), -1, dtype=torch.long)
+        copy.slot_rows[:, :used] = self.slot_rows[:, :used]
+        copy.capacity, copy.filled, copy.tokens, copy.shape = capacity, list(self.filled), self.tokens[:], self.shape
         return copy
 
     def truncate(self, length: int) -> None:

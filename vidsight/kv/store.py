@@ -161,8 +161,9 @@ class KVStore(Protocol):
         """Forget every token from row ``length`` on (a question and its answer)."""
         ...
 
-    def clone(self) -> "KVStore":
-        """An independent copy, e.g. to branch a stream's memory."""
+    def clone(self, room: int = 0) -> "KVStore":
+        """An independent copy, e.g. to branch a stream's memory, with room for ``room`` more tokens
+        per layer (one copy, not a copy and a growth)."""
         ...
 
     def close(self) -> None:

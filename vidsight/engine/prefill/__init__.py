@@ -4,5 +4,5 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.prefill.config": ("PrefillConfig",),
-    "vidsight.engine.prefill.groups": ("Prefilled", "chunk_bounds", "prefill_video"),
+    "vidsight.engine.prefill.groups": ("Prefilled", "VideoPrefix", "chunk_bounds", "prefill_prefix", "prefill_question", "prefill_video"),
 })

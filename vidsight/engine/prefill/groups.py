@@ -17,8 +17,9 @@ from tqdm import tqdm
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.prefill.config import PrefillConfig
 from vidsight.engine.forward import forward, new_cache
-from vidsight.engine.prompt import VideoPlan, build_video_prompt, plan_video
+from vidsight.engine.prompt import VideoPlan, VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.request import Request
+from vidsight.engine.stats import AskStats
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed.frames import FrameFeed
 from vidsight.ingest.types import CodecInfo
@@ -74,22 +75,70 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
         raise ConfigError(f"prune start layer {config.prune.start_layer} is past the model's last layer "
                           f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
     with request.clock.memory():
-        plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
-        if plan.frames != len(feed):  # decoded first, frames it could not read dropped: a prompt for the rest
-            plan = plan.with_frames(len(feed), adapter.vision.temporal_patch_size)
-        return _prefill_groups(adapter, feed, plan, question, sampled_fps, config, max_new_tokens, request)
+        plan = _plan(adapter, feed, plan)
+        prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
+        cache, hidden = _prefill_groups(adapter, feed, plan, prompt, len(prompt.ids), config, max_new_tokens, request)
+        with request.clock.stage("prefill"), torch.inference_mode():
+            logits = adapter.logits(hidden[0, -1])
+    return Prefilled(cache, logits, prompt.next_position)
 
 
-def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, question: str, sampled_fps: float,
-                    config: PrefillConfig, max_new_tokens: int, request: Request) -> Prefilled:
+def prefill_prefix(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: float, config: PrefillConfig, request: Request,
+                   plan: VideoPlan | None = None) -> VideoPrefix:
+    """Prefill a video's prompt up to where the question begins, for any question to continue.
+
+    As `prefill_video`, except that the text after the video is left out (so the last group ends
+    with the video's suffix). KV pruning is refused: the last group's pruning happens with the
+    question in the group, so its KV depends on the question.
+    """
+    if config.prune.active:
+        raise ConfigError("a video prefix is question-independent only without KV pruning (rho 1)")
+    with request.clock.memory():
+        plan = _plan(adapter, feed, plan)
+        prompt = build_video_prompt(adapter, "", plan, feed.indices, feed.pts_s, sampled_fps)
+        cache, _ = _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
+    done = request.clock.stats
+    stats = AskStats(frames=len(feed), frames_lost=feed.frames_lost, visual_tokens=done.visual_tokens,
+                     kept_visual_tokens=done.kept_visual_tokens, decode_strategy=feed.strategy)
+    return VideoPrefix(cache, plan, feed.indices, feed.pts_s, sampled_fps, prompt.ids[:prompt.video_end], stats)
+
+
+def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str, max_new_tokens: int,
+                     request: Request) -> Prefilled:
+    """Continue a copy of ``prefix`` with ``question``'s text: the prompt `prefill_video` would
+    have prefilled, its video part reused (the same tokens at the same positions)."""
+    prompt = build_video_prompt(adapter, question, prefix.plan, prefix.frame_index, prefix.time_s, prefix.sampled_fps)
+    end, stats = prefix.tokens, request.clock.stats
+    if not torch.equal(prompt.ids[:end], prefix.ids):
+        raise ConfigError(f"{adapter.name}'s prompt puts text that depends on the question before the video")
+    for name in ("frames", "frames_lost", "visual_tokens", "kept_visual_tokens", "decode_strategy"):
+        setattr(stats, name, getattr(prefix.stats, name))
+    stats.prompt_tokens = len(prompt.ids)
+    with request.clock.memory(), request.clock.stage("prefill"), torch.inference_mode():
+        cache = prefix.cache.clone(room=len(prompt.ids) - end + max_new_tokens)
+        hidden = forward(adapter, cache, adapter.embed_tokens(prompt.ids[None, end:]), prompt.positions[:, end:],
+                         prompt.rows[end:])
+        logits = adapter.logits(hidden[0, -1])
+    return Prefilled(cache, logits, prompt.next_position)
+
+
+def _plan(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan | None) -> VideoPlan:
+    plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
+    if plan.frames != len(feed):  # decoded first, frames it could not read dropped: a prompt for the rest
+        plan = plan.with_frames(len(feed), adapter.vision.temporal_patch_size)
+    return plan
+
+
+def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, prompt: VideoPrompt, end: int,
+                    config: PrefillConfig, max_new_tokens: int, request: Request) -> tuple[KVStore, torch.Tensor]:
+    """Prefill ``prompt``'s tokens up to ``end``; the cache and the last group's hidden states."""
     clock, progress, cores = request.clock, request.progress, request.cores
     spec, stats = adapter.vision, clock.stats
-    prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
     ids, video_start, video_end, positions, rows = (prompt.ids, prompt.video_start, prompt.video_end,
                                                     prompt.positions, prompt.rows)
 
     patches_per_group = -(-config.group_frames // spec.temporal_patch_size) if config.group_frames else plan.grid_thw[0]
-    chunks = chunk_bounds(len(ids), prompt.patch_starts, patches_per_group)
+    chunks = chunk_bounds(end, prompt.patch_starts, patches_per_group)
     frames_per_group = patches_per_group * spec.temporal_patch_size
     pruner = last_pruner = None  # last_pruner: the hook of the group carrying the question
     if config.prune.active:
@@ -138,13 +187,42 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, quest
         if group == 0:
             stats.first_group_s = took
         stats.last_group_s = took
-    with clock.stage("prefill"), torch.inference_mode():
-        logits = adapter.logits(hidden[0, -1])
     stats.visual_tokens, stats.prompt_tokens = plan.video_tokens, len(ids)
     # The suffix (a text row, never pruned) counts as the video token it is in `visual_tokens` too.
     stats.kept_visual_tokens = int((cache.layer_tokens(adapter.num_layers - 1).kind == VIDEO).sum()) + plan.suffix_tokens
     stats.groups = len(chunks)
-    return Prefilled(cache, logits, prompt.next_position)
+    return cache, hidden
+
+
+@dataclasses.dataclass
+class VideoPrefix:
+    """A video prefilled up to its question (`prefill_prefix`); each question continues a copy.
+
+    Attributes:
+        cache: The prefix's KV; never fed again.
+        plan: The video's shape.
+        frame_index: ``(frames,)`` stream index of every sampled frame.
+        time_s: ``(frames,)`` their presentation times.
+        sampled_fps: The sampling rate.
+        ids: ``(tokens,)`` the prefix's prompt ids: the text before the video, the video, its suffix.
+        stats: The video's frames and tokens, for the requests that reuse it.
+    """
+
+    cache: KVStore
+    plan: VideoPlan
+    frame_index: torch.Tensor
+    time_s: torch.Tensor
+    sampled_fps: float
+    ids: torch.Tensor
+    stats: AskStats
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes
 
 
 class _GroupMasks:

@@ -186,8 +186,9 @@ class TieredKVCache:
         if self.disk is not None:
             self.disk.close()
 
-    def clone(self) -> "TieredKVCache":
-        """An independent copy with the same budgets; its disk blocks in a directory of its own."""
+    def clone(self, room: int = 0) -> "TieredKVCache":
+        """An independent copy with the same budgets; its disk blocks in a directory of its own
+        (``room`` needs nothing: each write is a block of its own)."""
         self._reap(wait=True)
         twin = copy.copy(self)
         twin.copies = CopyEngine(self.device)

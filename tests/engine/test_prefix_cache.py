@@ -1,0 +1,114 @@
+"""The video prefix cache: a question continuing a stored video prefix answers as `ask` does
+without it; what shapes the video's KV (its bytes, sampling, prefill settings) decides a hit."""
+
+import shutil
+
+import pytest
+import torch
+
+from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+from vidsight.engine.prefix_cache import PrefixCache
+from vidsight.errors import ConfigError, VideoError
+from vidsight.ingest import SamplingConfig
+from vidsight.ingest.dynamic import MotionPruneConfig
+from vidsight.kv.config import PruneConfig
+from vidsight.models import TASK_MODEL, load_model
+
+from tests.settings import DEVICE, DTYPE, assert_same_answer
+
+QUESTIONS = ["What colour is the square?", "Where is the square at the end of the video?", "How many squares?"]
+VIDEO = dict(width=176, height=144, duration_s=4.0, fps=8, gop=8, bframes=True, seed=4)
+SAMPLING = SamplingConfig(fps=2.0)
+GENERATION = GenerationConfig(max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def task_adapter():
+    """The trained task model: its answers depend on the question, so a reused prefix that mixed
+    up questions would show."""
+    return load_model(TASK_MODEL, DEVICE, DTYPE)
+
+
+def answer(asker, path, question, **options):
+    """The answer's ids, its first-token logits and its stats."""
+    begun = asker.begin(path, question, sampling=options.pop("sampling", SAMPLING), generation=GENERATION, **options)
+    logits = begun.answer.logits.clone()
+    result = begun.generate_alone()
+    return result.token_ids, logits, result.stats
+
+
+@pytest.mark.parametrize("prefill", [PrefillConfig(group_frames=4),
+                                     PrefillConfig(group_frames=4, motion=MotionPruneConfig(), dedup_patches=True)],
+                         ids=["every patch", "motion pruning and dedup"])
+def test_questions_after_a_cached_prefix_answer_as_without_the_cache(task_adapter, make_test_video, prefill):
+    path, _ = make_test_video(**VIDEO)
+    plain, cached = Asker(task_adapter), Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    answers = []
+    for n, question in enumerate(QUESTIONS):
+        ids, logits, stats = answer(cached, path, question, prefill=prefill)
+        ref_ids, ref_logits, ref_stats = answer(plain, path, question, prefill=prefill)
+        assert_same_answer(ids, logits, ref_ids, ref_logits)
+        assert stats.prompt_tokens == ref_stats.prompt_tokens
+        assert (stats.frames, stats.visual_tokens, stats.kept_visual_tokens) == (
+            ref_stats.frames, ref_stats.visual_tokens, ref_stats.kept_visual_tokens)
+        # The first question prefilled the video; the later ones only their own text.
+        assert (stats.cached_tokens > 0) == (n > 0)
+        assert stats.encoded_visual_tokens == (ref_stats.encoded_visual_tokens if n == 0 else 0)
+        answers.append(ids)
+    assert len({tuple(a) for a in answers}) > 1   # the questions were told apart
+    counted = cached.prefix_cache.stats()
+    assert (counted.hits, counted.misses, counted.entries) == (2, 1, 1)
+    assert 0 < ref_stats.prompt_tokens - stats.cached_tokens < 40   # only the question's text was prefilled
+
+
+def test_a_changed_file_or_setting_misses_and_the_same_bytes_under_another_name_hit(task_adapter, make_test_video,
+                                                                                    tmp_path):
+    path, _ = make_test_video(**VIDEO)
+    other, _ = make_test_video(**{**VIDEO, "seed": 5})
+    renamed = tmp_path / "renamed.mp4"
+    shutil.copy(path, renamed)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    cache, question = asker.prefix_cache, QUESTIONS[0]
+    answer(asker, path, question)
+    for changed in (dict(path=other), dict(sampling=SamplingConfig(fps=4.0)),
+                    dict(prefill=PrefillConfig(group_frames=8)), dict(prefill=PrefillConfig(motion=MotionPruneConfig()))):
+        misses = cache.stats().misses
+        _, _, stats = answer(asker, changed.pop("path", path), question, **changed)
+        assert cache.stats().misses == misses + 1 and stats.cached_tokens == 0
+    _, _, stats = answer(asker, renamed, question)
+    assert stats.cached_tokens > 0
+
+
+def test_kv_pruning_is_never_cached(task_adapter, make_test_video):
+    """The last group is pruned with the question in it: its KV depends on the question."""
+    path, _ = make_test_video(**VIDEO)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    pruned = PrefillConfig(group_frames=4, prune=PruneConfig(rho=0.5))
+    for question in QUESTIONS[:2]:
+        _, _, stats = answer(asker, path, question, prefill=pruned)
+        assert stats.cached_tokens == 0
+    assert asker.prefix_cache.stats().to_dict()["entries"] == 0
+
+
+def test_least_recently_used_prefixes_leave_first_within_the_budget(task_adapter, make_test_video):
+    first, _ = make_test_video(**VIDEO)
+    second, _ = make_test_video(**{**VIDEO, "seed": 6})
+    probe = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    answer(probe, first, QUESTIONS[0])
+    one = probe.prefix_cache.stats().bytes
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(one + one // 2))   # room for one prefix
+    answer(asker, first, QUESTIONS[0])
+    answer(asker, second, QUESTIONS[0])
+    stats = asker.prefix_cache.stats()
+    assert (stats.entries, stats.evictions, stats.bytes) == (1, 1, one)
+    _, _, again = answer(asker, first, QUESTIONS[1])
+    assert again.cached_tokens == 0   # evicted: prefilled again
+    assert torch.isfinite(torch.tensor(asker.prefix_cache.stats().hit_rate))
+
+
+def test_bad_budgets_and_missing_files_are_refused(task_adapter, tmp_path):
+    with pytest.raises(ConfigError, match="budget"):
+        PrefixCache(0)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 20))
+    with pytest.raises(VideoError, match="missing.mp4"):
+        asker.ask(tmp_path / "missing.mp4", QUESTIONS[0])
