@@ -5,6 +5,7 @@ import base64
 import pytest
 from openai import OpenAI
 
+from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.ingest import SamplingConfig
 
@@ -104,3 +105,40 @@ def test_a_client_that_goes_away_ends_its_answer(make_local_server, media, tiny_
         steps = float(re.search(r'vidsight:decode_batch_size_count\{model_name="tiny"\} (\S+)',
                                 httpx.get(f"{url}/metrics").text).group(1))
     assert steps < 300   # the first answer, which runs to 600 tokens when nobody leaves, stopped early
+
+
+def test_a_second_question_about_a_video_reuses_its_prefix(make_local_server, media, tiny_adapter, tmp_path):
+    """The same video's bytes under another name, a second question: its video KV comes from the
+    prefix cache (OpenAI's ``cached_tokens``), its answer is `ask`'s; a server without the cache
+    prefills every time."""
+    import re
+    import shutil
+
+    import httpx
+
+    shutil.copy(media / "clip.mp4", media / "clip-copy.mp4")
+    questions = [QUESTION, "Where is the square at the end?"]
+    expected = [Asker(tiny_adapter).ask(media / "clip.mp4", q, sampling=SamplingConfig(fps=4.0),
+                                        generation=GenerationConfig(max_new_tokens=8)) for q in questions]
+    try:
+        for budget in (DEFAULT_PREFIX_CACHE_BYTES, 0):
+            with make_local_server(prefix_cache_bytes=budget) as (url, _):
+                client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+                answers = [client.chat.completions.create(
+                    model="tiny", messages=video_message(str(media / name), q), max_tokens=8,
+                    extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+                    for name, q in zip(("clip.mp4", "clip-copy.mp4"), questions)]
+                metrics = httpx.get(f"{url}/metrics").text
+            for answer, want in zip(answers, expected):
+                assert answer.choices[0].message.content == want.answer
+                assert answer.usage.prompt_tokens == want.stats.prompt_tokens
+            cached = [a.usage.prompt_tokens_details.cached_tokens for a in answers]
+            if budget:
+                assert cached[0] == 0 and 0 < cached[1] < answers[1].usage.prompt_tokens
+                assert re.search(r'vidsight:prefix_cache_hits_total\{model_name="tiny"\} 1\.0', metrics)
+                assert re.search(r'vidsight:prefix_cache_misses_total\{model_name="tiny"\} 1\.0', metrics)
+                assert float(re.search(r'vidsight:prefix_cache_bytes\{model_name="tiny"\} (\S+)', metrics).group(1)) > 0
+            else:
+                assert cached == [0, 0] and "prefix_cache" not in metrics
+    finally:
+        (media / "clip-copy.mp4").unlink()

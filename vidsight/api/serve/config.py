@@ -15,6 +15,9 @@ API_KEY_ENV = "VIDSIGHT_API_KEY"
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 DEFAULT_FETCH_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONCURRENT = 64
+# Videos' KV kept for repeated questions: a 7B's 2-minute video at 1 fps and 448x448 is about
+# 0.5 GiB in bfloat16, so a few such videos.
+DEFAULT_PREFIX_CACHE_BYTES = 2 * 2**30
 # A network source that does not come back: tries in a row, and seconds of failing, before it ends.
 DEFAULT_SOURCE_RETRIES = 5
 DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
@@ -64,6 +67,8 @@ class ServeConfig:
             removed when it closes); None: past the host budget the oldest KV is evicted.
         batch_answers: Generate concurrent completions' answers together (`Scheduler`); False
             runs each request whole in its turn (the comparison `bench serve --unbatched` makes).
+        prefix_cache_bytes: KV bytes of videos kept for later completions about the same video
+            (`PrefixCache`); 0 turns the cache off.
     """
 
     model: str
@@ -83,6 +88,7 @@ class ServeConfig:
     source_retry_window_s: float = DEFAULT_SOURCE_RETRY_WINDOW_S
     kv_disk: Path | None = None
     batch_answers: bool = True
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:
@@ -98,6 +104,8 @@ class ServeConfig:
             raise ConfigError(f"fetch_timeout_s must be positive, got {self.fetch_timeout_s}")
         if self.max_concurrent < 1:
             raise ConfigError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.prefix_cache_bytes < 0:
+            raise ConfigError(f"--prefix-cache-bytes must be 0 (off) or more, got {self.prefix_cache_bytes}")
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ConfigError(f"{self.allowed_local_media_path}: --allowed-local-media-path is not a directory")
         if self.api_key is not None and not self.api_key.strip():

@@ -50,6 +50,29 @@ class Metrics:
                               ["model_name", "tier"], registry=registry)
         self._label = label
 
+    def follow_prefix_cache(self, stats) -> None:
+        """Expose the video prefix cache's counters, read from ``stats()`` (a `PrefixCacheStats`) at each scrape."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        label = self._label["model_name"]
+
+        class PrefixCacheCollector:
+            def collect(self):
+                now = stats()
+                for name, text, value in (("hits", "Completions whose video prefix was cached.", now.hits),
+                                          ("misses", "Completions that prefilled their video prefix.", now.misses),
+                                          ("evictions", "Video prefixes evicted for the budget.", now.evictions)):
+                    family = CounterMetricFamily(f"vidsight:prefix_cache_{name}", text, labels=["model_name"])
+                    family.add_metric([label], value)
+                    yield family
+                for name, text, value in (("bytes", "KV bytes the prefix cache holds.", now.bytes),
+                                          ("entries", "Video prefixes the cache holds.", now.entries)):
+                    family = GaugeMetricFamily(f"vidsight:prefix_cache_{name}", text, labels=["model_name"])
+                    family.add_metric([label], value)
+                    yield family
+
+        self.registry.register(PrefixCacheCollector())
+
     def finished(self, reason: str) -> None:
         self.requests.labels(finished_reason=reason, **self._label).inc()
 

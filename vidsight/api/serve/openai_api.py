@@ -121,4 +121,5 @@ def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = 
 
 def usage_of(stats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}

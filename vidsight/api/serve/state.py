@@ -47,11 +47,15 @@ class Server:
     def start(self) -> None:
         from vidsight.engine import Asker
         from vidsight.engine.generate import DecodeBatch
+        from vidsight.engine.prefix_cache import PrefixCache
         from vidsight.models import load_model
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device)
-        self.asker = Asker(self.adapter)
+        prefix_cache = PrefixCache(self.config.prefix_cache_bytes) if self.config.prefix_cache_bytes else None
+        self.asker = Asker(self.adapter, prefix_cache=prefix_cache)
+        if prefix_cache is not None:
+            self.metrics.follow_prefix_cache(prefix_cache.stats)
         self.store = Store(self.config.db)
         adapter = self.adapter
         self.scheduler = Scheduler(encode=lambda requests: encode_together(adapter, requests),
