@@ -12,6 +12,7 @@ from vidsight.api.options import _float
 
 
 def add_bench_serve_parser(bench_commands, common) -> None:
+    from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES
     from vidsight.models.paths import TASK_MODEL
 
     serve = bench_commands.add_parser("serve", parents=[common],
@@ -36,6 +37,15 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--unbatched", action="store_true",
                        help="without --url: also load a second server that runs each completion whole in its turn "
                             "(--no-answer-batching), the same levels, for the comparison")
+    serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
+                       help="the in-process server's video prefix cache (0: off, so every completion prefills "
+                            f"its video; default: the server's {DEFAULT_PREFIX_CACHE_BYTES})")
+    serve.add_argument("--reuse-questions", type=int, default=0, metavar="N",
+                       help="then ask N different questions about each --reuse-video, one at a time: time to "
+                            "first token of a video's first question against the later ones (default: 0, not run)")
+    serve.add_argument("--reuse-video", nargs="+", default=None, metavar="VIDEO",
+                       help="the videos --reuse-questions asks about, as the server names them; a server started "
+                            "here serves --video's folder (default: --video)")
     serve.add_argument("--ray", action="store_true",
                        help="without --url: deploy on Ray Serve once per --replicas count and load each")
     serve.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts (default: 1 2)")
@@ -65,13 +75,29 @@ def run_bench_serve(args) -> int:
             url, video = stack.enter_context(_local_server(args))
         if video is None:
             raise ConfigError("with --url, name the video the server should read (--video)")
+        # Questions about videos not asked about yet: before the load, which asks about --video.
+        reuse = _reuse(args, url, video) if args.reuse_questions else None
         report = _load(args, url, video)
+        if reuse is not None:
+            report["prefix_reuse"] = reuse
         if args.unbatched:
             report["unbatched"] = _unbatched_levels(args)
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
     return 0
+
+
+def _reuse(args, url: str, video: str) -> dict:
+    from vidsight.bench.serve import REUSE_QUESTIONS, ServeClient, prefix_reuse
+    from vidsight.errors import ConfigError
+
+    if not 2 <= args.reuse_questions <= len(REUSE_QUESTIONS):
+        raise ConfigError(f"--reuse-questions takes 2 to {len(REUSE_QUESTIONS)}, got {args.reuse_questions}")
+    videos = [Path(v).name if args.url is None else v for v in args.reuse_video] if args.reuse_video else [video]
+    return prefix_reuse(ServeClient(url, args.api_key), videos, list(REUSE_QUESTIONS[:args.reuse_questions]),
+                        args.max_tokens, progress=(lambda _: None) if args.json else (
+                            lambda line: print(line, file=sys.stderr)))
 
 
 def _unbatched_levels(args) -> list[dict]:
@@ -169,7 +195,7 @@ def _served_video(args, batch_answers: bool = True):
     with tempfile.TemporaryDirectory(prefix="vidsight-bench-serve-") as scratch:
         yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
                           db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency)),
-                          batch_answers=batch_answers), video.name
+                          batch_answers=batch_answers, prefix_cache_bytes=args.prefix_cache_bytes), video.name
 
 
 @contextlib.contextmanager

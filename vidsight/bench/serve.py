@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from vidsight.bench.report import save_figure, write_report
+from vidsight.errors import VidsightError
 
 
 def sse_events(lines: Iterable[str]) -> Iterator[dict]:
@@ -147,10 +148,48 @@ def completion_levels(client: ServeClient, video: str, question: str, concurrenc
         steps = after.get("vidsight:decode_batch_size_count", 0) - before.get("vidsight:decode_batch_size_count", 0)
         fed = after.get("vidsight:decode_batch_size_sum", 0) - before.get("vidsight:decode_batch_size_sum", 0)
         levels[-1].update(decode_steps=steps, mean_decode_batch=fed / steps if steps else None,
-                          decode_tokens_per_s=fed / levels[-1]["wall_s"])
+                          decode_tokens_per_s=fed / levels[-1]["wall_s"],
+                          prefix_cache_hit_rate=prefix_hit_rate(before, after))
         progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}, "
                  f"answers per decode step {levels[-1]['mean_decode_batch'] or 0:.1f}")
     return levels
+
+
+# Questions of the task families' kinds, for several questions about one video.
+REUSE_QUESTIONS = ("Is there a red object in the zone? Answer Yes or No.", "How many objects are there?",
+                   "What colour is the circle?", "What shape is the red object?",
+                   "Which appeared first, the square or the circle?", "What colour was the triangle?")
+
+
+def prefix_hit_rate(before: dict, after: dict) -> float | None:
+    """The share of completions between two metrics snapshots whose video prefix was cached (None:
+    the server has no prefix cache, or nothing was asked)."""
+    hits, misses = (after.get(f"vidsight:prefix_cache_{n}_total", 0) - before.get(f"vidsight:prefix_cache_{n}_total", 0)
+                    for n in ("hits", "misses"))
+    return hits / (hits + misses) if hits + misses else None
+
+
+def prefix_reuse(client: ServeClient, videos: list[str], questions: list[str], max_tokens: int,
+                 progress=print) -> dict:
+    """Several questions about each of a few videos, one at a time: time to first token of each
+    video's first question (its video prefilled) against the later ones (its prefix reused)."""
+    first, later, answers = [], [], []
+    before = client.metrics()
+    for video in videos:
+        for n, question in enumerate(questions):
+            result = client.completion(video, question, max_tokens)
+            if result["error"] is not None:
+                raise VidsightError(f"{video}: the completion failed: {result['error']}")
+            (later if n else first).append(result["ttft_s"])
+            answers.append(result)
+    hit_rate = prefix_hit_rate(before, client.metrics())
+    report = {"videos": len(videos), "questions_per_video": len(questions), "first_ttft_s": _percentiles(first),
+              "later_ttft_s": _percentiles(later), "prefix_cache_hit_rate": hit_rate}
+    report["ttft_ratio"] = (report["first_ttft_s"]["p50"] / report["later_ttft_s"]["p50"]
+                            if later and report["later_ttft_s"]["p50"] else None)
+    progress(f"questions about {len(videos)} videos: first TTFT {report['first_ttft_s']['p50']:.2f} s, later "
+             f"{report['later_ttft_s']['p50'] or 0:.3f} s, hit rate {hit_rate}")
+    return report
 
 
 def run_serve_bench(client: ServeClient, video: str, question: str, concurrency: list[int], requests: int,
@@ -207,7 +246,8 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def format_serve_report(report: dict) -> str:
-    lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s  answers/step  tokens/s"]
+    lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s  answers/step  tokens/s"
+             "  prefix hits"]
     for level in [*report["completions"], {**report["mixed"]["completions"], "concurrency": "mixed"}]:
         lines.append(_level_line(level))
     if report.get("unbatched"):
@@ -220,6 +260,13 @@ def format_serve_report(report: dict) -> str:
         lines.append(f"{k:5d}  {watch['windows']:7d}  {'yes' if watch['error'] else 'no':>6}  {factor:>16}  "
                      f"{_pair(watch['lag_s'])}")
     lines.append(f"video seconds judged per second: {report['mixed']['video_s_judged_per_s']:.2f}")
+    reuse = report.get("prefix_reuse")
+    if reuse:
+        ratio = reuse["ttft_ratio"]
+        lines.append(f"{reuse['questions_per_video']} questions about each of {reuse['videos']} videos, one at a time: "
+                     f"TTFT of a video's first question {_pair(reuse['first_ttft_s'])} s, of the later ones "
+                     f"{_pair(reuse['later_ttft_s'])} s (p50/p99; {'-' if ratio is None else f'{ratio:.1f}x'} lower), "
+                     f"prefix-cache hit rate {_share(reuse['prefix_cache_hit_rate'])}")
     if report["mixed"]["vision_batches"]:
         lines.append(f"watch windows per vision call: {report['mixed']['windows_per_vision_batch']:.2f} "
                      f"({report['mixed']['vision_batches']:.0f} calls)")
@@ -231,7 +278,11 @@ def _level_line(level: dict) -> str:
     tokens = level.get("decode_tokens_per_s")
     return (f"{level['concurrency']!s:>11}  {level['requests']:8d}  {level['errors']:6d}  {level['requests_per_s']:5.2f}"
             f"   {_pair(level['ttft_s'])}   {_pair(level['e2e_s'])}  {'-' if batch is None else f'{batch:12.2f}'}"
-            f"  {'-' if tokens is None else f'{tokens:8.1f}'}")
+            f"  {'-' if tokens is None else f'{tokens:8.1f}'}  {_share(level.get('prefix_cache_hit_rate')):>11}")
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
 
 
 def _pair(p: dict) -> str:
