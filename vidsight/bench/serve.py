@@ -149,7 +149,9 @@ def completion_levels(client: ServeClient, video: str, question: str, concurrenc
         fed = after.get("vidsight:decode_batch_size_sum", 0) - before.get("vidsight:decode_batch_size_sum", 0)
         levels[-1].update(decode_steps=steps, mean_decode_batch=fed / steps if steps else None,
                           decode_tokens_per_s=fed / levels[-1]["wall_s"],
-                          prefix_cache_hit_rate=prefix_hit_rate(before, after))
+                          prefix_cache_hit_rate=prefix_hit_rate(before, after),
+                          peak_memory_bytes=after.get("vidsight:peak_memory_bytes"),
+                          prefix_cache_bytes=after.get("vidsight:prefix_cache_bytes"))
         progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}, "
                  f"answers per decode step {levels[-1]['mean_decode_batch'] or 0:.1f}")
     return levels
@@ -247,7 +249,7 @@ def _percentiles(values: list[float]) -> dict:
 
 def format_serve_report(report: dict) -> str:
     lines = ["concurrency  requests  errors  req/s   TTFT p50/p99 s    e2e p50/p99 s  answers/step  tokens/s"
-             "  prefix hits"]
+             "  prefix hits  peak GiB"]
     for level in [*report["completions"], {**report["mixed"]["completions"], "concurrency": "mixed"}]:
         lines.append(_level_line(level))
     if report.get("unbatched"):
@@ -274,11 +276,11 @@ def format_serve_report(report: dict) -> str:
 
 
 def _level_line(level: dict) -> str:
-    batch = level.get("mean_decode_batch")
-    tokens = level.get("decode_tokens_per_s")
+    batch, tokens, peak = level.get("mean_decode_batch"), level.get("decode_tokens_per_s"), level.get("peak_memory_bytes")
     return (f"{level['concurrency']!s:>11}  {level['requests']:8d}  {level['errors']:6d}  {level['requests_per_s']:5.2f}"
             f"   {_pair(level['ttft_s'])}   {_pair(level['e2e_s'])}  {'-' if batch is None else f'{batch:12.2f}'}"
-            f"  {'-' if tokens is None else f'{tokens:8.1f}'}  {_share(level.get('prefix_cache_hit_rate')):>11}")
+            f"  {'-' if tokens is None else f'{tokens:8.1f}'}  {_share(level.get('prefix_cache_hit_rate')):>11}"
+            f"  {'-' if peak is None else f'{peak / 2**30:8.2f}'}")
 
 
 def _share(value: float | None) -> str:

@@ -50,28 +50,29 @@ class Metrics:
                               ["model_name", "tier"], registry=registry)
         self._label = label
 
-    def follow_prefix_cache(self, stats) -> None:
-        """Expose the video prefix cache's counters, read from ``stats()`` (a `PrefixCacheStats`) at each scrape."""
+    def follow(self, name: str, text: str, read, counter: bool = False) -> None:
+        """``vidsight:{name}`` read from ``read()`` at each scrape (a counter's name gains ``_total``)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         label = self._label["model_name"]
 
-        class PrefixCacheCollector:
+        class Reading:
             def collect(self):
-                now = stats()
-                for name, text, value in (("hits", "Completions whose video prefix was cached.", now.hits),
-                                          ("misses", "Completions that prefilled their video prefix.", now.misses),
-                                          ("evictions", "Video prefixes evicted for the budget.", now.evictions)):
-                    family = CounterMetricFamily(f"vidsight:prefix_cache_{name}", text, labels=["model_name"])
-                    family.add_metric([label], value)
-                    yield family
-                for name, text, value in (("bytes", "KV bytes the prefix cache holds.", now.bytes),
-                                          ("entries", "Video prefixes the cache holds.", now.entries)):
-                    family = GaugeMetricFamily(f"vidsight:prefix_cache_{name}", text, labels=["model_name"])
-                    family.add_metric([label], value)
-                    yield family
+                family = (CounterMetricFamily if counter else GaugeMetricFamily)(f"vidsight:{name}", text,
+                                                                                labels=["model_name"])
+                family.add_metric([label], read())
+                yield family
 
-        self.registry.register(PrefixCacheCollector())
+        self.registry.register(Reading())
+
+    def follow_prefix_cache(self, stats) -> None:
+        """The video prefix cache's counters and holdings, from ``stats()`` (a `PrefixCacheStats`)."""
+        for name, text in (("hits", "Completions whose video prefix was cached."),
+                           ("misses", "Completions that prefilled their video prefix."),
+                           ("evictions", "Video prefixes evicted for the budget.")):
+            self.follow(f"prefix_cache_{name}", text, lambda name=name: getattr(stats(), name), counter=True)
+        self.follow("prefix_cache_bytes", "KV bytes the prefix cache holds.", lambda: stats().bytes)
+        self.follow("prefix_cache_entries", "Video prefixes the cache holds.", lambda: stats().entries)
 
     def finished(self, reason: str) -> None:
         self.requests.labels(finished_reason=reason, **self._label).inc()

@@ -48,6 +48,7 @@ class Server:
         from vidsight.engine import Asker
         from vidsight.engine.generate import DecodeBatch
         from vidsight.engine.prefix_cache import PrefixCache
+        from vidsight.engine.stats import peak_memory_bytes
         from vidsight.models import load_model
 
         if self.adapter is None:
@@ -56,6 +57,8 @@ class Server:
         self.asker = Asker(self.adapter, prefix_cache=prefix_cache)
         if prefix_cache is not None:
             self.metrics.follow_prefix_cache(prefix_cache.stats)
+        self.metrics.follow("peak_memory_bytes", "Peak memory since the start: the device's allocations on CUDA, "
+                            "else the process's resident set.", lambda: peak_memory_bytes(self.adapter.device))
         self.store = Store(self.config.db)
         adapter = self.adapter
         self.scheduler = Scheduler(encode=lambda requests: encode_together(adapter, requests),
