@@ -14,11 +14,13 @@ from tqdm import tqdm
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.generate import Answer, DecodeBatch, TextStream
-from vidsight.engine.prefill import PrefillConfig, Prefilled, prefill_prefix, prefill_question, prefill_video
+from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
+                                     prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, prefix_key
 from vidsight.engine.prompt import check_question, plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
+from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
@@ -131,10 +133,25 @@ class Asker:
         ``on_text`` is called with each new piece of the answer's text as it is generated (the
         pieces join to ``answer``).
         """
+        return run_to_end(self.begin_steps(video, question, sampling=sampling, generation=generation, prefill=prefill,
+                                           feed=feed, progress=progress, on_text=on_text))
+
+    def begin_steps(self, video: str | Path, question: str, *, sampling: SamplingConfig = SamplingConfig(),
+                    generation: GenerationConfig = GenerationConfig(), prefill: PrefillConfig = PrefillConfig(),
+                    feed: FeedConfig = FeedConfig(), progress: bool = False,
+                    on_text: Callable[[str], None] | None = None) -> Preemptible[AskInProgress]:
+        """`begin` as preemptible work (`steps.Preemptible`): it pauses between prefill groups, so a
+        server runs other clients' work there and a long video holds the model for one group at a
+        time. Memory metering on the CPU (``meter_memory``) would count the work run in between."""
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
-        state = self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens, request)
-        return AskInProgress(self.adapter, state, generation, request, on_text)
+
+        def steps():
+            state = yield from self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens,
+                                             request)
+            return AskInProgress(self.adapter, state, generation, request, on_text)
+
+        return steps()
 
     def ask_frames(
         self,
@@ -171,19 +188,19 @@ class Asker:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
-        return self._prefill(video, question, sampling, prefill, feed, 1, request).logits
+        return run_to_end(self._prefill(video, question, sampling, prefill, feed, 1, request)).logits
 
     def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
-                 max_new_tokens: int, request: Request) -> Prefilled:
+                 max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:
         """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
         key = prefix_key(video, sampling, prefill, feed_config) if self.prefix_cache is not None else None
         if key is None:
-            return self._decode_and(lambda feed, plan, fps: prefill_video(
+            return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
-                video, sampling, prefill, feed_config, request)
+                video, sampling, prefill, feed_config, request))
         prefix = self.prefix_cache.get(key)
         if prefix is None:
-            prefix = self._decode_and(lambda feed, plan, fps: prefill_prefix(
+            prefix = yield from self._decode_and(lambda feed, plan, fps: prefill_prefix_steps(
                 self.adapter, feed, fps, prefill, request, plan),
                 video, sampling, prefill, feed_config, request)
             self.prefix_cache.put(key, prefix)
@@ -193,7 +210,8 @@ class Asker:
 
     def _decode_and(self, fill, video, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
                     request: Request):
-        """Probe and sample ``video``, start decoding it, and ``fill(feed, plan, sampled_fps)`` from its frames."""
+        """Probe and sample ``video``, start decoding it, and run ``fill(feed, plan, sampled_fps)`` (preemptible
+        work) from its frames."""
         clock = request.clock
         stats = clock.stats
         with clock.stage("decode"):
@@ -226,7 +244,7 @@ class Asker:
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
-                state = fill(feed, plan, len(indices) / info.duration_s)
+                state = yield from fill(feed, plan, len(indices) / info.duration_s)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

@@ -1,8 +1,11 @@
-"""Work that pauses for the vision encoder, so a scheduler can encode several at once.
+"""Work that pauses, so a scheduler can run other work in between or encode several at once.
 
 A stepped piece of work is a generator: it yields an `EncodeRequest` where it needs visual
 embeddings, is sent them back, and returns its result. `drive` runs one alone; a scheduler
 that holds several can gather their requests and answer them with `encode_together`.
+
+Preemptible work (a long prefill) yields None where other work may run before it goes on (between
+prefill groups); `run_to_end` runs it without pausing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from vidsight.models.base import VLMAdapter
 
 T = TypeVar("T")
 Stepped = Generator["EncodeRequest", torch.Tensor, T]
+Preemptible = Generator[None, None, T]
 
 
 @dataclasses.dataclass
@@ -37,6 +41,15 @@ def drive(steps: Stepped[T], adapter: VLMAdapter) -> T:
         request = next(steps)
         while True:
             request = steps.send(request.run(adapter))
+    except StopIteration as stop:
+        return stop.value
+
+
+def run_to_end(steps: Preemptible[T]) -> T:
+    """Run preemptible work to its result without pausing."""
+    try:
+        while True:
+            next(steps)
     except StopIteration as stop:
         return stop.value
 

@@ -66,3 +66,97 @@ def test_stepped_work_waiting_in_several_lines_is_encoded_in_one_batch():
     blocker.result(timeout=10)
     assert batches == [["a", "b", "c"], ["a2"]]
     scheduler.close()
+
+
+class _Answer:
+    def __init__(self):
+        self.done = False
+
+    def cancel(self):
+        self.done = True
+
+
+class _Progress:
+    """An `AskInProgress` whose answer ends at its first decode step."""
+
+    def __init__(self, name):
+        self.name, self.answer = name, _Answer()
+
+    def finish(self):
+        return f"{self.name} answered"
+
+
+class _Decode:
+    def __init__(self):
+        self.running = []
+
+    def add(self, answer):
+        self.running.append(answer)
+
+    def step(self):
+        for answer in self.running:
+            answer.done = True
+        self.running = []
+        return 0
+
+
+def test_a_long_prefill_pauses_between_groups_and_streams_go_first():
+    """A watch window that arrives during a completion's prefill runs before its next group; a
+    second completion takes its turn between the first one's groups."""
+    scheduler = Scheduler(decode=_Decode())
+    order, closed = [], []
+
+    def prefill(name, groups):
+        def steps():
+            try:
+                for group in range(groups):
+                    if group:
+                        yield
+                    order.append(f"{name}{group}")
+                    if (name, group) == ("long", 0):
+                        scheduler.submit("watch", lambda: order.append("window"))
+                return _Progress(name)
+            finally:
+                closed.append(name)
+        return steps
+
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    long, _ = scheduler.submit_answer("a", prefill("long", 3))
+    short, _ = scheduler.submit_answer("b", prefill("short", 1))
+    gate.set()
+    assert long.result(timeout=10) == "long answered" and short.result(timeout=10) == "short answered"
+    blocker.result(timeout=10)
+    assert order == ["long0", "window", "short0", "long1", "long2"]
+    assert sorted(closed) == ["long", "short"]
+    scheduler.close()
+
+
+def test_a_client_gone_during_its_prefill_ends_it_at_the_next_group():
+    scheduler = Scheduler(decode=_Decode())
+    ran, closed, tickets = [], [], []
+
+    def steps():
+        try:
+            for group in range(100):
+                if group:
+                    yield
+                ran.append(group)
+                if group == 1:
+                    tickets[0].cancel()
+            return _Progress("never")
+        finally:
+            closed.append(True)
+
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    future, ticket = scheduler.submit_answer("a", lambda: steps())
+    tickets.append(ticket)
+    gate.set()
+    blocker.result(timeout=10)
+    with pytest.raises(RequestError, match="went away"):
+        future.result(timeout=10)
+    assert ran == [0, 1] and closed == [True]   # its generator closed: its decoders stop
+    scheduler.close()

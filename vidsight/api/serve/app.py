@@ -126,8 +126,8 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, que
         path = await exits.enter_async_context(video_file(video, server.config))
         tickets = []
         work = asyncio.ensure_future(server.run_answer(
-            lambda: server.asker.begin(path, question, sampling=sampling, generation=generation, prefill=prefill,
-                                       on_text=on_text), tickets.append))
+            lambda: server.asker.begin_steps(path, question, sampling=sampling, generation=generation,
+                                             prefill=prefill, on_text=on_text), tickets.append))
         work.add_done_callback(lambda done: pieces.put_nowait(("done", None)))
         # A client that goes away ends its answer at the next decode step.
         exits.callback(lambda: tickets and not work.done() and tickets[0].cancel())

@@ -10,11 +10,16 @@ What is batched: watch windows are stepped work (`engine.steps`): when the worke
 also takes the windows waiting at the head of other clients' lines (up to ``max_batch``), runs
 each to the point where it needs its new frames encoded, encodes all of them in one vision call
 (unpruned ones; the encoder attends within each video, so each gets its own result), and
-finishes each. Answers are generated together: a completion's prefill is one piece of work in
-its client's line, after which its answer joins the running answers, and between pieces of work
-the worker feeds one token of every running answer in one packed pass (`DecodeBatch`). So
-answers advance while watches and prefills take their turns, and a watch waits for at most one
-piece of work and one decode step. Chat frames run whole.
+finishes each. Answers are generated together: a completion's prefill is preemptible work in its
+client's line, run one prefill group per turn, after which its answer joins the running answers,
+and between pieces of work the worker feeds one token of every running answer in one packed pass
+(`DecodeBatch`). Chat frames run whole.
+
+Who goes first: streams (watch windows, session frames) and other work before completions'
+prefills, in rotation within each class; a completion's prefill resumes where it paused (its next
+group) when no stream work waits. So a watch waits for at most one prefill group and one decode
+step, however long the videos asked about; completions wait while streams keep the model busy
+(admission, `Server.admit`, bounds how many wait).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class _Work:
     queued: float             # when it was queued (perf_counter)
     stepped: bool
     ticket: "AnswerTicket | None" = None   # the work begins an answer that the decode batch finishes
+    begun: bool = False       # an answer's prefill that ran part way (``work`` is then its generator)
 
 
 class AnswerTicket:
@@ -110,8 +116,9 @@ class Scheduler:
         return self._queue(client, steps, stepped=True)
 
     def submit_answer(self, client: str, begin: Callable[[], Any]) -> tuple[Future, AnswerTicket]:
-        """Queue ``begin`` (a prefill returning an `AskInProgress`) in ``client``'s line; its answer
-        is then generated beside the others. The future holds the `AskResult`."""
+        """Queue ``begin`` in ``client``'s line: called on the worker, it gives the prefill as
+        preemptible work (`Asker.begin_steps`), run a group per turn, whose result (an
+        `AskInProgress`) is then generated beside the other answers. The future holds the `AskResult`."""
         if self._decode is None:
             raise TypeError("answers need a scheduler built with decode=")
         ticket = AnswerTicket()
@@ -121,11 +128,13 @@ class Scheduler:
         """Finish the work running; what still waits is refused with a clear error."""
         with self._ready:
             self._closing = True
-            refused = [item.future for line in self._lines.values() for item in line]
+            refused = [item for line in self._lines.values() for item in line]
             self._lines.clear()
             self._ready.notify()
-        for future in refused:
-            future.set_exception(RequestError(503, "the server is shutting down"))
+        for item in refused:
+            if item.begun:
+                item.work.close()   # its decoders stop
+            item.future.set_exception(RequestError(503, "the server is shutting down"))
         self._worker.join(timeout_s)
 
     def _queue(self, client: str, work, stepped: bool, ticket: AnswerTicket | None = None) -> Future:
@@ -139,13 +148,16 @@ class Scheduler:
         return future
 
     def _take(self, stepped_only: bool = False, after: str | None = None) -> list[_Work]:
-        """The next client's head (with ``stepped_only``, the stepped heads of the clients other
-        than ``after``, up to the batch size), each client then moved to the back of the rotation.
-        Called holding the lock."""
+        """The next client's head, a stream's before a completion's (with ``stepped_only``, the
+        stepped heads of the clients other than ``after``, up to the batch size), each client then
+        moved to the back of the rotation. Called holding the lock."""
         taken = []
+        streams = any(line[0].ticket is None for line in self._lines.values())
         for client in list(self._lines):
             line = self._lines[client]
             if stepped_only and (client == after or not line[0].stepped or len(taken) >= self._max_batch - 1):
+                continue
+            if streams and line[0].ticket is not None:
                 continue
             taken.append(line.popleft())
             del self._lines[client]
@@ -172,24 +184,51 @@ class Scheduler:
     def _serve(self) -> None:
         while (items := self._next()) is not None:
             for item in items:
-                if self._on_queue_time is not None:
+                if self._on_queue_time is not None and not item.begun:   # a prefill's first turn only
                     self._on_queue_time(time.perf_counter() - item.queued)
             if items and items[0].stepped:
                 self._run_stepped(items)
+            elif items and items[0].ticket is not None:
+                self._prefill_answer(items[0])
             elif items and items[0].future.set_running_or_notify_cancel():
                 item = items[0]
                 try:
-                    result = item.work()
-                    if item.ticket is None:
-                        item.future.set_result(result)
-                    else:
-                        self._decode.add(result.answer)
-                        self._generating.append(_Generating(result, item.future, item.ticket))
+                    item.future.set_result(item.work())
                 except BaseException as exc:  # handed to the waiting client, which reports it
                     item.future.set_exception(exc)
             self._running = 0
             if self._generating:
                 self._step_answers()
+
+    def _prefill_answer(self, item: _Work) -> None:
+        """One group of an answer's prefill; back in its client's line if more remain, else its
+        answer joins the decode batch."""
+        try:
+            if not item.begun:
+                if not item.future.set_running_or_notify_cancel():
+                    return
+                item.work, item.begun = item.work(), True   # the prefill, created on the model's thread
+            if item.ticket.cancelled:   # the client went away while it waited
+                raise RequestError(499, "the client went away")
+            next(item.work)
+        except StopIteration as done:
+            self._decode.add(done.value.answer)
+            self._generating.append(_Generating(done.value, item.future, item.ticket))
+            return
+        except BaseException as exc:   # handed to the waiting client, which reports it
+            if item.begun:
+                item.work.close()
+            item.future.set_exception(exc)
+            return
+        with self._ready:
+            if self._closing:
+                item.work.close()
+                item.future.set_exception(RequestError(503, "the server is shutting down"))
+                return
+            # First in its own line (its client's later requests wait for it), at the back of the rotation.
+            line = self._lines.pop(item.client, collections.deque())
+            line.appendleft(item)
+            self._lines[item.client] = line
 
     def _step_answers(self) -> None:
         """One token of every running answer; those that ended hand over their results."""

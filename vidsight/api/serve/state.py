@@ -17,7 +17,7 @@ from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
 from vidsight.api.serve.tenants import RequestCounter
 from vidsight.api.serve.watches import WatchManager
-from vidsight.engine.steps import encode_together
+from vidsight.engine.steps import encode_together, run_to_end
 
 if TYPE_CHECKING:
     from vidsight.models.base import VLMAdapter
@@ -88,11 +88,12 @@ class Server:
         return await asyncio.wrap_future(future)
 
     async def run_answer(self, begin: Callable[[], Any], started: Callable[[Any], None]) -> Any:
-        """Prefill with ``begin`` on the model's thread (an `AskInProgress`), then generate its
-        answer beside the other running answers; the `AskResult`. ``started`` gets the answer's
-        ticket at once: cancelling it (a client gone) ends the answer at the next step."""
+        """Prefill with ``begin()`` (preemptible work giving an `AskInProgress`, `Asker.begin_steps`)
+        on the model's thread, a group per turn, then generate its answer beside the other running
+        answers; the `AskResult`. ``started`` gets the answer's ticket at once: cancelling it (a
+        client gone) ends the prefill or the answer at its next step."""
         if not self.config.batch_answers:
-            return await self.run_model(lambda: begin().generate_alone())
+            return await self.run_model(lambda: run_to_end(begin()).generate_alone())
         future, ticket = self.scheduler.submit_answer(uuid.uuid4().hex, begin)
         started(ticket)
         return await asyncio.wrap_future(future)

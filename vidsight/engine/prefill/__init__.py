@@ -4,5 +4,6 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.prefill.config": ("PrefillConfig",),
-    "vidsight.engine.prefill.groups": ("Prefilled", "VideoPrefix", "chunk_bounds", "prefill_prefix", "prefill_question", "prefill_video"),
+    "vidsight.engine.prefill.groups": ("Prefilled", "VideoPrefix", "chunk_bounds", "prefill_prefix_steps", "prefill_question", "prefill_video",
+                                          "prefill_video_steps"),
 })

@@ -19,6 +19,7 @@ from vidsight.engine.prefill.config import PrefillConfig
 from vidsight.engine.forward import forward, new_cache
 from vidsight.engine.prompt import VideoPlan, VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.request import Request
+from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.engine.stats import AskStats
 from vidsight.errors import ConfigError
 from vidsight.ingest.feed.frames import FrameFeed
@@ -57,7 +58,16 @@ def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.T
 
 def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
                   max_new_tokens: int, request: Request, plan: VideoPlan | None = None) -> Prefilled:
-    """Prefill the prompt for ``question`` about ``feed``'s frames, group by group.
+    """Prefill the prompt for ``question`` about ``feed``'s frames, group by group (the arguments
+    are `prefill_video_steps`')."""
+    return run_to_end(prefill_video_steps(adapter, feed, question, sampled_fps, config, max_new_tokens, request, plan))
+
+
+def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float,
+                        config: PrefillConfig, max_new_tokens: int, request: Request, plan: VideoPlan | None = None
+                        ) -> Preemptible[Prefilled]:
+    """`prefill_video` as preemptible work: it pauses between groups, so a server can run other
+    work there (`steps.Preemptible`).
 
     Args:
         adapter: The model's primitives.
@@ -77,17 +87,18 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
     with request.clock.memory():
         plan = _plan(adapter, feed, plan)
         prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
-        cache, hidden = _prefill_groups(adapter, feed, plan, prompt, len(prompt.ids), config, max_new_tokens, request)
+        cache, hidden = yield from _prefill_groups(adapter, feed, plan, prompt, len(prompt.ids), config,
+                                                   max_new_tokens, request)
         with request.clock.stage("prefill"), torch.inference_mode():
             logits = adapter.logits(hidden[0, -1])
     return Prefilled(cache, logits, prompt.next_position)
 
 
-def prefill_prefix(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: float, config: PrefillConfig, request: Request,
-                   plan: VideoPlan | None = None) -> VideoPrefix:
+def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: float, config: PrefillConfig,
+                         request: Request, plan: VideoPlan | None = None) -> Preemptible[VideoPrefix]:
     """Prefill a video's prompt up to where the question begins, for any question to continue.
 
-    As `prefill_video`, except that the text after the video is left out (so the last group ends
+    As `prefill_video_steps`, except that the text after the video is left out (so the last group ends
     with the video's suffix). KV pruning is refused: the last group's pruning happens with the
     question in the group, so its KV depends on the question.
     """
@@ -96,7 +107,7 @@ def prefill_prefix(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: float, con
     with request.clock.memory():
         plan = _plan(adapter, feed, plan)
         prompt = build_video_prompt(adapter, "", plan, feed.indices, feed.pts_s, sampled_fps)
-        cache, _ = _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
+        cache, _ = yield from _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
     done = request.clock.stats
     stats = AskStats(frames=len(feed), frames_lost=feed.frames_lost, visual_tokens=done.visual_tokens,
                      kept_visual_tokens=done.kept_visual_tokens, decode_strategy=feed.strategy)
@@ -130,8 +141,10 @@ def _plan(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan | None) -> Video
 
 
 def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, prompt: VideoPrompt, end: int,
-                    config: PrefillConfig, max_new_tokens: int, request: Request) -> tuple[KVStore, torch.Tensor]:
-    """Prefill ``prompt``'s tokens up to ``end``; the cache and the last group's hidden states."""
+                    config: PrefillConfig, max_new_tokens: int, request: Request
+                    ) -> Preemptible[tuple[KVStore, torch.Tensor]]:
+    """Prefill ``prompt``'s tokens up to ``end``, pausing before each group after the first; the
+    cache and the last group's hidden states."""
     clock, progress, cores = request.clock, request.progress, request.cores
     spec, stats = adapter.vision, clock.stats
     ids, video_start, video_end, positions, rows = (prompt.ids, prompt.video_start, prompt.video_end,
@@ -155,6 +168,8 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, promp
     masks = _motion_masks(feed, config, plan, spec)
     stats.encoded_visual_tokens = 0
     for group, (lo, hi) in enumerate(tqdm(chunks, desc="prefill", unit="group", disable=not progress, leave=False)):
+        if group:
+            yield
         first = group * frames_per_group
         last = min(first + frames_per_group, len(feed))
         with clock.stage("decode"):
@@ -196,7 +211,7 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, promp
 
 @dataclasses.dataclass
 class VideoPrefix:
-    """A video prefilled up to its question (`prefill_prefix`); each question continues a copy.
+    """A video prefilled up to its question (`prefill_prefix_steps`); each question continues a copy.
 
     Attributes:
         cache: The prefix's KV; never fed again.
