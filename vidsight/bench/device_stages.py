@@ -100,6 +100,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
     clients = ("1", "2") if dry_run else tuple(map(str, SERVE_CLIENTS))
     stages.append(Stage("serve", (*vidsight, "bench", "serve", "--model", model, "--device", device,
                                   "--concurrency", *clients, "--requests", clients[-1], "--max-tokens", "8", "--watches", "0",
-                                  "--out", str(out / "serve")),
+                                  # Every completion prefills its video, as different videos would.
+                                  "--prefix-cache-bytes", "0", "--out", str(out / "serve")),
                         60 if dry_run else GPU_LIMITS_S["serve"], report=out / "serve" / "serve.json"))
     return stages

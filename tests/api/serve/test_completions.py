@@ -142,3 +142,50 @@ def test_a_second_question_about_a_video_reuses_its_prefix(make_local_server, me
                 assert cached == [0, 0] and "prefix_cache" not in metrics
     finally:
         (media / "clip-copy.mp4").unlink()
+
+
+def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_local_server, media, tiny_adapter,
+                                                                        capsys, tiny_model_dir):
+    """Six clients' completions, a watch and a chat session at once, through the preempting,
+    stream-first scheduler and the shared decode batch: each gives what it gives alone."""
+    import concurrent.futures
+    import time
+
+    import httpx
+
+    from tests.api.serve.test_watches import SETTINGS, cli_lines, read_events, without_timing
+    from tests.api.serve.conftest import QUERY
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.ingest.stream import StreamSource
+
+    requests = [(name, limit) for name in ("clip.mp4", "other.mp4") for limit in (4, 12, 20)]
+    expected = {(name, limit): Asker(tiny_adapter).ask(media / name, QUESTION, sampling=SamplingConfig(fps=4.0),
+                                                       generation=GenerationConfig(max_new_tokens=limit))
+                for name, limit in requests}
+    watched = cli_lines(capsys, media / "clip.mp4", tiny_model_dir)
+    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
+        chat.push(StreamSource(media / "other.mp4", fps=2.0))
+        chatted = chat.ask(QUESTION, GenerationConfig(max_new_tokens=8))
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        watch = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS}).json()["id"]
+        session = httpx.post(f"{url}/v1/sessions", json={"source": "other.mp4", "fps": 2.0}).json()["id"]
+
+        def complete(request):
+            name, limit = request
+            return client.chat.completions.create(model="tiny", messages=video_message(str(media / name)),
+                                                  max_tokens=limit, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(complete, requests))
+            events = read_events(url, watch)
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/sessions/{session}").json()["state"] == "reading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        said = httpx.post(f"{url}/v1/sessions/{session}/messages",
+                          json={"question": QUESTION, "max_tokens": 8, "stream": False}, timeout=60).json()
+    for request, answer in zip(requests, answers):
+        assert answer.choices[0].message.content == expected[request].answer
+    assert [without_timing(e["data"]) for e in events] == [without_timing(r) for r in watched]
+    assert said["answer"] == chatted.answer
