@@ -46,6 +46,13 @@ def assert_logits_close(ours: torch.Tensor, reference: torch.Tensor, atol: float
     assert (ours - reference).abs().max() <= tolerance, f"logits differ by {(ours - reference).abs().max():.3g}"
 
 
+def assert_input_matters(logits: torch.Tensor, changed: torch.Tensor, atol: float = FLOAT32_TOLERANCE) -> None:
+    """Logits of a changed input (another question, video or window) lie further than twice the
+    tolerance from ``logits``: the exactness comparison beside it could fail."""
+    gap = float((logits.float().reshape(-1) - changed.float().reshape(-1)).abs().max())
+    assert gap > 2 * logits_tolerance(logits, atol), f"a changed input moved the logits by {gap} only"
+
+
 def assert_same_answer(ours_ids, ours_logits, reference_ids, reference_logits, atol: float = FLOAT32_TOLERANCE):
     """The greedy answer and its first-token logits agree within the test dtype's tolerance."""
     assert_logits_close(ours_logits, reference_logits, atol)

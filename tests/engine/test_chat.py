@@ -18,7 +18,7 @@ from vidsight.ingest.types import CodecInfo
 from vidsight.kv import VIDEO
 from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
 
-from tests.settings import assert_same_answer
+from tests.settings import assert_input_matters, assert_same_answer
 from tests.variants import fast_first
 
 QUESTIONS = ["What colour is the square?", "Where is the square now?", "How many squares?"]
@@ -59,7 +59,7 @@ def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter
     batch = sampled(make_test_video, fields)
     session = ChatSession(family_adapter, config=ChatConfig(fps=FPS))
     cuts = [4, 8, len(batch)]
-    seen = 0
+    seen, earlier = 0, None
     for cut, question in zip(cuts, QUESTIONS):
         session.push(as_frames(batch, seen, cut))
         seen = cut
@@ -67,6 +67,9 @@ def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter
         logits, ids = reference(family_adapter, batch, cut, question)
         assert_same_answer(answer.token_ids, answer.logits, ids, logits)
         assert answer.stats.attended_tokens == answer.stats.cached_tokens  # full attends to everything
+        if earlier is not None:   # more frames and another question: the comparison could fail
+            assert_input_matters(logits, earlier)
+        earlier = logits
 
 
 def test_the_question_and_answer_leave_only_the_video_in_the_cache(tiny_adapter, make_test_video):

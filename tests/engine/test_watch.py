@@ -7,7 +7,7 @@ from vidsight.engine.steps import drive, encode_together
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 
-from tests.settings import assert_logits_close, assert_same_answer, exact_answers
+from tests.settings import assert_input_matters, assert_logits_close, assert_same_answer, exact_answers
 
 QUERY = "Is there a red object in the zone? Answer Yes or No."
 WINDOWS = WindowConfig(window_s=4.0, stride_fraction=0.25, fps=2.0)  # 8 frames, stride 2
@@ -49,6 +49,8 @@ def test_refreshing_every_token_equals_full_comp(family_adapter, stream_video):
         assert_same_answer([a.answer], a.logits, [b.answer], b.logits)
         if exact_answers():
             assert a.p_yes == pytest.approx(b.p_yes, abs=1e-5)
+    for window, next_window in zip(full, full[1:]):   # another window's frames: the comparison could fail
+        assert_input_matters(window.logits, next_window.logits)
 
 
 @pytest.mark.parametrize("mode", ["anchors", "reuse", "deviation"])

@@ -18,6 +18,13 @@ def video_message(url: str, question: str = QUESTION) -> list[dict]:
                                          {"type": "text", "text": question}]}]
 
 
+def complete(client, media, request):
+    """One completion of ``request`` (a video's name and an answer length) at 4 fps."""
+    name, limit = request
+    return client.chat.completions.create(model="tiny", messages=video_message(str(media / name)), max_tokens=limit,
+                                          extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+
+
 @pytest.fixture(scope="module")
 def expected(tiny_adapter, media):
     return Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
@@ -69,13 +76,8 @@ def test_concurrent_completions_are_decoded_together_and_answer_as_alone(make_lo
     with make_local_server() as (url, _):
         client = OpenAI(base_url=f"{url}/v1", api_key="unused")
 
-        def complete(request):
-            name, limit = request
-            return client.chat.completions.create(model="tiny", messages=video_message(str(media / name)),
-                                                  max_tokens=limit, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
-
         with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            answers = list(pool.map(complete, requests))
+            answers = list(pool.map(lambda request: complete(client, media, request), requests))
         metrics = httpx.get(f"{url}/metrics").text
     for request, answer in zip(requests, answers):
         assert answer.choices[0].message.content == expected[request].answer
@@ -171,13 +173,8 @@ def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_loca
         watch = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS}).json()["id"]
         session = httpx.post(f"{url}/v1/sessions", json={"source": "other.mp4", "fps": 2.0}).json()["id"]
 
-        def complete(request):
-            name, limit = request
-            return client.chat.completions.create(model="tiny", messages=video_message(str(media / name)),
-                                                  max_tokens=limit, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
-
         with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            answers = list(pool.map(complete, requests))
+            answers = list(pool.map(lambda request: complete(client, media, request), requests))
             events = read_events(url, watch)
         deadline = time.monotonic() + 60
         while httpx.get(f"{url}/v1/sessions/{session}").json()["state"] == "reading":
