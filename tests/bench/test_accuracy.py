@@ -1,6 +1,9 @@
 import json
 
-from vidsight.bench.accuracy import normalise, precision_recall_f1, run_accuracy, video_positive
+import pytest
+
+from vidsight.bench.accuracy import format_report, normalise, precision_recall_f1, run_accuracy, video_positive
+from vidsight.bench.intervals import wilson
 from vidsight.bench.suite import SUITES, build_suite, window_starts
 
 
@@ -44,3 +47,7 @@ def test_accuracy_report_is_deterministic(tmp_path, tiny_adapter):
     assert first == second
     assert set(first["families"]) == {"count", "attribute", "order", "needle", "anomaly"}
     assert first["anomaly_videos"]["windows"] == 2 * len(window_starts(80))
+    for score in first["families"].values():
+        assert score["interval"] == pytest.approx(wilson(score["correct"], score["total"]))
+        assert score["interval"][0] <= score["accuracy"] <= score["interval"][1]
+    assert "95 % Wilson" in format_report(first)

@@ -55,7 +55,15 @@ def test_the_chat_suite_asks_every_policy_the_same_questions_at_their_times(tiny
     assert asked["full"] == asked["recent"] == asked["rekv"] and len(asked["full"]) == 3
     assert [t for t, _ in asked["full"]] == sorted(t for t, _ in asked["full"])
     assert report["attended_share"]["full"] == 1.0 > report["attended_share"]["recent"]
-    assert "accuracy" in format_chat_accuracy(report)
+    for name in ("recent", "rekv"):   # paired with full's answers, question by question
+        versus = report["against_first"][name]
+        right = [q["correct"] for q in report["questions"] if q["policy"] == name]
+        full = [q["correct"] for q in report["questions"] if q["policy"] == "full"]
+        assert versus["only_second"] == sum(a and not b for a, b in zip(right, full))
+        assert versus["only_first"] == sum(b and not a for a, b in zip(right, full))
+    low, high = report["accuracy_interval"]["full"]
+    assert low <= report["accuracy"]["full"] <= high and high - low > 0.3   # three questions say little
+    assert "McNemar" in format_chat_accuracy(report)
     with pytest.raises(ConfigError):
         run_chat_accuracy(tiny_adapter, streams=0)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from vidsight.bench.intervals import wilson
 from vidsight.bench.suite import STRIDE_FRAMES, WINDOW_FRAMES, build_suite, window_starts
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
@@ -81,6 +82,7 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
                         "answer": got, "correct": ok})
     for score in families.values():
         score["accuracy"] = score["correct"] / score["total"]
+        score["interval"] = wilson(score["correct"], score["total"])
         score["encoded_share"] = score["encoded_visual_tokens"] / max(score["visual_tokens"], 1)
 
     predicted, actual, window_hits, window_total = [], [], 0, 0
@@ -99,6 +101,7 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
         actual.append(video["label"])
     anomaly = precision_recall_f1(predicted, actual)
     anomaly.update(videos=len(actual), window_accuracy=window_hits / max(window_total, 1), windows=window_total,
+                   window_accuracy_interval=wilson(window_hits, window_total),
                    window_frames=WINDOW_FRAMES, stride_frames=STRIDE_FRAMES)
     return {"suite": suite, "model": asker.adapter.name, "prefill": dataclasses.asdict(prefill), "families": families,
             "anomaly_videos": anomaly, "answers": answers}
@@ -115,12 +118,15 @@ def format_report(report: dict) -> str:
     compute = ", ".join(settings) or "full compute"
     lines = [f"suite {report['suite']}, model {report['model']}, {compute}, "
              f"groups of {report['prefill']['group_frames']} frames", "",
-             f"{'family':<10} {'accuracy':>9} {'n':>5} {'encoded':>8}"]
+             f"{'family':<10} {'accuracy':>9} {'95 % Wilson':>15} {'n':>5} {'encoded':>8}"]
     for family, score in report["families"].items():
-        lines.append(f"{family:<10} {score['accuracy']:>9.1%} {score['total']:>5} {score['encoded_share']:>8.0%}")
+        low, high = score["interval"]
+        lines.append(f"{family:<10} {score['accuracy']:>9.1%} {f'{low:.1%}-{high:.1%}':>15} {score['total']:>5} "
+                     f"{score['encoded_share']:>8.0%}")
     a = report["anomaly_videos"]
     lines += ["", f"anomaly videos ({a['videos']}, windows of {a['window_frames']} frames every {a['stride_frames']};"
               f" positive after {CONSECUTIVE_POSITIVES} consecutive Yes windows)",
               f"precision {a['precision']:.3f}  recall {a['recall']:.3f}  F1 {a['f1']:.3f}  "
-              f"window accuracy {a['window_accuracy']:.1%} of {a['windows']}"]
+              f"window accuracy {a['window_accuracy']:.1%} of {a['windows']} "
+              f"(95 % Wilson {a['window_accuracy_interval'][0]:.1%}-{a['window_accuracy_interval'][1]:.1%})"]
     return "\n".join(lines)

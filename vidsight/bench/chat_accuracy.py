@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from vidsight.bench.accuracy import normalise
+from vidsight.bench.intervals import mcnemar, wilson
 from vidsight.engine.chat import ChatConfig, ChatSession
 from vidsight.engine.config import GenerationConfig
 from vidsight.errors import ConfigError
@@ -106,6 +107,8 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
     return {"streams": streams, "frames": frames, "questions_per_policy": len(mine(policies[0])),
             "settings": {n: settings.get(n.partition(":")[0], {}) for n in policies},
             "accuracy": {n: share(mine(n)) for n in policies},
+            "accuracy_interval": {n: wilson(sum(q["correct"] for q in mine(n)), len(mine(n))) for n in policies},
+            "against_first": {n: _paired(mine(policies[0]), mine(n)) for n in policies[1:]},
             "by_family": {n: {f: share(mine(n, f)) for f in CHAT_FAMILIES} for n in policies},
             "attended_share": {n: share(mine(n), "attended_share") for n in policies},
             "retrieved_share": {n: share(mine(n), "retrieved_share") for n in policies},
@@ -117,6 +120,16 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
             "question_bytes_moved": {n: share(mine(n), "question_bytes_moved") for n in policies},
             **_reads(questions, policies),
             "questions": questions}
+
+
+def _paired(first: list[dict], other: list[dict]) -> dict:
+    """McNemar's exact test of ``other``'s answers against ``first``'s, question by question."""
+    def key(q):
+        return q["seed"], q["time_s"], q["question"]
+
+    if [key(q) for q in first] != [key(q) for q in other]:
+        raise ValueError("the policies did not answer the same questions in the same order")
+    return mcnemar([q["correct"] for q in first], [q["correct"] for q in other])
 
 
 def _reads(questions: list[dict], policies) -> dict:
@@ -162,13 +175,18 @@ def layer_head_lines(policy_report: dict) -> list[str]:
 def format_chat_accuracy(report: dict) -> str:
     lines = [f"{report['streams']} streams of {report['frames']} sampled frames, "
              f"{report['questions_per_policy']} questions at several times",
-             f"{'policy':<28} {'accuracy':>8} " + " ".join(f"{f:>7}" for f in CHAT_FAMILIES)
+             f"{'policy':<28} {'accuracy [95 % Wilson]':>22} " + " ".join(f"{f:>7}" for f in CHAT_FAMILIES)
              + f" {'attended':>8} {'retrieved':>9} {'TTFT ms':>8}  settings"]
     for name, accuracy in report["accuracy"].items():
         families = " ".join(f"{report['by_family'][name][f]:7.1%}" for f in CHAT_FAMILIES)
-        lines.append(f"{name:<28} {accuracy:8.1%} {families} {report['attended_share'][name]:8.1%} "
+        low, high = report["accuracy_interval"][name]
+        lines.append(f"{name:<28} {accuracy:6.1%} [{low:5.1%}-{high:6.1%}] {families} {report['attended_share'][name]:8.1%} "
                      f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
+    first = next(iter(report["accuracy"]))
+    for name, test in report["against_first"].items():
+        lines.append(f"{name} against {first} on the same questions (McNemar): right where {first} was wrong "
+                     f"{test['only_second']}, wrong where it was right {test['only_first']}, p {test['p_value']:.3g}")
     if any(v is not None for v in report["device_peak_tokens"].values()):
         lines.append("device peak (tokens summed over layers, during a question); bytes moved by the answer, "
                      "and while answering (means): "
