@@ -37,6 +37,7 @@ def answer(asker, path, question, **options):
     return result.token_ids, logits, result.stats
 
 
+@pytest.mark.device_check
 @pytest.mark.parametrize("prefill", [PrefillConfig(group_frames=4),
                                      PrefillConfig(group_frames=4, motion=MotionPruneConfig(), dedup_patches=True)],
                          ids=["every patch", "motion pruning and dedup"])
