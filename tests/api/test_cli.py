@@ -34,6 +34,21 @@ def test_ask_json_on_60_second_640x360_video(make_test_video, tiny_model_dir):
     assert stats["peak_memory_bytes"] > 0 and stats["device"] == "cpu"
 
 
+def test_several_questions_prefill_the_video_once_and_answer_as_each_alone(make_test_video, tiny_model_dir):
+    path, _ = make_test_video(width=320, height=240, fps=8, duration_s=6.0, gop=16)
+    questions = ["What colour is the square?", "Where is the square at the end?"]
+    options = ("--model", tiny_model_dir, "--fps", 2, "--max-new-tokens", 6, "--json")
+    together = run_cli("ask", path, *questions, *options)
+    assert together.returncode == 0, together.stderr
+    reports = [json.loads(line) for line in together.stdout.splitlines()]
+    assert [r["question"] for r in reports] == questions
+    assert reports[0]["stats"]["cached_tokens"] == 0 < reports[1]["stats"]["cached_tokens"]
+    assert reports[1]["stats"]["stages_s"]["vision"] == 0   # the video was not encoded again
+    for question, report in zip(questions, reports):
+        alone = run_cli("ask", path, question, *options)
+        assert json.loads(alone.stdout)["answer"] == report["answer"]
+
+
 def test_probe_json(make_test_video, capsys):
     path, _ = make_test_video(fps=24, duration_s=2.0, gop=12)
     assert main(["probe", str(path), "--json"]) == 0

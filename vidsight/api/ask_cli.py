@@ -16,7 +16,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file")
     ask.add_argument("video", help="video file")
-    ask.add_argument("question", help="the question, in quotes")
+    ask.add_argument("question", nargs="+",
+                     help="the question, in quotes; several are answered in turn, the video decoded and "
+                          "prefilled once (each later question continues its KV) unless KV pruning is on")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
@@ -35,19 +37,25 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 def run_ask(args) -> int:
     from vidsight.engine import Asker
+    from vidsight.engine.prefix_cache import PrefixCache
 
     sampling, generation, prefill = ask_configs(vars(args))
-    asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None)
-    result = asker.ask(args.video, args.question, sampling=sampling, generation=generation, prefill=prefill,
-                       feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print(result.answer)
+    # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
+    prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
+    asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
+    for question in args.question:
+        result = asker.ask(args.video, question, sampling=sampling, generation=generation, prefill=prefill,
+                           feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
+        if args.json:   # one object per question, a line each
+            print(json.dumps({**({"question": question} if len(args.question) > 1 else {}), **result.to_dict()}),
+                  flush=True)
+            continue
+        print(result.answer, flush=True)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
         encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""
+        cached = f", {s.cached_tokens} prompt tokens from the video's cached prefix" if s.cached_tokens else ""
         print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept), "
-              f"{s.generated_tokens} generated; {stages}; wall {s.wall_s:.2f}s; "
+              f"{s.generated_tokens} generated{cached}; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
     return 0
