@@ -107,3 +107,27 @@ def test_packed_prefill_equals_each_chunk_alone(request, family):
         torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-5)
         for layer in range(adapter.num_layers):
             torch.testing.assert_close(packed_cache.read(layer)[0], single_cache.read(layer)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_prefill_chunk_packed_with_decode_steps_changes_neither(tiny_adapter, make_test_video):
+    """Chunked prefill: another request's prompt goes through in the answers' pass
+    (`DecodeBatch.step_beside`); the answers' tokens and the chunk's hidden states and cache are
+    what each gives alone."""
+    together, alone = answers(tiny_adapter, make_test_video)[:2], answers(tiny_adapter, make_test_video)[:2]
+    batch, single = DecodeBatch(tiny_adapter), DecodeBatch(tiny_adapter)
+    for answer in together:
+        batch.add(answer)
+    for answer in alone:
+        single.add(answer)
+    ids = torch.tensor(tiny_adapter.text_ids("What colour is the square in the corner?"))
+    positions = torch.arange(len(ids)).expand(3, -1) + 3
+    embeds = tiny_adapter.embed_tokens(ids[None])
+    packed_cache, own_cache = new_cache(tiny_adapter, 64), new_cache(tiny_adapter, 64)
+    hidden = batch.step_beside(Chunk(packed_cache, embeds, positions, TokenTable.text(positions)))
+    single.step()
+    reference = forward(tiny_adapter, own_cache, embeds, positions, TokenTable.text(positions))
+    torch.testing.assert_close(hidden, reference, atol=1e-5, rtol=1e-5)
+    for layer in range(tiny_adapter.num_layers):
+        torch.testing.assert_close(packed_cache.read(layer)[0], own_cache.read(layer)[0], atol=1e-5, rtol=1e-5)
+    batch.run(), single.run()
+    assert [a.ids for a in together] == [b.ids for b in alone]

@@ -134,7 +134,7 @@ class Asker:
         pieces join to ``answer``).
         """
         return run_to_end(self.begin_steps(video, question, sampling=sampling, generation=generation, prefill=prefill,
-                                           feed=feed, progress=progress, on_text=on_text))
+                                           feed=feed, progress=progress, on_text=on_text), self.adapter)
 
     def begin_steps(self, video: str | Path, question: str, *, sampling: SamplingConfig = SamplingConfig(),
                     generation: GenerationConfig = GenerationConfig(), prefill: PrefillConfig = PrefillConfig(),
@@ -188,7 +188,7 @@ class Asker:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
         check_question(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
-        return run_to_end(self._prefill(video, question, sampling, prefill, feed, 1, request)).logits
+        return run_to_end(self._prefill(video, question, sampling, prefill, feed, 1, request), self.adapter).logits
 
     def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
                  max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:

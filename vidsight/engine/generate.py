@@ -102,27 +102,45 @@ class DecodeBatch:
         Returns:
             Answers still running.
         """
+        self._feed(self._choose(), [])
+        return len(self.running)
+
+    @torch.inference_mode()
+    def step_beside(self, prefill: Chunk) -> torch.Tensor:
+        """`step`, with another sequence's prefill chunk packed into the same pass (chunked
+        prefill: the answers' tokens ride with the chunk, whose weights are read anyway).
+
+        Returns:
+            ``(1, L, hidden)`` the chunk's hidden states after the last layer (before the final norm).
+        """
+        return self._feed(self._choose(), [prefill])[0]
+
+    def _choose(self) -> list[Answer]:
         for answer in self.running:
             if not answer.done:
                 answer.choose(self.adapter.eos_token_ids)
-        going = self.running = [answer for answer in self.running if not answer.done]
-        if going:
-            self._feed(going)
-        return len(self.running)
+        self.running = [answer for answer in self.running if not answer.done]
+        return self.running
 
-    def _feed(self, answers: list[Answer]) -> None:
+    def _feed(self, answers: list[Answer], others: list[Chunk]) -> list[torch.Tensor]:
+        """Feed each answer's last token, packed with ``others``; the others' hidden states."""
         chunks = []
         for answer in answers:
             positions = torch.full((3, 1), answer.next_position, dtype=torch.long)
             answer.cache.reserve(1)
             chunks.append(Chunk(answer.cache, self.adapter.embed_tokens(torch.tensor([[answer.ids[-1]]])), positions,
                                 TokenTable.text(positions), answer.policy, answer.step))
-        # One pass of the output head for every answer: on a memory-bound device it reads its
-        # weights once instead of once per answer.
-        last = torch.cat([hidden[0, -1:] for hidden in forward_packed(self.adapter, chunks)])
-        for answer, logits in zip(answers, self.adapter.logits(last)):
-            answer.logits = logits
-            answer.next_position += 1
+        if not chunks and not others:
+            return []
+        hidden = forward_packed(self.adapter, chunks + others)
+        if answers:
+            # One pass of the output head for every answer: on a memory-bound device it reads its
+            # weights once instead of once per answer.
+            last = torch.cat([h[0, -1:] for h in hidden[:len(answers)]])
+            for answer, logits in zip(answers, self.adapter.logits(last)):
+                answer.logits = logits
+                answer.next_position += 1
+        return hidden[len(answers):]
 
     def run(self) -> None:
         """Step until every answer has ended."""

@@ -5,7 +5,9 @@ embeddings, is sent them back, and returns its result. `drive` runs one alone; a
 that holds several can gather their requests and answer them with `encode_together`.
 
 Preemptible work (a long prefill) yields None where other work may run before it goes on (between
-prefill groups); `run_to_end` runs it without pausing.
+prefill groups), and a `Chunk` where it wants the chunk run through the language model (a
+scheduler packs it with other sequences' tokens, `DecodeBatch.step_beside`) and sent its hidden
+states back; `run_to_end` runs it alone without pausing.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from collections.abc import Generator
 from typing import Any, TypeVar
 
 import torch
+
+from vidsight.engine.batch import Chunk
+from vidsight.engine.forward import forward
 from vidsight.models.base import VLMAdapter
 
 T = TypeVar("T")
 Stepped = Generator["EncodeRequest", torch.Tensor, T]
-Preemptible = Generator[None, None, T]
+Preemptible = Generator["Chunk | None", "torch.Tensor | None", T]
 
 
 @dataclasses.dataclass
@@ -45,13 +50,21 @@ def drive(steps: Stepped[T], adapter: VLMAdapter) -> T:
         return stop.value
 
 
-def run_to_end(steps: Preemptible[T]) -> T:
-    """Run preemptible work to its result without pausing."""
+def run_to_end(steps: Preemptible[T], adapter: VLMAdapter) -> T:
+    """Run preemptible work to its result without pausing, each chunk through the model alone."""
     try:
+        request = next(steps)
         while True:
-            next(steps)
+            request = steps.send(None if request is None else run_chunk(adapter, request))
     except StopIteration as stop:
         return stop.value
+
+
+@torch.inference_mode()
+def run_chunk(adapter: VLMAdapter, chunk: Chunk) -> torch.Tensor:
+    """``(1, L, hidden)`` hidden states of ``chunk`` run through the model by itself."""
+    return forward(adapter, chunk.cache, chunk.embeds, chunk.positions, chunk.rows, policy=chunk.policy,
+                   step=chunk.step)
 
 
 @torch.inference_mode()

@@ -88,16 +88,23 @@ class _Progress:
 
 class _Decode:
     def __init__(self):
-        self.running = []
+        self.running, self.steps = [], []
 
     def add(self, answer):
         self.running.append(answer)
 
     def step(self):
+        self.steps.append("alone")
         for answer in self.running:
             answer.done = True
         self.running = []
         return 0
+
+    def step_beside(self, chunk):
+        self.steps.append(f"beside {chunk}")
+        self.step()
+        self.steps.pop()
+        return f"hidden of {chunk}"
 
 
 def test_a_long_prefill_pauses_between_groups_and_streams_go_first():
@@ -159,4 +166,30 @@ def test_a_client_gone_during_its_prefill_ends_it_at_the_next_group():
     with pytest.raises(RequestError, match="went away"):
         future.result(timeout=10)
     assert ran == [0, 1] and closed == [True]   # its generator closed: its decoders stop
+    scheduler.close()
+
+
+def test_a_prefill_chunk_carries_the_running_answers_step():
+    """Chunked prefill: the group's chunk and one token of every running answer go through the
+    model in one pass, and that turn takes no second step."""
+    decode = _Decode()
+    scheduler = Scheduler(decode=decode)
+    got = []
+
+    def prefill(name, groups):
+        def steps():
+            for group in range(groups):
+                if group:
+                    yield
+                got.append((yield f"{name}{group}"))
+            return _Progress(name)
+        return steps
+
+    first, _ = scheduler.submit_answer("a", prefill("first", 1))
+    assert first.result(timeout=10) == "first answered"
+    second, _ = scheduler.submit_answer("b", prefill("second", 2))
+    assert second.result(timeout=10) == "second answered"
+    assert got == ["hidden of first0", "hidden of second0", "hidden of second1"]
+    # Each chunk went through in a pass with the answers' step; an answer's own steps follow alone.
+    assert decode.steps == ["beside first0", "alone", "beside second0", "beside second1", "alone"]
     scheduler.close()

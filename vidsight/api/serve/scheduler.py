@@ -13,7 +13,9 @@ each to the point where it needs its new frames encoded, encodes all of them in 
 finishes each. Answers are generated together: a completion's prefill is preemptible work in its
 client's line, run one prefill group per turn, after which its answer joins the running answers,
 and between pieces of work the worker feeds one token of every running answer in one packed pass
-(`DecodeBatch`). Chat frames run whole.
+(`DecodeBatch`). A prefill group's chunk goes through the model in that same pass (chunked
+prefill: the answers' tokens ride with it, `DecodeBatch.step_beside`), except where KV pruning
+must see the group alone. Chat frames run whole.
 
 Who goes first: streams (watch windows, session frames) and other work before completions'
 prefills, in rotation within each class; a completion's prefill resumes where it paused (its next
@@ -36,6 +38,9 @@ from vidsight.api.serve.media import RequestError
 from vidsight.engine.steps import EncodeRequest, Stepped
 
 if TYPE_CHECKING:
+    import torch
+
+    from vidsight.engine.batch import Chunk
     from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
@@ -186,10 +191,11 @@ class Scheduler:
             for item in items:
                 if self._on_queue_time is not None and not item.begun:   # a prefill's first turn only
                     self._on_queue_time(time.perf_counter() - item.queued)
+            stepped = False   # whether the running answers already took this turn's step
             if items and items[0].stepped:
                 self._run_stepped(items)
             elif items and items[0].ticket is not None:
-                self._prefill_answer(items[0])
+                stepped = self._prefill_answer(items[0])
             elif items and items[0].future.set_running_or_notify_cancel():
                 item = items[0]
                 try:
@@ -197,61 +203,80 @@ class Scheduler:
                 except BaseException as exc:  # handed to the waiting client, which reports it
                     item.future.set_exception(exc)
             self._running = 0
-            if self._generating:
+            if self._generating and not stepped:
                 self._step_answers()
 
-    def _prefill_answer(self, item: _Work) -> None:
-        """One group of an answer's prefill; back in its client's line if more remain, else its
-        answer joins the decode batch."""
+    def _prefill_answer(self, item: _Work) -> bool:
+        """One group of an answer's prefill, its chunk packed with one decode step of the running
+        answers; back in its client's line if more remain, else its answer joins the decode batch.
+
+        Returns:
+            Whether the running answers took their step beside it.
+        """
+        stepped = False
         try:
             if not item.begun:
                 if not item.future.set_running_or_notify_cancel():
-                    return
+                    return False
                 item.work, item.begun = item.work(), True   # the prefill, created on the model's thread
             if item.ticket.cancelled:   # the client went away while it waited
                 raise RequestError(499, "the client went away")
-            next(item.work)
+            request = next(item.work)
+            while request is not None:   # a chunk for the model, beside the answers' tokens
+                hidden, stepped = self._step_answers(beside=request), True
+                request = item.work.send(hidden)
         except StopIteration as done:
             self._decode.add(done.value.answer)
             self._generating.append(_Generating(done.value, item.future, item.ticket))
-            return
+            return stepped
         except BaseException as exc:   # handed to the waiting client, which reports it
             if item.begun:
                 item.work.close()
             item.future.set_exception(exc)
-            return
+            return stepped
         with self._ready:
             if self._closing:
                 item.work.close()
                 item.future.set_exception(RequestError(503, "the server is shutting down"))
-                return
+                return stepped
             # First in its own line (its client's later requests wait for it), at the back of the rotation.
             line = self._lines.pop(item.client, collections.deque())
             line.appendleft(item)
             self._lines[item.client] = line
+        return stepped
 
-    def _step_answers(self) -> None:
-        """One token of every running answer; those that ended hand over their results."""
+    def _step_answers(self, beside: Chunk | None = None) -> torch.Tensor | None:
+        """One token of every running answer, packed with the prefill chunk ``beside`` if one is
+        given (whose hidden states are returned); answers that ended hand over their results. A
+        failed pass fails every answer in it, and is raised for the chunk's prefill."""
         for generating in self._generating:
             if generating.ticket.cancelled:
                 generating.progress.answer.cancel()
-        if self._on_decode_batch is not None:
-            self._on_decode_batch(sum(not g.progress.answer.done for g in self._generating))
+        fed = sum(not g.progress.answer.done for g in self._generating)
+        if self._on_decode_batch is not None and fed:
+            self._on_decode_batch(fed)
+        hidden = None
         try:
-            self._decode.step()
+            if beside is None:
+                self._decode.step()
+            else:
+                hidden = self._decode.step_beside(beside)
         except BaseException as exc:   # the pass failed for every answer in it
             for generating in self._generating:
                 generating.progress.answer.cancel()
                 generating.future.set_exception(exc)
             self._decode.step()   # drops the cancelled answers
             self._generating = []
-            return
+            if beside is not None:
+                raise
+            return None
         for generating in [g for g in self._generating if g.progress.answer.done]:
             self._generating.remove(generating)
             try:
                 generating.future.set_result(generating.progress.finish())
             except BaseException as exc:
                 generating.future.set_exception(exc)
+        return hidden
 
     def _run_stepped(self, items: list[_Work]) -> None:
         waiting = []   # (steps, future, request) paused at their encoding

@@ -93,7 +93,7 @@ class Server:
         answers; the `AskResult`. ``started`` gets the answer's ticket at once: cancelling it (a
         client gone) ends the prefill or the answer at its next step."""
         if not self.config.batch_answers:
-            return await self.run_model(lambda: run_to_end(begin()).generate_alone())
+            return await self.run_model(lambda: run_to_end(begin(), self.adapter).generate_alone())
         future, ticket = self.scheduler.submit_answer(uuid.uuid4().hex, begin)
         started(ticket)
         return await asyncio.wrap_future(future)

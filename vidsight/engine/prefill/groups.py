@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.prefill.config import PrefillConfig
+from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import forward, new_cache
 from vidsight.engine.prompt import VideoPlan, VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.request import Request
@@ -60,7 +61,8 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
                   max_new_tokens: int, request: Request, plan: VideoPlan | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group (the arguments
     are `prefill_video_steps`')."""
-    return run_to_end(prefill_video_steps(adapter, feed, question, sampled_fps, config, max_new_tokens, request, plan))
+    return run_to_end(prefill_video_steps(adapter, feed, question, sampled_fps, config, max_new_tokens, request, plan),
+                      adapter)
 
 
 def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float,
@@ -143,8 +145,9 @@ def _plan(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan | None) -> Video
 def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, prompt: VideoPrompt, end: int,
                     config: PrefillConfig, max_new_tokens: int, request: Request
                     ) -> Preemptible[tuple[KVStore, torch.Tensor]]:
-    """Prefill ``prompt``'s tokens up to ``end``, pausing before each group after the first; the
-    cache and the last group's hidden states."""
+    """Prefill ``prompt``'s tokens up to ``end``, pausing before each group after the first and
+    handing each group's chunk to the driver unless a pruning hook must see it; the cache and the
+    last group's hidden states."""
     clock, progress, cores = request.clock, request.progress, request.cores
     spec, stats = adapter.vision, clock.stats
     ids, video_start, video_end, positions, rows = (prompt.ids, prompt.video_start, prompt.video_end,
@@ -193,11 +196,16 @@ def _prefill_groups(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan, promp
         _split(cores, feed)
         if not len(tokens):
             continue  # motion pruning left nothing of a group without text
-        with clock.stage("prefill"), torch.inference_mode():
-            embeds = adapter.embed_tokens(ids[tokens][None])
-            prompt.fill(embeds, tokens, video_embeds, adapter.video_suffix())
+        with clock.stage("prefill"):
+            with torch.inference_mode():
+                embeds = adapter.embed_tokens(ids[tokens][None])
+                prompt.fill(embeds, tokens, video_embeds, adapter.video_suffix())
             hook = last_pruner if group == len(chunks) - 1 else pruner
-            hidden = forward(adapter, cache, embeds, positions[:, tokens], rows[tokens], hook)
+            if hook is None:   # the driver runs it, maybe packed beside other sequences' tokens
+                hidden = yield Chunk(cache, embeds, positions[:, tokens], rows[tokens])
+            else:
+                with torch.inference_mode():
+                    hidden = forward(adapter, cache, embeds, positions[:, tokens], rows[tokens], hook)
         took = time.perf_counter() - began
         if group == 0:
             stats.first_group_s = took
