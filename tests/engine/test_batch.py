@@ -123,7 +123,7 @@ def test_a_prefill_chunk_packed_with_decode_steps_changes_neither(tiny_adapter, 
     positions = torch.arange(len(ids)).expand(3, -1) + 3
     embeds = tiny_adapter.embed_tokens(ids[None])
     packed_cache, own_cache = new_cache(tiny_adapter, 64), new_cache(tiny_adapter, 64)
-    hidden = batch.step_beside(Chunk(packed_cache, embeds, positions, TokenTable.text(positions)))
+    [hidden] = batch.step_beside([Chunk(packed_cache, embeds, positions, TokenTable.text(positions))])
     single.step()
     reference = forward(tiny_adapter, own_cache, embeds, positions, TokenTable.text(positions))
     torch.testing.assert_close(hidden, reference, atol=1e-5, rtol=1e-5)

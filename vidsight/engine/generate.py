@@ -106,14 +106,14 @@ class DecodeBatch:
         return len(self.running)
 
     @torch.inference_mode()
-    def step_beside(self, prefill: Chunk) -> torch.Tensor:
-        """`step`, with another sequence's prefill chunk packed into the same pass (chunked
-        prefill: the answers' tokens ride with the chunk, whose weights are read anyway).
+    def step_beside(self, prefills: list[Chunk]) -> list[torch.Tensor]:
+        """`step`, with other sequences' prefill chunks packed into the same pass (chunked
+        prefill: the answers' tokens ride with the chunks, whose weights are read anyway).
 
         Returns:
-            ``(1, L, hidden)`` the chunk's hidden states after the last layer (before the final norm).
+            Per chunk, ``(1, L, hidden)`` hidden states after the last layer (before the final norm).
         """
-        return self._feed(self._choose(), [prefill])[0]
+        return self._feed(self._choose(), prefills)
 
     def _choose(self) -> list[Answer]:
         for answer in self.running:

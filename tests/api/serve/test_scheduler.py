@@ -86,6 +86,12 @@ class _Progress:
         return f"{self.name} answered"
 
 
+class _Chunk(str):
+    """A prefill chunk of one token."""
+
+    length = 1
+
+
 class _Decode:
     def __init__(self):
         self.running, self.steps = [], []
@@ -100,16 +106,16 @@ class _Decode:
         self.running = []
         return 0
 
-    def step_beside(self, chunk):
-        self.steps.append(f"beside {chunk}")
+    def step_beside(self, chunks):
+        self.steps.append("beside " + " ".join(chunks))
         self.step()
         self.steps.pop()
-        return f"hidden of {chunk}"
+        return [f"hidden of {chunk}" for chunk in chunks]
 
 
 def test_a_long_prefill_pauses_between_groups_and_streams_go_first():
-    """A watch window that arrives during a completion's prefill runs before its next group; a
-    second completion takes its turn between the first one's groups."""
+    """Prefills waiting in two lines run a group each together; a watch window that arrives
+    meanwhile runs before the next group."""
     scheduler = Scheduler(decode=_Decode())
     order, closed = [], []
 
@@ -135,7 +141,8 @@ def test_a_long_prefill_pauses_between_groups_and_streams_go_first():
     gate.set()
     assert long.result(timeout=10) == "long answered" and short.result(timeout=10) == "short answered"
     blocker.result(timeout=10)
-    assert order == ["long0", "window", "short0", "long1", "long2"]
+    # long's and short's first groups went together; the window came before long's next group.
+    assert order == ["long0", "short0", "window", "long1", "long2"]
     assert sorted(closed) == ["long", "short"]
     scheduler.close()
 
@@ -181,7 +188,7 @@ def test_a_prefill_chunk_carries_the_running_answers_step():
             for group in range(groups):
                 if group:
                     yield
-                got.append((yield f"{name}{group}"))
+                got.append((yield _Chunk(f"{name}{group}")))
             return _Progress(name)
         return steps
 
@@ -192,4 +199,14 @@ def test_a_prefill_chunk_carries_the_running_answers_step():
     assert got == ["hidden of first0", "hidden of second0", "hidden of second1"]
     # Each chunk went through in a pass with the answers' step; an answer's own steps follow alone.
     assert decode.steps == ["beside first0", "alone", "beside second0", "beside second1", "alone"]
+    # Prefills waiting in several lines go through together, a group each per pass.
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    decode.steps.clear()
+    futures = [scheduler.submit_answer(name, prefill(name, groups))[0] for name, groups in (("x", 2), ("y", 1))]
+    gate.set()
+    assert [f.result(timeout=10) for f in futures] == ["x answered", "y answered"]
+    blocker.result(timeout=10)
+    assert decode.steps[:2] == ["beside x0 y0", "beside x1"]
     scheduler.close()

@@ -13,9 +13,11 @@ each to the point where it needs its new frames encoded, encodes all of them in 
 finishes each. Answers are generated together: a completion's prefill is preemptible work in its
 client's line, run one prefill group per turn, after which its answer joins the running answers,
 and between pieces of work the worker feeds one token of every running answer in one packed pass
-(`DecodeBatch`). A prefill group's chunk goes through the model in that same pass (chunked
-prefill: the answers' tokens ride with it, `DecodeBatch.step_beside`), except where KV pruning
-must see the group alone. Chat frames run whole.
+(`DecodeBatch`). When a completion's prefill takes its turn, the prefills at the head of other
+clients' lines take theirs too: each runs its next group up to the language model, and their
+chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
+tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per pass),
+except where KV pruning must see a group alone. Chat frames run whole.
 
 Who goes first: streams (watch windows, session frames) and other work before completions'
 prefills, in rotation within each class; a completion's prefill resumes where it paused (its next
@@ -35,6 +37,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from vidsight.api.serve.media import RequestError
+from vidsight.engine.batch import forward_packed
 from vidsight.engine.steps import EncodeRequest, Stepped
 
 if TYPE_CHECKING:
@@ -44,6 +47,9 @@ if TYPE_CHECKING:
     from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
+# Prompt tokens of prefill chunks in one pass beside the decode step; more wait for further passes
+# (a bound on a pass's activation memory and on how long the answers' step waits).
+MAX_PREFILL_TOKENS = 8192
 
 
 @dataclasses.dataclass
@@ -81,7 +87,8 @@ class Scheduler:
         encode: Encodes a list of requests at once (`steps.encode_together` over the model).
         on_queue_time: Called with how long each piece of work waited before it started.
         on_batch: Called with the size of each vision batch of stepped work.
-        max_batch: Most stepped pieces encoded together.
+        max_batch: Most stepped pieces encoded together, and most answers' prefills stepped together.
+        max_prefill_tokens: Most prompt tokens of prefill chunks in one pass.
         decode: The batch that generates answers together (needed by `submit_answer`).
         on_decode_batch: Called with the number of answers fed in each decode step.
     """
@@ -89,13 +96,14 @@ class Scheduler:
     def __init__(self, encode: Callable[[list[EncodeRequest]], list] | None = None,
                  on_queue_time: Callable[[float], None] | None = None,
                  on_batch: Callable[[int], None] | None = None, max_batch: int = MAX_VISION_BATCH,
+                 max_prefill_tokens: int = MAX_PREFILL_TOKENS,
                  decode: DecodeBatch | None = None, on_decode_batch: Callable[[int], None] | None = None):
         self._lines: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._ready = threading.Condition()
         self._closing = False
         self._running = 0
         self._encode, self._on_queue_time, self._on_batch = encode, on_queue_time, on_batch
-        self._max_batch = max_batch
+        self._max_batch, self._max_prefill_tokens = max_batch, max_prefill_tokens
         self._decode, self._on_decode_batch = decode, on_decode_batch
         self._generating: list[_Generating] = []   # touched by the worker thread only
         self._worker = threading.Thread(target=self._serve, name="vidsight-model", daemon=True)
@@ -152,23 +160,25 @@ class Scheduler:
             self._ready.notify()
         return future
 
-    def _take(self, stepped_only: bool = False, after: str | None = None) -> list[_Work]:
-        """The next client's head, a stream's before a completion's (with ``stepped_only``, the
-        stepped heads of the clients other than ``after``, up to the batch size), each client then
-        moved to the back of the rotation. Called holding the lock."""
+    def _take(self, mates_of: _Work | None = None) -> list[_Work]:
+        """The next client's head, a stream's before a completion's (with ``mates_of``, the heads
+        of the other clients of its kind, stepped work or answers' prefills, up to the batch
+        size), each client then moved to the back of the rotation. Called holding the lock."""
         taken = []
         streams = any(line[0].ticket is None for line in self._lines.values())
         for client in list(self._lines):
-            line = self._lines[client]
-            if stepped_only and (client == after or not line[0].stepped or len(taken) >= self._max_batch - 1):
+            head = self._lines[client][0]
+            if mates_of is not None and (client == mates_of.client or len(taken) >= self._max_batch - 1
+                                         or (head.stepped, head.ticket is None) != (mates_of.stepped,
+                                                                                    mates_of.ticket is None)):
                 continue
-            if streams and line[0].ticket is not None:
+            if streams and head.ticket is not None:
                 continue
+            line = self._lines.pop(client)
             taken.append(line.popleft())
-            del self._lines[client]
             if line:
                 self._lines[client] = line
-            if not stepped_only:
+            if mates_of is None:
                 break
         return taken
 
@@ -181,8 +191,8 @@ class Scheduler:
             if not self._lines:
                 return [] if self._generating else None
             items = self._take()
-            if items[0].stepped:   # its batch-mates are other clients' stepped heads
-                items += self._take(stepped_only=True, after=items[0].client)
+            if items[0].stepped or items[0].ticket is not None:   # batch-mates: other clients' heads of its kind
+                items += self._take(mates_of=items[0])
             self._running = len(items)
             return items
 
@@ -195,7 +205,7 @@ class Scheduler:
             if items and items[0].stepped:
                 self._run_stepped(items)
             elif items and items[0].ticket is not None:
-                stepped = self._prefill_answer(items[0])
+                stepped = self._prefill_answers(items)
             elif items and items[0].future.set_running_or_notify_cancel():
                 item = items[0]
                 try:
@@ -206,49 +216,72 @@ class Scheduler:
             if self._generating and not stepped:
                 self._step_answers()
 
-    def _prefill_answer(self, item: _Work) -> bool:
-        """One group of an answer's prefill, its chunk packed with one decode step of the running
-        answers; back in its client's line if more remain, else its answer joins the decode batch.
+    def _prefill_answers(self, items: list[_Work]) -> bool:
+        """One group of each answer's prefill, their chunks packed into one pass with a decode
+        step of the running answers (within ``max_prefill_tokens``; more chunks, more passes);
+        each goes back in its client's line if groups remain, else its answer joins the decode batch.
 
         Returns:
-            Whether the running answers took their step beside it.
+            Whether the running answers took their step.
         """
-        stepped = False
+        stepped, waiting = False, []   # (item, chunk) waiting for the model
+        for item in items:
+            self._advance(item, lambda work: next(work), waiting)
+        while waiting:
+            packed, tokens = [], 0
+            while waiting and (not packed or tokens + waiting[0][1].length <= self._max_prefill_tokens):
+                packed.append(waiting.pop(0))
+                tokens += packed[-1][1].length
+            try:
+                hidden = (self._step_answers(beside=[chunk for _, chunk in packed]) if not stepped else
+                          forward_packed(self._decode.adapter, [chunk for _, chunk in packed]))
+                stepped = True
+            except BaseException as exc:   # the pass failed for every prefill in it
+                for item, _ in packed:
+                    item.work.close()
+                    item.future.set_exception(exc)
+                continue
+            for (item, _), states in zip(packed, hidden):
+                self._advance(item, lambda work, states=states: work.send(states), waiting)
+        return stepped
+
+    def _advance(self, item: _Work, resume, waiting: list) -> None:
+        """Run an answer's prefill on (``resume(generator)``) to its next chunk (added to
+        ``waiting``), its next pause (back in its line) or its end (into the decode batch)."""
         try:
             if not item.begun:
                 if not item.future.set_running_or_notify_cancel():
-                    return False
+                    return
                 item.work, item.begun = item.work(), True   # the prefill, created on the model's thread
             if item.ticket.cancelled:   # the client went away while it waited
                 raise RequestError(499, "the client went away")
-            request = next(item.work)
-            while request is not None:   # a chunk for the model, beside the answers' tokens
-                hidden, stepped = self._step_answers(beside=request), True
-                request = item.work.send(hidden)
+            request = resume(item.work)
         except StopIteration as done:
             self._decode.add(done.value.answer)
             self._generating.append(_Generating(done.value, item.future, item.ticket))
-            return stepped
+            return
         except BaseException as exc:   # handed to the waiting client, which reports it
             if item.begun:
                 item.work.close()
             item.future.set_exception(exc)
-            return stepped
+            return
+        if request is not None:
+            waiting.append((item, request))
+            return
         with self._ready:
             if self._closing:
                 item.work.close()
                 item.future.set_exception(RequestError(503, "the server is shutting down"))
-                return stepped
+                return
             # First in its own line (its client's later requests wait for it), at the back of the rotation.
             line = self._lines.pop(item.client, collections.deque())
             line.appendleft(item)
             self._lines[item.client] = line
-        return stepped
 
-    def _step_answers(self, beside: Chunk | None = None) -> torch.Tensor | None:
-        """One token of every running answer, packed with the prefill chunk ``beside`` if one is
-        given (whose hidden states are returned); answers that ended hand over their results. A
-        failed pass fails every answer in it, and is raised for the chunk's prefill."""
+    def _step_answers(self, beside: list[Chunk] | None = None) -> list[torch.Tensor] | None:
+        """One token of every running answer, packed with the prefill chunks ``beside`` if given
+        (whose hidden states are returned); answers that ended hand over their results. A failed
+        pass fails every answer in it, and is raised for the chunks' prefills."""
         for generating in self._generating:
             if generating.ticket.cancelled:
                 generating.progress.answer.cancel()
