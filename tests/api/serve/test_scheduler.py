@@ -210,3 +210,26 @@ def test_a_prefill_chunk_carries_the_running_answers_step():
     blocker.result(timeout=10)
     assert decode.steps[:2] == ["beside x0 y0", "beside x1"]
     scheduler.close()
+
+
+def test_a_turn_takes_other_prefills_only_within_its_token_budget():
+    """With no room past the first group (a CPU's budget), prefills waiting in several lines take
+    a turn each, so stream work waits for one group at most."""
+    decode = _Decode()
+    scheduler = Scheduler(decode=decode, max_prefill_tokens=0)
+
+    def prefill(name):
+        def steps():
+            yield _Chunk(f"{name}0")
+            return _Progress(name)
+        return steps
+
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    futures = [scheduler.submit_answer(name, prefill(name))[0] for name in ("x", "y")]
+    gate.set()
+    assert [f.result(timeout=10) for f in futures] == ["x answered", "y answered"]
+    blocker.result(timeout=10)
+    assert [s for s in decode.steps if s.startswith("beside")] == ["beside x0", "beside y0"]
+    scheduler.close()

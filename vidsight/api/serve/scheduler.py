@@ -47,9 +47,11 @@ if TYPE_CHECKING:
     from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
-# Prompt tokens of prefill chunks in one pass beside the decode step; more wait for further passes
-# (a bound on a pass's activation memory and on how long the answers' step waits).
-MAX_PREFILL_TOKENS = 8192
+# Prompt tokens of prefill chunks in one turn beside the decode step (the first prefill's group
+# always goes), on a GPU and on a CPU. A CPU's pass takes time in proportion to its tokens and
+# packing saves it no arithmetic (eight 230-token groups of the small shape in one turn held a
+# watch's windows 14 s for 4 % more completions, docs/benchmarks.md): one group per turn there.
+MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 
 
 @dataclasses.dataclass
@@ -88,7 +90,9 @@ class Scheduler:
         on_queue_time: Called with how long each piece of work waited before it started.
         on_batch: Called with the size of each vision batch of stepped work.
         max_batch: Most stepped pieces encoded together, and most answers' prefills stepped together.
-        max_prefill_tokens: Most prompt tokens of prefill chunks in one pass.
+        max_prefill_tokens: Prompt tokens of prefill chunks in one turn past which no other
+            prefill's group joins it (0: one group per turn): a bound on how long stream work
+            waits behind prefills, and on a pass's activation memory.
         decode: The batch that generates answers together (needed by `submit_answer`).
         on_decode_batch: Called with the number of answers fed in each decode step.
     """
@@ -96,7 +100,7 @@ class Scheduler:
     def __init__(self, encode: Callable[[list[EncodeRequest]], list] | None = None,
                  on_queue_time: Callable[[float], None] | None = None,
                  on_batch: Callable[[int], None] | None = None, max_batch: int = MAX_VISION_BATCH,
-                 max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+                 max_prefill_tokens: int = MAX_PREFILL_TOKENS["cuda"],
                  decode: DecodeBatch | None = None, on_decode_batch: Callable[[int], None] | None = None):
         self._lines: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._ready = threading.Condition()
@@ -226,6 +230,9 @@ class Scheduler:
         """
         stepped, waiting = False, []   # (item, chunk) waiting for the model
         for item in items:
+            if waiting and sum(chunk.length for _, chunk in waiting) >= self._max_prefill_tokens:
+                self._put_back(item)   # the turn is full: its group waits for a later one
+                continue
             self._advance(item, lambda work: next(work), waiting)
         while waiting:
             packed, tokens = [], 0
@@ -268,12 +275,17 @@ class Scheduler:
         if request is not None:
             waiting.append((item, request))
             return
+        self._put_back(item)
+
+    def _put_back(self, item: _Work) -> None:
+        """Requeue an answer's prefill first in its own line (its client's later requests wait for
+        it), its client at the back of the rotation; refused if the scheduler is closing."""
         with self._ready:
             if self._closing:
-                item.work.close()
+                if item.begun:
+                    item.work.close()
                 item.future.set_exception(RequestError(503, "the server is shutting down"))
                 return
-            # First in its own line (its client's later requests wait for it), at the back of the rotation.
             line = self._lines.pop(item.client, collections.deque())
             line.appendleft(item)
             self._lines[item.client] = line
