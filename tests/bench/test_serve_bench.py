@@ -30,7 +30,8 @@ def test_bench_serve_on_ray_loads_each_replica_count(tmp_path, tiny_model_dir, m
     import subprocess
     import sys
 
-    video, _ = make_test_video(width=160, height=120, fps=8, duration_s=8.0, gop=16, bframes=False, seed=4)
+    # Five seconds: two windows of the real-time watch per deployment, enough for its real-time factor.
+    video, _ = make_test_video(width=160, height=120, fps=8, duration_s=5.0, gop=16, bframes=False, seed=4)
     # A process of its own: Ray allows one instance per driver, and the API tests may hold theirs.
     command = ["from vidsight.api.cli import main; raise SystemExit(main())", "bench", "serve", "--ray",
                "--replicas", "1", "2", "--model", str(tiny_model_dir), "--device", "cpu", "--video", str(video),

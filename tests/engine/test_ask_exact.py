@@ -9,6 +9,7 @@ from vidsight.vision import preprocess_video
 
 from tests.settings import (BF16_RELATIVE_TOLERANCE, DEVICE, DTYPE, assert_input_matters, assert_logits_close,
                             assert_same_greedy_ids, on_device)
+from tests.variants import fast_first
 
 pytestmark = pytest.mark.device_check
 
@@ -62,7 +63,7 @@ def reference_adapter(request, tiny_adapter, tmp_path_factory):
     return load_model(TASK_MODEL, DEVICE, DTYPE)
 
 
-@pytest.mark.parametrize("name,fields,fps", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,fields,fps", fast_first(CASES, ids=[c[0] for c in CASES], fast=2, unpack=True))
 def test_greedy_answer_equals_transformers_generate(reference_adapter, make_test_video, name, fields, fps):
     path, _ = make_test_video(**fields)
     sampling = SamplingConfig(fps=fps)

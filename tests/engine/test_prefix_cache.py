@@ -15,6 +15,7 @@ from vidsight.kv.config import PruneConfig
 from vidsight.models import TASK_MODEL, load_model
 
 from tests.settings import DEVICE, DTYPE, assert_same_answer
+from tests.variants import fast_first
 
 QUESTIONS = ["What colour is the square?", "Where is the square at the end of the video?", "How many squares?"]
 VIDEO = dict(width=176, height=144, duration_s=4.0, fps=8, gop=8, bframes=True, seed=4)
@@ -38,9 +39,10 @@ def answer(asker, path, question, **options):
 
 
 @pytest.mark.device_check
-@pytest.mark.parametrize("prefill", [PrefillConfig(group_frames=4),
-                                     PrefillConfig(group_frames=4, motion=MotionPruneConfig(), dedup_patches=True)],
-                         ids=["every patch", "motion pruning and dedup"])
+@pytest.mark.parametrize("prefill", fast_first([PrefillConfig(group_frames=4),
+                                                PrefillConfig(group_frames=4, motion=MotionPruneConfig(),
+                                                              dedup_patches=True)],
+                                               ids=["every patch", "motion pruning and dedup"]))
 def test_questions_after_a_cached_prefix_answer_as_without_the_cache(task_adapter, make_test_video, prefill):
     path, _ = make_test_video(**VIDEO)
     plain, cached = Asker(task_adapter), Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
