@@ -59,7 +59,7 @@ class _Work:
     client: str
     work: Any                 # a callable, or stepped work (a generator)
     future: Future
-    queued: float             # when it was queued (perf_counter)
+    queued: float | None      # when it was queued (perf_counter); None once its wait was counted
     stepped: bool
     ticket: "AnswerTicket | None" = None   # the work begins an answer that the decode batch finishes
     begun: bool = False       # an answer's prefill that ran part way (``work`` is then its generator)
@@ -203,8 +203,9 @@ class Scheduler:
     def _serve(self) -> None:
         while (items := self._next()) is not None:
             for item in items:
-                if self._on_queue_time is not None and not item.begun:   # a prefill's first turn only
+                if self._on_queue_time is not None and item.queued is not None:   # a prefill's first turn only
                     self._on_queue_time(time.perf_counter() - item.queued)
+                item.queued = None
             stepped = False   # whether the running answers already took this turn's step
             if items and items[0].stepped:
                 self._run_stepped(items)
