@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from vidsight.api.bench_serve import add_bench_serve_parser, run_bench_serve
+from vidsight.api.lmms.cli import add_lmms_task_parser, run_lmms_task
 from vidsight.api.options import _float, add_policy_options, add_prefill_options, add_tier_options, policy_settings
 from vidsight.api.settings import prefill_config, tier_config
 from vidsight.errors import ConfigError
@@ -144,6 +145,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     containers.add_argument("--json", action="store_true", help="print JSON")
 
     add_bench_serve_parser(bench_commands, common)
+    add_lmms_task_parser(bench_commands, common)
 
     device = bench_commands.add_parser(
         "device", parents=[common],
@@ -177,7 +179,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_bench(args) -> int:
     benches = {"decode": _run_bench_decode, "ask": _run_bench_ask, "watch": _run_bench_watch, "fuzz": _run_bench_fuzz,
                "containers": _run_bench_containers, "chat": _run_bench_chat, "serve": run_bench_serve,
-               "device": _run_bench_device}
+               "device": _run_bench_device, "lmms-task": run_lmms_task}
     if args.bench_command in benches:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy

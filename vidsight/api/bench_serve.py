@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vidsight.api.extras import require_extra
 from vidsight.api.options import _float
 
 
@@ -65,6 +66,7 @@ def run_bench_serve(args) -> int:
 
     if args.ray and args.url:
         raise ConfigError("--ray deploys its own server: leave out --url")
+    require_extra("ray" if args.ray else "serve", "vidsight bench serve" + (" --ray" if args.ray else ""))
     if args.soak is not None:
         return _run_soak(args)
     if args.ray:

@@ -65,7 +65,8 @@ def read_questions(path: str | Path) -> list[tuple[float, str]]:
     return sorted(questions, key=lambda q: q[0])
 
 
-def _policy(args):
+def chat_policy(args):
+    """The policy ``--policy`` names, built from its flags (a flag of another policy is an error)."""
     from vidsight.kv.policies.registry import make_policy
 
     others = foreign_policy_flags(args, args.policy)
@@ -101,7 +102,7 @@ def run_chat(args) -> int:
     scheduled = read_questions(args.questions) if args.questions else None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     config, tiers = chat_configs(vars(args))
-    policy = _policy(args)
+    policy = chat_policy(args)
     source = StreamSource(args.source, fps=args.fps, realtime=args.realtime,
                           follow_idle_s=args.follow)
     with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from vidsight.api.extras import require_extra
 from vidsight.api.options import _float
 
 
@@ -109,6 +110,7 @@ def ray_config(args):
 
 
 def run_serve(args) -> int:
+    require_extra("serve", "vidsight serve")
     import uvicorn
 
     from vidsight.api.serve import create_app

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import threading
 
+from vidsight.api.extras import require_extra
 from vidsight.api.serve.config import RayConfig, ServeConfig
-from vidsight.errors import ConfigError
 
 APP_NAME = "vidsight"
 
 
 def run_on_ray(config: ServeConfig, ray_config: RayConfig, host: str, port: int, debug: bool = False) -> int:
     """Start (or join) Ray, deploy the app with its HTTP proxy on ``host:port``, serve until Ctrl-C."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        raise ConfigError("--ray needs Ray Serve: pip install 'vidsight[ray]'") from None
+    require_extra("ray", "vidsight serve --ray")
+    import ray
+    from ray import serve
+
     from vidsight.api.serve.ray_app import build_app
 
     ray.init(address=ray_config.address or "local", include_dashboard=debug, log_to_driver=debug)

@@ -1,0 +1,117 @@
+"""vidsight as an lmms-eval model: the real lmms-eval command on a local task, and the model's arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vidsight.api.lmms.cli import lmms_eval_command
+from vidsight.api.lmms.model import VidsightLMM
+from vidsight.api.lmms.settings import parse_model_args
+from vidsight.api.lmms.task import task_name, write_task
+from vidsight.api.settings import ask_configs
+from vidsight.bench.accuracy import run_accuracy
+from vidsight.engine import Asker, GenerationConfig
+from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.errors import ConfigError
+from vidsight.ingest import SamplingConfig
+from vidsight.ingest.stream import StreamSource
+from vidsight.kv.policies.registry import make_policy
+from vidsight.models.paths import TASK_MODEL
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+VIDEO = dict(width=320, height=240, fps=24, duration_s=6.0, gop=12, bframes=True)
+
+
+@pytest.fixture
+def synthetic_video(make_test_video):
+    return str(make_test_video(**VIDEO)[0])
+
+
+def test_lmms_eval_answers_the_local_task_as_bench_accuracy_does(tmp_path):
+    folder, fps = write_task("smoke", tmp_path / "suites", tmp_path / "tasks")
+    command = lmms_eval_command(task_name("smoke"), str(folder), str(TASK_MODEL), fps)
+    command[command.index("--model_args") + 1] += f",device=cpu,stats_path={tmp_path / 'stats.jsonl'}"
+    lmms_eval = Path(sys.executable).with_name("lmms-eval")
+    run = subprocess.run([str(lmms_eval), *command[1:], "--log_samples", "--output_path", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, **OFFLINE}, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "|vidsight_smoke|" in run.stdout and "accuracy" in run.stdout   # lmms-eval's table
+
+    (samples,) = (tmp_path / "out").rglob("*_samples_vidsight_smoke.jsonl")
+    answered = {s["doc_id"]: s for s in map(json.loads, samples.read_text().splitlines())}
+    reference = run_accuracy(str(TASK_MODEL), "smoke", tmp_path / "suites")["answers"]
+    assert len(answered) == len(reference) == 20
+    for doc_id, expected in enumerate(reference):
+        assert answered[doc_id]["filtered_resps"] == expected["answer"], (doc_id, expected)
+        assert answered[doc_id]["accuracy"] == float(expected["correct"])
+    # Each request's costs are kept: token counts for lmms-eval, stage times in the stats file.
+    assert answered[0]["token_counts"][0]["output_tokens"] >= 1
+    records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
+    assert len(records) == 20 and set(records[0]["stats"]["stages_s"]) >= {"decode", "vision", "prefill", "generate"}
+
+
+def test_model_arguments_are_the_command_lines_flags():
+    settings = parse_model_args({"rho": 0.5, "kv_score": "value-norm", "prune_tau": 0.25, "dedup_patches": True,
+                                 "fps": 1, "max_frames": 64}).settings
+    sampling, _, prefill = ask_configs(settings)
+    assert (sampling.fps, sampling.max_frames) == (1.0, 64)
+    assert (prefill.prune.rho, prefill.prune.scorer, prefill.motion.tau, prefill.dedup_patches) == \
+        (0.5, "value-norm", 0.25, True)
+    chat = parse_model_args({"policy": "rekv", "kv_device_budget": 1000})
+    assert chat.mode == "chat" and chat.settings["kv_device_budget"] == 1000
+    for bad, named in [({"rhoo": 1}, "rhoo"), ({"rho": "x"}, "rho"), ({"kv_score": "nope"}, "kv_score"),
+                       ({"policy": "zzz"}, "policy"), ({"json": True}, "json")]:
+        with pytest.raises(ConfigError, match=named):
+            parse_model_args(bad)
+
+
+class _Request(SimpleNamespace):
+    pass
+
+
+def _requests(video: str, questions: list[str], gen_kwargs: dict):
+    docs = [{"video": video} for _ in questions]
+    requests = [_Request(args=(q, gen_kwargs, lambda doc: [doc["video"]], i, "task", "test"))
+                for i, q in enumerate(questions)]
+    return {"task": {"test": docs}}, requests
+
+
+def test_ask_mode_answers_as_asker_and_cuts_at_the_tasks_stop_strings(tiny_model_dir, synthetic_video):
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", rho=0.5, fps=2)
+    model.task_dict, requests = _requests(synthetic_video, ["What happens?", "Which colour?"],
+                                          {"max_new_tokens": 5, "do_sample": False})
+    results = model.generate_until(requests)
+    asker = Asker(model.asker.adapter)
+    _, _, prefill = ask_configs({"rho": 0.5})
+    for request, result, record in zip(requests, results, model.request_stats):
+        expected = asker.ask(synthetic_video, request.args[0], sampling=SamplingConfig(fps=2),
+                             generation=GenerationConfig(max_new_tokens=5), prefill=prefill)
+        assert result.text == expected.answer
+        assert result.token_counts.input_tokens == expected.stats.prompt_tokens == record["prompt_tokens"]
+        assert record["stats"]["kept_visual_tokens"] < record["stats"]["visual_tokens"]   # rho reached the prefill
+    stop = results[0].text[1:3]
+    model.task_dict, requests = _requests(synthetic_video, ["What happens?"],
+                                          {"max_new_tokens": 5, "until": [stop]})
+    assert model.generate_until(requests)[0].text == results[0].text.split(stop, 1)[0]
+
+
+def test_policy_mode_streams_the_video_into_a_chat_session(tiny_model_dir, synthetic_video):
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="rekv", fps=2)
+    model.task_dict, requests = _requests(synthetic_video, ["What happened first?"], {"max_new_tokens": 4})
+    (result,) = model.generate_until(requests)
+    with ChatSession(model.asker.adapter, make_policy("rekv"), ChatConfig(fps=2)) as session:
+        for frame in StreamSource(synthetic_video, fps=2):
+            session.push([frame])
+        expected = session.ask("What happened first?", GenerationConfig(max_new_tokens=4))
+    assert result.text == expected.answer
+    assert model.request_stats[0]["stats"]["retrieved_tokens"] == expected.stats.retrieved_tokens
+    with pytest.raises(ConfigError, match="do not apply"):
+        VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="full", visual_tau=0.5)
+    assert result.token_counts.output_tokens == len(expected.token_ids)

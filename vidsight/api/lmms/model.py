@@ -1,0 +1,136 @@
+"""The lmms-eval model: each request's video and question answered by vidsight.
+
+Without ``policy`` a request goes through `Asker.ask` (QuickVideo's pipeline, with whatever KV
+and motion pruning the arguments ask for); with ``policy`` the video is streamed into a
+`ChatSession` under that retrieval policy and the question asked at its end, as a streaming
+benchmark would. The task's ``generation_kwargs`` set each answer's length and sampling; the
+model arguments set everything else (`vidsight.api.lmms.settings`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from lmms_eval.api.instance import GenerationResult, TokenCounts
+from lmms_eval.api.model import lmms
+from tqdm import tqdm
+
+from vidsight.api.chat import chat_policy
+from vidsight.api.lmms.settings import parse_model_args
+from vidsight.api.settings import ask_configs, chat_configs, feed_config
+from vidsight.engine import Asker
+from vidsight.engine.config import DEFAULT_MODEL
+from vidsight.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class VidsightLMM(lmms):
+    """``lmms-eval --model vidsight --model_args pretrained=ID_OR_DIR[,setting=value...]``.
+
+    Args:
+        pretrained: A Hugging Face id or checkpoint directory, as ``vidsight ask --model`` takes.
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when available).
+        stats_path: Also write each request's answer, token counts and stage times to this JSONL file.
+        batch_size: Requests run one at a time; lmms-eval's default of 1 is the only one taken.
+        **settings: ``vidsight ask``'s flags by name (``rho``, ``kv_score``, ``prune_tau``,
+            ``dedup_patches``, ``fps``, ``max_frames`` ...), or with ``policy`` ``vidsight chat``'s
+            (``policy``, its thresholds, ``kv_device_budget``, ``kv_host_budget`` ...).
+    """
+
+    is_simple = True
+
+    def __init__(self, pretrained: str = DEFAULT_MODEL, device: str | None = None, stats_path: str | None = None,
+                 batch_size: int | str = 1, max_batch_size: int | None = None, **settings):
+        super().__init__()
+        if int(batch_size) != 1:
+            raise ConfigError(f"vidsight model_args: batch_size must be 1 (requests run one at a time), got {batch_size}")
+        self.settings = parse_model_args(settings)
+        if self.settings.mode == "chat":
+            chat_policy(self.settings.namespace())   # a flag of another policy fails here, not at the first request
+        self.asker = Asker(str(pretrained), device=device)
+        self.stats_path = Path(stats_path) if stats_path else None
+        self.request_stats: list[dict] = []   # one record per answered request, in order
+
+    def generate_until(self, requests) -> list[GenerationResult]:
+        results = []
+        for request in tqdm(requests, desc="vidsight", disable=self.rank != 0):
+            context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
+            video = self._video(doc_to_visual(self.task_dict[task][split][doc_id]), task, doc_id)
+            record = self._answer(video, context, dict(gen_kwargs))
+            record.update(task=task, doc_id=doc_id)
+            self._keep(record)
+            results.append(GenerationResult(record["answer"], TokenCounts(input_tokens=record["prompt_tokens"],
+                                                                          output_tokens=record["generated_tokens"])))
+        return results
+
+    def loglikelihood(self, requests):
+        raise NotImplementedError("vidsight answers by generating: loglikelihood tasks are not supported")
+
+    def generate_until_multi_round(self, requests):
+        raise NotImplementedError("vidsight answers one round per request: multi-round tasks are not supported")
+
+    @staticmethod
+    def _video(visuals, task: str, doc_id) -> str:
+        visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
+        if len(visuals) != 1 or not isinstance(visuals[0], (str, Path)):
+            raise ConfigError(f"{task} document {doc_id}: vidsight takes one video file per request, got "
+                              f"{[type(v).__name__ for v in visuals]}")
+        return str(visuals[0])
+
+    def _generation(self, gen_kwargs: dict):
+        """The answer's length and sampling: the task's ``generation_kwargs`` over the model arguments'."""
+        chosen = {"max_new_tokens": gen_kwargs.get("max_new_tokens"), "temperature": gen_kwargs.get("temperature"),
+                  "top_p": gen_kwargs.get("top_p")}
+        settings = {**self.settings.settings, **{k: v for k, v in chosen.items() if v is not None}}
+        if not gen_kwargs.get("do_sample", True):
+            settings["temperature"] = 0.0
+        return settings
+
+    def _answer(self, video: str, question: str, gen_kwargs: dict) -> dict:
+        settings = self._generation(gen_kwargs)
+        if self.settings.mode == "ask":
+            sampling, generation, prefill = ask_configs(settings)
+            result = self.asker.ask(video, question, sampling=sampling, generation=generation, prefill=prefill,
+                                    feed=feed_config(settings))
+            stats = result.stats
+            record = {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens}
+        else:
+            result = self._chat(video, question, settings)
+            stats = result.stats
+            record = {"prompt_tokens": stats.cached_tokens, "generated_tokens": len(result.token_ids)}
+        answer = _cut(result.answer, gen_kwargs.get("until"))
+        return {"video": video, "question": question, "answer": answer, **record, "stats": stats.to_dict()}
+
+    def _chat(self, video: str, question: str, settings: dict):
+        from vidsight.engine.chat import ChatSession
+        from vidsight.engine.config import GenerationConfig
+        from vidsight.ingest.stream import StreamSource
+
+        config, tiers = chat_configs(settings)
+        generation = GenerationConfig(**{k: settings[k] for k in ("max_new_tokens", "temperature", "top_p")
+                                         if k in settings})
+        # A session per request: each stream's memory and policy state are its own.
+        policy = chat_policy(self.settings.namespace())
+        with ChatSession(self.asker.adapter, policy, config, tiers) as session:
+            for frame in StreamSource(video, fps=config.fps):
+                session.push([frame])
+            return session.ask(question, generation)
+
+    def _keep(self, record: dict) -> None:
+        self.request_stats.append(record)
+        if self.stats_path is not None:
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.stats_path.open("a") as out:
+                out.write(json.dumps(record, default=str) + "\n")
+
+
+def _cut(answer: str, until) -> str:
+    """The answer up to the first of the task's stop strings."""
+    for stop in [until] if isinstance(until, str) else until or ():
+        if stop:
+            answer = answer.split(stop, 1)[0]
+    return answer
+

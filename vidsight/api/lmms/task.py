@@ -1,0 +1,81 @@
+"""A generated suite as a local lmms-eval task, scored as `vidsight bench accuracy` scores it.
+
+`write_task` writes a task folder (YAML, the JSONL of documents, a ``utils.py`` lmms-eval loads
+the document functions from) that ``lmms-eval --include_path`` reads; the functions below are
+what its YAML names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vidsight.bench.accuracy import ANSWER_TOKENS, normalise
+from vidsight.bench.suite import build_suite
+
+TASK_YAML = """\
+# Written by `vidsight bench lmms-task`: the {suite} suite's clips (generated, with known answers).
+task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {documents}
+test_split: test
+output_type: generate_until
+doc_to_visual: !function utils.doc_to_visual
+doc_to_text: !function utils.doc_to_text
+doc_to_target: answer
+generation_kwargs:
+  max_new_tokens: {answer_tokens}
+  temperature: 0
+  do_sample: false
+process_results: !function utils.process_results
+metric_list:
+  - metric: accuracy
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  - version: 1.0
+"""
+TASK_UTILS = "from vidsight.api.lmms.task import doc_to_text, doc_to_visual, process_results  # noqa: F401\n"
+
+
+def task_name(suite: str) -> str:
+    return f"vidsight_{suite}"
+
+
+def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = False) -> tuple[Path, float]:
+    """Build suite ``suite`` under ``root`` if missing and write its clips as a task under ``out``.
+
+    Returns:
+        The task folder (for ``--include_path``) and the suite's sampling rate, which the model
+        must sample at (``fps=...``) to see what `vidsight bench accuracy` sees.
+    """
+    manifest_path = build_suite(suite, root, progress=progress)
+    manifest = json.loads(manifest_path.read_text())
+    videos = manifest_path.parent.resolve()
+    folder = Path(out) / task_name(suite)
+    folder.mkdir(parents=True, exist_ok=True)
+    documents = folder / "documents.jsonl"
+    with documents.open("w") as lines:
+        for number, clip in enumerate(manifest["clips"]):
+            lines.write(json.dumps({"id": number, "family": clip["family"], "video": str(videos / clip["video"]),
+                                    "question": clip["question"], "answer": clip["answer"]}) + "\n")
+    (folder / f"{task_name(suite)}.yaml").write_text(TASK_YAML.format(
+        suite=suite, task=task_name(suite), documents=json.dumps(str(documents.resolve())),
+        answer_tokens=ANSWER_TOKENS))
+    (folder / "utils.py").write_text(TASK_UTILS)
+    return folder, manifest["sample_fps"]
+
+
+def doc_to_visual(doc: dict) -> list[str]:
+    return [doc["video"]]
+
+
+def doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> str:
+    return doc["question"]
+
+
+def process_results(doc: dict, results: list[str]) -> dict[str, float]:
+    """Right when the answer's first word is the expected one (`vidsight.bench.accuracy.normalise`)."""
+    return {"accuracy": float(normalise(results[0]) == normalise(doc["answer"]))}
