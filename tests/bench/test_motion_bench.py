@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from vidsight.bench.motion import format_motion_report, run_motion_bench
+from vidsight.bench.motion import format_motion_report, pruning_on, record, run_motion_bench, static_scenes
 from vidsight.bench.watch import configurations, sweeps
+from vidsight.errors import ConfigError
 from vidsight.ingest.dynamic import MotionPruneConfig
 
 
@@ -29,3 +30,24 @@ def test_each_sweep_changes_one_setting_of_pruning_plus_refresh():
         for config in values.values():
             changed = [f.name for f in dataclasses.fields(both) if getattr(config, f.name) != getattr(both, f.name)]
             assert len(changed) <= 1, (axis, changed)
+
+
+HELD_OUT_SEED = 2   # the pixel path's thresholds were chosen on seed 1's scenes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scene_name", ["photo, noise 5", "texture, noise 5"])
+def test_pixel_motion_on_codecs_without_vectors_keeps_what_h264_vectors_keep(tmp_path, scene_name):
+    """HEVC, AV1 and VP9 export no vectors: motion estimated from their pixels keeps at most 1.25x
+    the merge groups H.264's vectors keep on the same noisy static-camera scene, and every group
+    the crossing object covers (scenes of a seed nothing was tuned on)."""
+    scene = static_scenes(12.0, seed=HELD_OUT_SEED)[scene_name]
+    h264 = pruning_on(record(tmp_path / "h264.mp4", scene), scene, MotionPruneConfig())
+    assert h264["object_recall"] == 1.0
+    for codec in ("hevc", "av1", "vp9"):
+        pixels = pruning_on(record(tmp_path / f"{codec}.mp4", scene, codec), scene, MotionPruneConfig())
+        assert pixels["object_recall"] == 1.0, codec
+        assert pixels["kept_inside_gop"] <= 1.25 * h264["kept_inside_gop"], (codec, pixels, h264)
+    # The codec's vectors only, where it has none: refused, not silently kept or dropped.
+    with pytest.raises(ConfigError, match="no motion vectors"):
+        pruning_on(tmp_path / "hevc.mp4", scene, MotionPruneConfig(source="codec"))

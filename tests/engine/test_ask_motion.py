@@ -19,9 +19,9 @@ FULL_COMPUTE = dict(prefill=PrefillConfig(group_frames=0),
 FPS = 12
 
 
-def _write(path, scene: Scene, bframes=True) -> str:
+def _write(path, scene: Scene, bframes=True, codec="h264") -> str:
     times = np.arange(int(scene.duration_s * FPS)) / FPS
-    write_video(path, (scene.render(t) for t in times), times, FPS, gop=24, bframes=bframes)
+    write_video(path, (scene.render(t) for t in times), times, FPS, gop=24, bframes=bframes, codec=codec)
     return str(path)
 
 
@@ -78,14 +78,31 @@ def test_kv_pruning_chooses_among_the_patches_motion_kept(tiny_adapter, static_c
     assert both.stats.kept_visual_tokens >= motion.stats.encoded_visual_tokens // 2
 
 
-def test_a_codec_without_motion_vectors_encodes_every_patch(tiny_adapter, tmp_path, caplog):
+def test_the_codecs_vectors_only_where_it_exports_none_encodes_every_patch(tiny_adapter, tmp_path, caplog):
     scene = Scene(224, 168, 3.0, seed=2)
     times = np.arange(int(scene.duration_s * FPS)) / FPS
     path = write_video(tmp_path / "v.mkv", (scene.render(t) for t in times), times, FPS, codec="mpeg4")
     result = Asker(tiny_adapter).ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
-                                     prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()))
+                                     prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig(source="codec")))
     assert result.stats.encoded_visual_tokens == result.stats.visual_tokens
     assert "no motion vectors" in caplog.text
+
+
+@pytest.mark.parametrize("codec, suffix", [("hevc", ".mp4"), ("vp9", ".webm")])
+def test_a_codec_without_motion_vectors_is_pruned_by_its_pixels(tiny_adapter, tmp_path, caplog, codec, suffix):
+    """HEVC and VP9 export no vectors: by default motion comes from the decoded pixels, and a
+    static camera's frames encode fewer patches, the moving square's kept."""
+    crossing = SceneObject("square", "red", 30, 0.0, 10.0, (10.0, 60.0), (40.0, 0.0))
+    path = _write(tmp_path / f"static{suffix}", Scene(224, 168, 6.0, seed=2, noise=3.0, objects=[crossing]),
+                  bframes=codec == "hevc", codec=codec)
+    asker = Asker(tiny_adapter)
+    pruned = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
+                       prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig()))
+    whole = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
+                      prefill=PrefillConfig(group_frames=4))
+    assert "no motion vectors" not in caplog.text
+    assert pruned.stats.visual_tokens == whole.stats.visual_tokens
+    assert whole.stats.encoded_visual_tokens // 4 < pruned.stats.encoded_visual_tokens < whole.stats.visual_tokens // 2
 
 
 def test_dropping_redundant_patches_encodes_fewer_and_keeps_the_first_frame(tiny_adapter, static_camera):

@@ -18,6 +18,9 @@ VIDEOS = {
     "vfr, non-zero start": dict(duration_s=5.0, gop=12, bframes=True, variable_frame_rate=True, start_time_s=2.5),
     "last gop cut short": dict(duration_s=4.25, fps=24, gop=16, bframes=False),  # 102 frames: last GOP has 6
 }
+# Codecs whose decoders export no vectors: motion from pixels.
+PIXEL_VIDEOS = {"hevc, b-frames": dict(duration_s=5.0, gop=10, bframes=True, codec="hevc"),
+                "vp9": dict(duration_s=5.0, gop=12, codec="vp9", suffix=".webm")}
 
 
 def assert_same(a, b, with_codec_info):
@@ -242,7 +245,23 @@ def test_decoders_judge_motion_as_the_live_source_does(make_test_video, motion, 
     """Each sampled frame's signals (vectors, intra blocks, the rule's dynamic blocks since the
     sample before) are the same from the live source, one sequential decoder, interval decoders
     and per-GOP seeks, with GOP trimming on or off."""
-    path, _ = make_test_video(**VIDEOS[video])
+    _judged_alike_by_every_decoder(make_test_video, VIDEOS[video], motion)
+
+
+@pytest.mark.parametrize("motion, video", fast_first(
+    [(MotionPruneConfig(), PIXEL_VIDEOS["hevc, b-frames"]),
+     (MotionPruneConfig(alpha=SOFTWARE_ALPHA, rule="max"), PIXEL_VIDEOS["vp9"]),
+     (MotionPruneConfig(source="pixels"), VIDEOS["b-frames"])], ids=["hevc", "vp9, residuals, max", "h264 by pixels"],
+    unpack=True))
+def test_decoders_judge_pixel_motion_as_the_live_source_does(make_test_video, motion, video):
+    """Motion estimated from pixels (HEVC and VP9 export no vectors; H.264 asked to use pixels)
+    is the same from every decoding path, as codec vectors are."""
+    _judged_alike_by_every_decoder(make_test_video, video, motion)
+
+
+def _judged_alike_by_every_decoder(make_test_video, fields, motion):
+    fields = dict(fields)
+    path, _ = make_test_video(fields.pop("suffix", ".mp4"), **fields)
     info = probe(path)
     streamed = list(StreamSource(path, fps=info.average_fps / 5, motion=motion))
     indices = np.array([f.frame_index for f in streamed])

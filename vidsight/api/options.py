@@ -37,8 +37,9 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
-    """``--prune-tau``, ``--prune-alpha``, ``--prune-rule``: motion-guided patch pruning (`MotionPruneConfig`)."""
-    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
+    """``--prune-tau``, ``--prune-alpha``, ``--prune-rule``, ``--motion-source``: motion-guided patch pruning
+    (`MotionPruneConfig`)."""
+    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, SOURCES, MotionPruneConfig
 
     group = parser.add_argument_group("motion-guided patch pruning (CodecSight)")
     group.add_argument("--prune-tau", type=_float, default=None,
@@ -50,6 +51,10 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._
     group.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
                        help="persistent (default): motion must persist over three frames above the stream's noise "
                             "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
+    group.add_argument("--motion-source", default=MotionPruneConfig.source, choices=SOURCES,
+                       help="auto (default): the codec's motion vectors where FFmpeg exports them (H.264), vectors "
+                            "estimated from decoded pixels elsewhere (HEVC, AV1, VP9 ...); codec: the codec's only; "
+                            "pixels: pixels for every codec")
     return group
 
 

@@ -19,6 +19,7 @@ ASK_SETTINGS = {
     "rho": ("prune", "rho"), "kv_score": ("prune", "scorer"), "prune_start_layer": ("prune", "start_layer"),
     "skip_pruned": ("prune", "skip_pruned"),
     "prune_tau": ("motion", "tau"), "prune_alpha": ("motion", "alpha"), "prune_rule": ("motion", "rule"),
+    "motion_source": ("motion", "source"),
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
     "top_p": ("generation", "top_p"), "seed": ("generation", "seed"),
 }
@@ -27,6 +28,7 @@ WATCH_SETTINGS = {
     "align_windows": ("windows", "align_keyframes"), "refresh": ("watch", "refresh"),
     "alert_after": ("watch", "alert_after"),
     "prune_tau": ("motion", "tau"), "prune_alpha": ("motion", "alpha"), "prune_rule": ("motion", "rule"),
+    "motion_source": ("motion", "source"),
 }
 CHAT_SETTINGS = {
     "fps": ("chat", "fps"), "batch_patches": ("chat", "batch_patches"), "keep_dialogue": ("chat", "keep_dialogue"),

@@ -16,7 +16,8 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import MAX_FRAME_SIDE, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import FrameJudge, SampleSignals, Signals, frame_type, frame_vectors
+from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_type,
+                                   frame_vectors, motion_source)
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.probe import probe
@@ -25,8 +26,6 @@ from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
 
-# Codecs whose FFmpeg decoder honours export_mvs.
-MOTION_VECTOR_CODECS = frozenset({"h264"})
 THREAD_MODES = ("AUTO", "FRAME", "SLICE", "NONE")
 
 
@@ -114,8 +113,9 @@ class FrameSink:
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
-        # The motion rule, where the codec exports vectors to judge.
-        self.judging = config.motion if self.with_motion else None
+        # The motion rule and where its vectors come from, when this codec's motion can be judged.
+        self.motion_source = motion_source(config.motion, info.codec)
+        self.judging = config.motion if self.motion_source is not None else None
         self.bad_packets = 0
         self._restarted = False  # a span was decoded from the start (said once)
         self.on_frame = on_frame
@@ -290,7 +290,7 @@ class _SpanJudge:
 
     def __init__(self, sink: FrameSink, first: int, last: int):
         self.sink, self.first, self.last = sink, first, last
-        self.judge, self.since = FrameJudge(sink.judging), SampleSignals()
+        self.judge, self.since = FrameJudge(sink.judging, sink.motion_source), SampleSignals()
 
     def take(self, frame: av.VideoFrame, index: int) -> bool:
         if index >= self.first:

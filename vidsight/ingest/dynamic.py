@@ -23,6 +23,9 @@ from vidsight.ingest.motion import BLOCK, Cover, destination_blocks, displacemen
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
+# Where motion comes from: the codec's exported vectors, vectors estimated from decoded pixels
+# (`pixel_motion`), or the codec's where the decoder exports them and pixels elsewhere.
+SOURCES = ("auto", "codec", "pixels")
 # alpha for software decoders: a 4x4 block whose pixels differ from their prediction by four 8-bit
 # levels on average (a SAD of 64, beyond what a CRF-23 encode leaves of sensor noise of sigma 5)
 # weighs as much as a quarter-pixel motion, CodecSight's tau.
@@ -56,6 +59,9 @@ class MotionPruneConfig:
             many frames in a row).
         dilate_blocks: For ``persistent`` and ``max``: also mark this many blocks around each
             dynamic one (an object's edge that clips a block moves it less than its vector says).
+        source: ``auto`` (default): the codec's motion vectors where FFmpeg exports them (H.264),
+            vectors estimated from the decoded pixels elsewhere (HEVC, AV1, VP9 ...); ``codec``:
+            the codec's only (no pruning where it exports none); ``pixels``: pixels everywhere.
     """
 
     tau: float = 0.25
@@ -63,6 +69,7 @@ class MotionPruneConfig:
     rule: str = "persistent"
     persist_frames: int = 3
     dilate_blocks: int = 1
+    source: str = "auto"
 
     def __post_init__(self):
         for name in ("tau", "alpha", "dilate_blocks"):
@@ -72,6 +79,8 @@ class MotionPruneConfig:
             raise ConfigError(f"persist_frames must be at least 1, got {self.persist_frames}")
         if self.rule not in RULES:
             raise ConfigError(f"unknown motion rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        if self.source not in SOURCES:
+            raise ConfigError(f"unknown motion source {self.source!r}; choose one of {', '.join(SOURCES)}")
 
     @property
     def reads_intra(self) -> bool:

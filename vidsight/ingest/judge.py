@@ -15,10 +15,24 @@ import numpy as np
 
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
 from vidsight.ingest.motion import BLOCK, destination_blocks, intra_blocks, motion_map
+from vidsight.ingest.pixel_motion import PixelMotion
 
 Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
+# Codecs whose FFmpeg decoder honours export_mvs.
+MOTION_VECTOR_CODECS = frozenset({"h264"})
+
+
+def motion_source(motion: MotionPruneConfig | None, codec: str) -> str | None:
+    """Where a ``codec`` stream's motion comes from under ``motion``: ``"codec"`` (exported
+    vectors), ``"pixels"`` (estimated, `pixel_motion`), or None (not judged: no rule, or the
+    codec's vectors asked for where it exports none)."""
+    if motion is None:
+        return None
+    if motion.source == "pixels" or (motion.source == "auto" and codec not in MOTION_VECTOR_CODECS):
+        return "pixels"
+    return "codec" if codec in MOTION_VECTOR_CODECS else None
 
 
 def frame_type(frame: av.VideoFrame) -> str:
@@ -39,10 +53,12 @@ class FrameJudge:
     decoder later, though decoded earlier); frames come back in the order they went in.
     """
 
-    def __init__(self, motion: MotionPruneConfig):
+    def __init__(self, motion: MotionPruneConfig, source: str = "codec"):
         self._rule = BlockMotion(motion)
         self._residuals = motion.residuals
         self._intra = motion.reads_intra
+        # Estimated vectors cover only the blocks that moved: no block of theirs is intra-coded.
+        self._pixels = PixelMotion() if source == "pixels" else None
         self._waiting: list[tuple[av.VideoFrame, str, Any, np.ndarray]] = []
 
     @property
@@ -77,12 +93,15 @@ class FrameJudge:
         return judged
 
     def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
-        vectors = frame_vectors(frame)
+        vectors = self._pixels.vectors(frame, kind) if self._pixels is not None else frame_vectors(frame)
         height, width = frame.height, frame.width
-        cover = (destination_blocks(vectors, -(-height // BLOCK), -(-width // BLOCK))
-                 if vectors is not None and len(vectors) else None)
+        rows, cols = -(-height // BLOCK), -(-width // BLOCK)
+        cover = destination_blocks(vectors, rows, cols) if vectors is not None and len(vectors) else None
         motion = motion_map(vectors, height, width, cover)
-        intra = intra_blocks(vectors, height, width, cover) if self._intra and kind in ("P", "B") else None
+        intra = None
+        if self._intra and kind in ("P", "B"):
+            intra = (np.zeros((rows, cols), dtype=bool) if self._pixels is not None
+                     else intra_blocks(vectors, height, width, cover))
         return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future, cover)
 
 

@@ -25,7 +25,7 @@ from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type
+from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -126,6 +126,7 @@ class StreamSource:
         self.reconnect_window_s = reconnect_window_s
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
+        self.codec: str | None = None   # the video stream's codec, once opened
 
     def __iter__(self) -> Iterator[SampledFrame]:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
@@ -188,10 +189,17 @@ class StreamSource:
             for item in decoded:
                 yield item, NO_SIGNALS
             return
-        judge = FrameJudge(self.motion)
+        judge = None
         for item in decoded:
+            if judge is None:   # the codec is known once the stream is open
+                source = motion_source(self.motion, self.codec)
+                if source is None:
+                    raise ConfigError(f"{self.source}: {self.codec} carries no motion vectors to prune by; "
+                                      "--motion-source auto or pixels estimates them from the decoded pixels")
+                judge = FrameJudge(self.motion, source)
             yield from judge.push(item[0], item[3], item, since.saturated)
-        yield from judge.finish()
+        if judge is not None:
+            yield from judge.finish()
 
     def _options(self) -> dict[str, str]:
         if not self.network:
@@ -211,7 +219,8 @@ class StreamSource:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
-            configure_decoder(stream, self.motion is not None, "AUTO")
+            self.codec = stream.codec_context.name
+            configure_decoder(stream, motion_source(self.motion, self.codec) == "codec", "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
             for frame in container.decode(stream):

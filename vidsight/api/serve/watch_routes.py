@@ -34,6 +34,7 @@ class WatchRequest(BaseModel):
     prune_tau: float | None = Field(default=None, ge=0)
     prune_alpha: float | None = Field(default=None, ge=0)
     prune_rule: str | None = None
+    motion_source: str | None = None
     alert_after: int = Field(default=2, ge=1)
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
     realtime: bool = False
