@@ -81,7 +81,7 @@ def test_kv_pruning_chooses_among_the_patches_motion_kept(tiny_adapter, static_c
 def test_the_codecs_vectors_only_where_it_exports_none_encodes_every_patch(tiny_adapter, tmp_path, caplog):
     scene = Scene(224, 168, 3.0, seed=2)
     times = np.arange(int(scene.duration_s * FPS)) / FPS
-    path = write_video(tmp_path / "v.mkv", (scene.render(t) for t in times), times, FPS, codec="mpeg4")
+    path = write_video(tmp_path / "v.webm", (scene.render(t) for t in times), times, FPS, codec="vp9")
     result = Asker(tiny_adapter).ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
                                      prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig(source="codec")))
     assert result.stats.encoded_visual_tokens == result.stats.visual_tokens

@@ -21,6 +21,7 @@ VIDEOS = {
 # Codecs whose decoders export no vectors: motion from pixels.
 PIXEL_VIDEOS = {"hevc, b-frames": dict(duration_s=5.0, gop=10, bframes=True, codec="hevc"),
                 "vp9": dict(duration_s=5.0, gop=12, codec="vp9", suffix=".webm")}
+MPEG4 = dict(duration_s=5.0, gop=12, codec="mpeg4", suffix=".mkv")
 
 
 def assert_same(a, b, with_codec_info):
@@ -259,6 +260,16 @@ def test_decoders_judge_pixel_motion_as_the_live_source_does(make_test_video, mo
     _judged_alike_by_every_decoder(make_test_video, video, motion)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["codec", "auto"])
+def test_mpeg4_vectors_are_judged_when_asked_for_and_its_pixels_by_default(make_test_video, source):
+    """MPEG-4 part 2 exports vectors (16x16 and 8x8 blocks): ``codec`` judges by them, ``auto`` by
+    its pixels; either way every decoding path agrees."""
+    signals = _judged_alike_by_every_decoder(make_test_video, MPEG4, MotionPruneConfig(source=source))
+    # Estimated vectors cover 16x16 blocks whole; MPEG-4's own include 8x8 partitions.
+    assert any(motion is not None and motion.any() for motion in signals)
+
+
 def _judged_alike_by_every_decoder(make_test_video, fields, motion):
     fields = dict(fields)
     path, _ = make_test_video(fields.pop("suffix", ".mp4"), **fields)
@@ -273,3 +284,4 @@ def _judged_alike_by_every_decoder(make_test_video, fields, motion):
         _same_signals(decode_frames(path, indices, config, info), expected)
         for strategy in ("intervals", "seek"):
             _same_signals(decode_parallel(path, indices, config, info, workers=3, strategy=strategy), expected)
+    return [f.codec.motion for f in streamed]

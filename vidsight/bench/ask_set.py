@@ -13,6 +13,7 @@ model on the held-out suite's needle clips (64 frames, two prefill groups), pref
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -75,23 +76,26 @@ VIDEOS = {
 }
 
 
-def set_video(directory: str | Path, name: str, progress: bool = False) -> Path:
-    """The set's video ``name``, written under ``directory`` once (x264's default CRF 23, as a camera would)."""
+def set_video(directory: str | Path, name: str, progress: bool = False, codec: str = "h264") -> Path:
+    """The set's video ``name``, written under ``directory`` once by ``codec`` at CRF 23 (x264's
+    default, as a camera would; the other encoders at the same quality setting)."""
     spec = VIDEOS[name]
-    path = Path(directory) / (name.replace(", ", "_").replace(" ", "-") + ".mp4")
+    path = Path(directory) / (name.replace(", ", "_").replace(" ", "-") + ("" if codec == "h264" else f"_{codec}")
+                              + ".mp4")
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         scene, times = spec.scene(), np.arange(int(spec.duration_s * spec.fps)) / spec.fps
         frames = (scene.render(t) for t in tqdm(times, desc=name, disable=not progress, leave=False))
         partial = path.with_suffix(".partial.mp4")
-        write_video(partial, frames, times, spec.fps, gop=spec.gop, bframes=True, crf=23)
+        write_video(partial, frames, times, spec.fps, gop=spec.gop, bframes=True, crf=23, codec=codec)
         partial.rename(path)
     return path
 
 
 def run_ask_set(out: str | Path, shape: str = "small", fps: float = 1.0, needle_clips: int = 50,
-                dtype: str = "bfloat16", progress: bool = False) -> dict:
-    """Time every setting on every video, then score the needle clips per setting."""
+                dtype: str = "bfloat16", progress: bool = False, codecs: tuple[str, ...] = ("h264",)) -> dict:
+    """Time every setting on every video encoded by each of ``codecs`` (motion from H.264's
+    vectors, from the others' pixels), then score the needle clips per setting."""
     import torch
 
     from vidsight.models import TASK_MODEL
@@ -104,9 +108,10 @@ def run_ask_set(out: str | Path, shape: str = "small", fps: float = 1.0, needle_
               "machine": platform.processor() or platform.machine(), "device": str(asker.adapter.device),
               "settings": {name: {"prefill": dataclasses.asdict(p), "feed": dataclasses.asdict(f)}
                            for name, (p, f) in SETTINGS.items()}, "videos": {}}
-    for video in VIDEOS:
-        path = set_video(Path(out) / "ask_set", video, progress)
-        runs = report["videos"][video] = {"file": str(path), "runs": {}}
+    for video, codec in itertools.product(VIDEOS, codecs):
+        path = set_video(Path(out) / "ask_set", video, progress, codec)
+        runs = report["videos"][video if codec == "h264" else f"{video}, {codec}"] = {"file": str(path), "codec": codec,
+                                                                                      "runs": {}}
         answers = {}
         for name, (prefill, feed) in SETTINGS.items():
             result = asker.ask(path, QUESTION, sampling=sampling, generation=generation, prefill=prefill, feed=feed,

@@ -39,10 +39,11 @@ def window_starts(frames: int) -> list[int]:
     return list(range(0, frames - WINDOW_FRAMES + 1, STRIDE_FRAMES))
 
 
-def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8) -> None:
-    """Render ``scene`` to H.264 at ``VIDEO_FPS`` (B-frames for odd seeds)."""
+def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8, codec: str = "h264") -> None:
+    """Render ``scene`` at ``VIDEO_FPS`` with ``codec`` (H.264 by default; B-frames for odd seeds)."""
     times = np.arange(int(round(duration_s * VIDEO_FPS))) / VIDEO_FPS
-    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=gop, bframes=seed % 2 == 1)
+    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=gop, bframes=seed % 2 == 1,
+                codec=codec)
 
 
 def anomaly_video_scene(number: int):

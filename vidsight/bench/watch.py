@@ -74,25 +74,26 @@ def supported(adapter: VLMAdapter, configs: dict[str, WatchConfig]) -> tuple[dic
     return accepted, refused
 
 
-def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP) -> list[dict]:
-    """The first ``count`` held-out anomaly videos written with GOPs of ``gop`` frames (cached)."""
-    directory = Path(root) / f"watch_gop{gop}"
+def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP, codec: str = "h264") -> list[dict]:
+    """The first ``count`` held-out anomaly videos written with GOPs of ``gop`` frames by ``codec`` (cached)."""
+    directory = Path(root) / (f"watch_gop{gop}" + ("" if codec == "h264" else f"_{codec}"))
     directory.mkdir(parents=True, exist_ok=True)
     videos = []
     for number in range(count):
         scene, seed, labels = anomaly_video_scene(number)
         path = directory / f"anomaly_video_{number:03d}.mp4"
         if not path.exists():
-            write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop)
+            write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop, codec=codec)
         videos.append({"video": str(path), "label": any(labels), "query": ANOMALY_QUERY, "scene": scene})
     return videos
 
 
-def hard_videos(root: str | Path, per_family: int, gop: int = 64, duration_s: float = ANOMALY_VIDEO_S) -> list[dict]:
+def hard_videos(root: str | Path, per_family: int, gop: int = 64, duration_s: float = ANOMALY_VIDEO_S,
+                codec: str = "h264") -> list[dict]:
     """``per_family`` videos of each harder family (`tasks.watch_scenes`), ``duration_s`` long and
     written with GOPs of ``gop`` frames (cached); even-numbered ones hold a red object in the zone.
     Each carries its scene, so windows of any length can be labelled (`window_label`)."""
-    suffix = "" if duration_s == ANOMALY_VIDEO_S else f"_{duration_s:g}s"
+    suffix = ("" if duration_s == ANOMALY_VIDEO_S else f"_{duration_s:g}s") + ("" if codec == "h264" else f"_{codec}")
     directory = Path(root) / f"watch_hard_gop{gop}{suffix}"
     directory.mkdir(parents=True, exist_ok=True)
     sampled = np.arange(int(duration_s * SAMPLE_FPS)) / SAMPLE_FPS
@@ -104,7 +105,7 @@ def hard_videos(root: str | Path, per_family: int, gop: int = 64, duration_s: fl
             want = number % 2 == 0
             scene = watch_scene(family, np.random.default_rng(seed), seed, duration_s, want, sampled)
             if not path.exists():
-                write_scene(path, scene, duration_s, seed, gop=gop)
+                write_scene(path, scene, duration_s, seed, gop=gop, codec=codec)
             videos.append({"video": str(path), "label": want, "query": ANOMALY_QUERY, "family": family,
                            "scene": scene})
     return videos
@@ -210,13 +211,14 @@ SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "str
 
 
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
-                    root: str | Path = "", static_scenes: bool = False, progress: bool = False,
+                    root: str | Path = "", static_scenes: tuple[str, ...] = (), progress: bool = False,
                     videos_at: Callable[[int], list[dict]] | None = None,
                     windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS) -> dict:
     """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
     the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
-    optionally the motion rules on noisy static-camera scenes (`bench.motion`). Configurations the
+    optionally the motion rules on noisy static-camera scenes (`bench.motion`) encoded with each
+    codec of ``static_scenes``, with judging's cost per codec at 1280x720. Configurations the
     model's family refuses (motion pruning where tokens pool across patch groups, KV reuse where
     frames are labelled by their place in the window) are left out, with the reason under ``refused``.
 
@@ -248,8 +250,9 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
                                                      flop_videos=flop_videos)["both"]
                                    for gop in (8, 32, 64)}
     if static_scenes:
-        report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root),
-                                   "this model's grid": run_motion_bench(root, spec=adapter.vision)}
+        report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root, codecs=static_scenes,
+                                                                       cost_codecs=static_scenes),
+                                   "this model's grid": run_motion_bench(root, spec=adapter.vision, codecs=static_scenes)}
     return report
 
 

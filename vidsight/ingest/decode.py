@@ -112,9 +112,11 @@ class FrameSink:
         self.data = torch.from_numpy(frames)
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
-        self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS
         # The motion rule and where its vectors come from, when this codec's motion can be judged.
         self.motion_source = motion_source(config.motion, info.codec)
+        # Export the codec's vectors: to judge by them, or to report them where no rule judges.
+        self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS and (
+            config.motion is None or self.motion_source == "codec")
         self.judging = config.motion if self.motion_source is not None else None
         self.bad_packets = 0
         self._restarted = False  # a span was decoded from the start (said once)

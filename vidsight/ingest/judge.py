@@ -20,8 +20,13 @@ from vidsight.ingest.pixel_motion import PixelMotion
 Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
-# Codecs whose FFmpeg decoder honours export_mvs.
-MOTION_VECTOR_CODECS = frozenset({"h264"})
+# Codecs whose FFmpeg decoder honours export_mvs (MPEG-4 part 2 and MPEG-1/2 in 16x16 and 8x8 blocks).
+MOTION_VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg2video", "mpeg1video"})
+# Those whose vectors ``auto`` judges by. MPEG-4 and MPEG-2 vectors missed 0.5-1.4 % of a crossing
+# object's merge groups on `bench motion`'s static scenes where their pixels missed none, at the
+# same kept share (docs/benchmarks.md), and their B-frames mostly carry zero (direct-mode) vectors,
+# which break the persistent rule's run of moving frames: ``auto`` reads their pixels.
+AUTO_VECTOR_CODECS = frozenset({"h264"})
 
 
 def motion_source(motion: MotionPruneConfig | None, codec: str) -> str | None:
@@ -30,7 +35,7 @@ def motion_source(motion: MotionPruneConfig | None, codec: str) -> str | None:
     codec's vectors asked for where it exports none)."""
     if motion is None:
         return None
-    if motion.source == "pixels" or (motion.source == "auto" and codec not in MOTION_VECTOR_CODECS):
+    if motion.source == "pixels" or (motion.source == "auto" and codec not in AUTO_VECTOR_CODECS):
         return "pixels"
     return "codec" if codec in MOTION_VECTOR_CODECS else None
 
