@@ -30,7 +30,7 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
                        help="choose the kept tokens once, at the start layer, and let the pruned ones skip "
                             "the layers above it: saves their compute too (default: every layer scores its own)")
     motion = add_motion_options(parser, "skip the vision encoder for patches whose motion since their GOP's first "
-                                        "sampled frame stays under this many pixels (H.264)")
+                                        "sampled frame stays under this many pixels")
     motion.add_argument("--dedup-patches", action="store_true",
                         help="with --prune-tau: also skip patches whose pixels stayed within the noise floor since "
                              "they were last encoded (a GOP's first frame then re-encodes only what changed)")

@@ -269,8 +269,8 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
         return None
     check_prunable(spec)
     if feed.motion is None:
-        log.warning("no motion vectors to prune by (FFmpeg exports them for H.264 only, and --motion-source codec "
-                    "asks for the codec's): every patch is encoded")
+        log.warning("no motion vectors to prune by (this codec exports none, and --motion-source codec asks for "
+                    "the codec's): every patch is encoded")
         return None
     if feed.motion != config.motion:
         raise ConfigError(f"motion pruning by {config.motion}, but the decoders judged motion by {feed.motion}")
