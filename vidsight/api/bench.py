@@ -111,6 +111,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              help="also measure the motion rules on noisy static-camera scenes (kept share, recall) "
                                   "encoded with each CODEC (h264 by its vectors; hevc, av1, vp9 ... by pixels; none "
                                   "named: h264), and judging's cost per codec at 1280x720")
+    bench_watch.add_argument("--cost-video", default=None, metavar="FILE",
+                             help="with --static-scenes: time judging on this 1280x720 video's frames re-encoded by "
+                                  "each codec (real footage; default: a generated noisy static camera)")
     bench_watch.add_argument("--codec", default="h264",
                              help="encode the generated suite with this codec (h264, hevc, av1, vp9, mpeg4 ...; "
                                   "default: h264)")
@@ -268,6 +271,10 @@ def _run_bench_watch(args) -> int:
             raise ConfigError(f"--window-s {args.window_s:g} is longer than the {args.video_s:g}-s videos")
         videos = suite(args.root, args.videos, args.gop)
     windows = dataclasses.replace(SUITE_WINDOWS, window_s=args.window_s)
+    if args.cost_video is not None:
+        from vidsight.ingest.container import check_readable
+
+        check_readable(args.cost_video)
     if args.flop_videos < 0:
         raise ConfigError(f"--flop-videos must be 0 or more, got {args.flop_videos}")
     import torch
@@ -278,7 +285,7 @@ def _run_bench_watch(args) -> int:
     report = run_watch_bench(adapter, videos, args.tau, axes, args.root, static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
-                             windows=windows, flop_videos=args.flop_videos)
+                             windows=windows, flop_videos=args.flop_videos, cost_video=args.cost_video)
     report["codec"] = None if args.folder else args.codec
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")

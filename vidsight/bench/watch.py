@@ -212,7 +212,7 @@ SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "str
 
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
                     root: str | Path = "", static_scenes: tuple[str, ...] = (), progress: bool = False,
-                    videos_at: Callable[[int], list[dict]] | None = None,
+                    videos_at: Callable[[int], list[dict]] | None = None, cost_video: str | Path | None = None,
                     windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS) -> dict:
     """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
@@ -251,7 +251,7 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
                                    for gop in (8, 32, 64)}
     if static_scenes:
         report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root, codecs=static_scenes,
-                                                                       cost_codecs=static_scenes),
+                                                                       cost_codecs=static_scenes, cost_video=cost_video),
                                    "this model's grid": run_motion_bench(root, spec=adapter.vision, codecs=static_scenes)}
     return report
 

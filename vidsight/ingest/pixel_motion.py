@@ -2,9 +2,9 @@
 
 HEVC, AV1 and VP9 decoders export no ``MOTION_VECTORS`` side data, so the motion rule has
 nothing to judge there. This estimates what an encoder's motion search would have found, cheaply
-enough to run on every decoded frame: the luma reduced ``SCALE`` times per side by FFmpeg's
-scaler, then per 4x4 block of the reduced picture (a 16x16 block of the frame) the change against
-the previous frame. A block whose change stands out from the frame's own (the median block's,
+enough to run on every decoded frame: the luma reduced to about `REDUCED_WIDTH` pixels across
+(4x per side at 640x360, 8x at 1280x720), then per 4x4 block of the reduced picture (a 16x16
+block of a 640x360 frame, 32x32 of a 1280x720 one) the change against the previous frame. A block whose change stands out from the frame's own (the median block's,
 which on a static camera is sensor noise and coding noise) gets a vector from Lucas-Kanade's
 least-squares flow over the block; every other block is still, as a codec's skipped block is.
 The vectors come out as FFmpeg's ``AVMotionVector`` records, so the same rules (`BlockMotion`:
@@ -16,10 +16,12 @@ from __future__ import annotations
 import av
 import numpy as np
 
-SCALE = 4            # the luma is reduced this many times per side before estimating
-BLOCK = 4            # block side in reduced pixels: a vector covers SCALE * BLOCK frame pixels
-# A reduced pixel sums these four of its SCALE x SCALE frame pixels (one per row and column):
-# noise halves, at a quarter of the cost of averaging all sixteen.
+# The luma is reduced by a whole factor (at least 2) to about this width: the cost per frame stays
+# that of a 160-pixel-wide picture at any size, and a block stays 1/40 of the frame's width.
+REDUCED_WIDTH = 160
+BLOCK = 4            # block side in reduced pixels: a vector covers scale * BLOCK frame pixels
+# A reduced pixel sums four of its scale x scale frame pixels, one per quarter of its rows and of
+# its columns (in quarters of the cell): noise halves, at a fraction of the cost of averaging all.
 SAMPLES = ((0, 0), (1, 2), (2, 1), (3, 3))
 # A block moved when its SAD against the previous frame is above CHANGE_FACTOR times the median
 # block's and above MIN_CHANGE_LEVELS per frame pixel (the median is near 0 where an encoder
@@ -40,24 +42,32 @@ VECTOR_DTYPE = np.dtype({"names": ["source", "w", "h", "src_x", "src_y", "dst_x"
                          "offsets": [0, 4, 5, 6, 8, 10, 12, 16, 24, 28, 32], "itemsize": 40, "aligned": True})
 
 
+def reduction(width: int) -> int:
+    """The factor a ``width``-pixel-wide frame's luma is reduced by per side."""
+    return max(2, width // REDUCED_WIDTH)
+
+
 def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
-    """``(H // SCALE, W // SCALE)`` int16: per reduced pixel, the sum of its `SAMPLES` of the luma."""
+    """``(H // scale, W // scale)`` int16 (scale: `reduction`): per reduced pixel, the sum of its
+    `SAMPLES` of the luma."""
     if frame.format.name in _EIGHT_BIT_LUMA:
         plane = frame.planes[0]   # read in place: no conversion
         luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
     else:                         # deeper or packed formats: FFmpeg's conversion
         luma = frame.to_ndarray(format="gray")
-    rows, cols = luma.shape[0] // SCALE, luma.shape[1] // SCALE
-    luma = luma[: rows * SCALE, : cols * SCALE]
-    (first_r, first_c), *others = SAMPLES
-    out = luma[first_r::SCALE, first_c::SCALE].astype(np.int16)
+    scale = reduction(frame.width)
+    rows, cols = luma.shape[0] // scale, luma.shape[1] // scale
+    luma = luma[: rows * scale, : cols * scale]
+    (first_r, first_c), *others = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
+    out = luma[first_r::scale, first_c::scale].astype(np.int16)
     for dy, dx in others:
-        out += luma[dy::SCALE, dx::SCALE]
+        out += luma[dy::scale, dx::scale]
     return out
 
 
-def estimate_vectors(current: np.ndarray, previous: np.ndarray) -> np.ndarray:
-    """Vectors of the blocks of ``current`` (`reduced_luma`) that moved since ``previous``.
+def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> np.ndarray:
+    """Vectors of the blocks of ``current`` (`reduced_luma`, reduced ``scale`` times) that moved
+    since ``previous``.
 
     Returns:
         An ``AVMotionVector`` array in the full frame's pixels (``source`` -1: from the past,
@@ -74,13 +84,13 @@ def estimate_vectors(current: np.ndarray, previous: np.ndarray) -> np.ndarray:
         return np.zeros(0, VECTOR_DTYPE)
     u, v = _flow(now, before, moved_r, moved_c)
     vectors = np.zeros(len(moved_r), VECTOR_DTYPE)
-    side = SCALE * BLOCK
+    side = scale * BLOCK
     vectors["source"] = -1
     vectors["w"] = vectors["h"] = side
     vectors["dst_x"], vectors["dst_y"] = moved_c * side + side // 2, moved_r * side + side // 2
     # FFmpeg's convention: src = dst + motion / scale, so motion points back along the flow.
-    motion_x = np.rint(-u * SCALE * QUARTER_PEL).astype(np.int32)
-    motion_y = np.rint(-v * SCALE * QUARTER_PEL).astype(np.int32)
+    motion_x = np.rint(-u * scale * QUARTER_PEL).astype(np.int32)
+    motion_y = np.rint(-v * scale * QUARTER_PEL).astype(np.int32)
     vectors["motion_x"], vectors["motion_y"], vectors["motion_scale"] = motion_x, motion_y, QUARTER_PEL
     vectors["src_x"] = vectors["dst_x"] + motion_x // QUARTER_PEL
     vectors["src_y"] = vectors["dst_y"] + motion_y // QUARTER_PEL
@@ -92,18 +102,17 @@ def _flow(now: np.ndarray, before: np.ndarray, block_r: np.ndarray, block_c: np.
     """Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block: brightness
     constancy ``Ix u + Iy v + It = 0`` in the least-squares sense, gradients of the mean picture
     (central differences, the block's neighbours included)."""
-    mean = np.pad((now + before).astype(np.float32) / 2, 1, mode="edge")
-    # (blocks, BLOCK + 2, BLOCK + 2) windows of the padded picture: each block and a pixel around it
-    span = np.arange(BLOCK + 2)
-    window_r = (block_r * BLOCK)[:, None, None] + span[None, :, None]
-    window_c = (block_c * BLOCK)[:, None, None] + span[None, None, :]
-    window = mean[window_r, window_c]
-    grad_x = (window[:, 1:-1, 2:] - window[:, 1:-1, :-2]) / 2
-    grad_y = (window[:, 2:, 1:-1] - window[:, :-2, 1:-1]) / 2
-    inner_r, inner_c = window_r[:, 1:-1] - 1, window_c[:, :, 1:-1] - 1
-    change = (now[inner_r, inner_c] - before[inner_r, inner_c]).astype(np.float32)
-    xx, xy, yy = (grad_x * grad_x).sum((1, 2)), (grad_x * grad_y).sum((1, 2)), (grad_y * grad_y).sum((1, 2))
-    xt, yt = (grad_x * change).sum((1, 2)), (grad_y * change).sum((1, 2))
+    # (blocks, BLOCK + 2, BLOCK + 2) windows: each block and a pixel around it, edges repeated
+    span = np.arange(-1, BLOCK + 1)
+    window_r = np.clip(block_r[:, None] * BLOCK + span, 0, now.shape[0] - 1)[:, :, None]
+    window_c = np.clip(block_c[:, None] * BLOCK + span, 0, now.shape[1] - 1)[:, None, :]
+    now_w, before_w = now[window_r, window_c].astype(np.float32), before[window_r, window_c].astype(np.float32)
+    mean = now_w + before_w   # twice the mean picture: the gradients below are halved twice over
+    gradients = np.stack([mean[:, 1:-1, 2:] - mean[:, 1:-1, :-2], mean[:, 2:, 1:-1] - mean[:, :-2, 1:-1]]) / 4
+    change = (now_w - before_w)[:, 1:-1, 1:-1]
+    # Every sum of products at once: rows x, y against columns x, y, t; (2, 3, blocks).
+    sums = np.einsum("aknm,bknm->abk", gradients, np.concatenate([gradients, change[None]]))
+    (xx, xy, xt), (_, yy, yt) = sums
     determinant = xx * yy - xy * xy
     textured = determinant > FLAT_DETERMINANT * (xx + yy) ** 2 + 1e-6
     safe = np.where(textured, determinant, 1.0)
@@ -113,7 +122,9 @@ def _flow(now: np.ndarray, before: np.ndarray, block_r: np.ndarray, block_c: np.
 
 
 def _block_sum(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    return values.reshape(rows * BLOCK, cols, BLOCK).sum(-1).reshape(rows, BLOCK, cols).sum(1)
+    """Sums over ``BLOCK x BLOCK`` blocks, by strided adds (a reshaped sum is several times slower)."""
+    by_rows = sum(values[k : rows * BLOCK : BLOCK] for k in range(BLOCK))
+    return sum(by_rows[:, k : cols * BLOCK : BLOCK] for k in range(BLOCK))
 
 
 class PixelMotion:
@@ -130,4 +141,4 @@ class PixelMotion:
         previous, self._previous = self._previous, current
         if kind == "I" or previous is None or previous.shape != current.shape:
             return None
-        return estimate_vectors(current, previous)
+        return estimate_vectors(current, previous, reduction(frame.width))
