@@ -14,6 +14,7 @@ every stray dynamic block into a larger kept share.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -122,8 +123,9 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
                      spec: VisionSpec = QWEN_VIDEO, codecs: tuple[str, ...] = ("h264",),
                      cost_codecs: tuple[str, ...] = (), cost_video: str | Path | None = None) -> dict:
     """Every rule on every static scene encoded with each of ``codecs`` (H.264 judged by its
-    vectors, the others by their pixels), decoding without judging as the cost baseline; and for
-    ``cost_codecs`` what judging costs at 1280x720 (`judging_cost`)."""
+    vectors, the others by their pixels; with other codecs, H.264 by its pixels too, side by side),
+    decoding without judging as the cost baseline; and for ``cost_codecs`` what judging costs at
+    1280x720 (`judging_cost`)."""
     root = Path(root) / "static_scenes"
     root.mkdir(parents=True, exist_ok=True)
     report = {"windows": {"window_s": WINDOWS.window_s, "stride": WINDOWS.stride_fraction, "fps": WINDOWS.fps},
@@ -135,10 +137,15 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
             path = root / (stem + ("" if codec == "h264" else f"_{codec}") + ".mp4")
             if not path.exists():
                 record(path, scene, codec)
-            report["scenes"][name if codec == "h264" else f"{name}, {codec}"] = {
-                "codec": codec, "motion_source": motion_source(MotionPruneConfig(), probe(path).codec),
-                "decode_ms_per_frame_without_vectors": _decode_ms(path, WINDOWS.fps),
-                "rules": {rule: pruning_on(path, scene, prune, spec) for rule, prune in rules.items()}}
+            sources = ("auto", "pixels") if codec == "h264" and len(codecs) > 1 else ("auto",)
+            for source in sources:
+                label = (name + ("" if codec == "h264" and source == "auto" else f", {codec}")
+                         + (" by pixels" if source == "pixels" else ""))
+                report["scenes"][label] = {
+                    "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), probe(path).codec),
+                    "decode_ms_per_frame_without_vectors": _decode_ms(path, WINDOWS.fps),
+                    "rules": {rule: pruning_on(path, scene, dataclasses.replace(prune, source=source), spec)
+                              for rule, prune in rules.items()}}
     if cost_codecs:
         report["cost_1280x720"] = judging_cost(root, cost_codecs, cost_video)
         report["cost_video"] = str(cost_video) if cost_video else "generated noisy static camera"
