@@ -17,6 +17,14 @@ from vidsight.api.settings import prefill_config, tier_config
 from vidsight.errors import ConfigError
 
 
+def add_split_option(parser: argparse.ArgumentParser, what: str) -> None:
+    from vidsight.tasks.splits import SPLITS
+
+    parser.add_argument("--suite-split", default="validation", choices=SPLITS,
+                        help=f"{what}: validation (default; where vidsight's models, thresholds and defaults were "
+                             "chosen) or test (fresh seeds, for reporting)")
+
+
 def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.models.paths import TASK_MODEL
 
@@ -30,6 +38,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     accuracy.add_argument("--root", default="out/suites", help="where suites are generated (default: out/suites)")
     accuracy.add_argument("--json", action="store_true", help="print the JSON report")
     accuracy.add_argument("--report", default=None, help="also write the JSON report to this file")
+    add_split_option(accuracy, "which seeds the suite is generated from")
     add_prefill_options(accuracy)
 
     decode = bench_commands.add_parser("decode", parents=[common],
@@ -114,6 +123,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_watch.add_argument("--cost-video", default=None, metavar="FILE",
                              help="with --static-scenes: time judging on this 1280x720 video's frames re-encoded by "
                                   "each codec (real footage; default: a generated noisy static camera)")
+    add_split_option(bench_watch, "which seeds the generated suite comes from")
     bench_watch.add_argument("--codec", default="h264",
                              help="encode the generated suite with this codec (h264, hevc, av1, vp9, mpeg4 ...; "
                                   "default: h264)")
@@ -135,6 +145,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_policy_options(bench_chat)
     add_tier_options(bench_chat)
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    add_split_option(bench_chat, "with --accuracy, which seeds the chat suite's streams come from")
     bench_chat.add_argument("--accuracy", action="store_true",
                             help="instead of timing, answer the chat suite (questions at several times) with --model")
     bench_chat.add_argument("--model", default=None,
@@ -195,7 +206,7 @@ def run_bench(args) -> int:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy
 
-    report = run_accuracy(args.model, args.suite, args.root, prefill_config(vars(args)),
+    report = run_accuracy(args.model, args.suite, args.root, prefill_config(vars(args)), split=args.suite_split,
                           progress=sys.stderr.isatty() and not args.json)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
@@ -261,12 +272,12 @@ def _run_bench_watch(args) -> int:
         if args.videos < 1 or args.gop < 1:
             raise ConfigError("--videos and --gop must be positive")
         if args.suite == "hard":
-            suite = functools.partial(hard_videos, duration_s=args.video_s, codec=args.codec)
+            suite = functools.partial(hard_videos, duration_s=args.video_s, codec=args.codec, split=args.suite_split)
         elif args.video_s != ANOMALY_VIDEO_S:
             raise ConfigError(f"--video-s: the anomaly suite's videos are {ANOMALY_VIDEO_S:g} s; "
                               "generated lengths need --suite hard")
         else:
-            suite = functools.partial(anomaly_videos, codec=args.codec)
+            suite = functools.partial(anomaly_videos, codec=args.codec, split=args.suite_split)
         if args.window_s > args.video_s:
             raise ConfigError(f"--window-s {args.window_s:g} is longer than the {args.video_s:g}-s videos")
         videos = suite(args.root, args.videos, args.gop)
@@ -286,7 +297,7 @@ def _run_bench_watch(args) -> int:
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
                              windows=windows, flop_videos=args.flop_videos, cost_video=args.cost_video)
-    report["codec"] = None if args.folder else args.codec
+    report["codec"], report["split"] = (None, None) if args.folder else (args.codec, args.suite_split)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")
     return 0
@@ -302,7 +313,8 @@ def _run_bench_chat(args) -> int:
         from vidsight.models.paths import TASK_MODEL
 
         report = run_chat_accuracy(load_model(args.model or TASK_MODEL, device="cpu"), args.streams, args.stream_frames,
-                                   tuple(args.policies), settings, progress=not args.json, tiers=tier_config(vars(args)))
+                                   tuple(args.policies), settings, progress=not args.json, tiers=tier_config(vars(args)),
+                                   split=args.suite_split)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "chat-accuracy.json").write_text(json.dumps(report, indent=1))

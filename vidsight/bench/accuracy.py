@@ -52,14 +52,15 @@ def _window(frames: FrameBatch, start: int) -> FrameBatch:
 
 
 def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = PrefillConfig(),
-                 progress: bool = False) -> dict:
-    """Score ``model`` on ``suite`` (built under ``root`` if missing), prefilling as ``prefill`` says.
+                 progress: bool = False, split: str = "validation") -> dict:
+    """Score ``model`` on ``split`` of ``suite`` (built under ``root`` if missing), prefilling as
+    ``prefill`` says.
 
     Returns:
         ``{"suite", "model", "families": {family: {"accuracy", "correct", "total"}},
         "anomaly_videos": {"precision", "recall", "f1", "window_accuracy", ...}, "answers": [...]}``.
     """
-    manifest_path = build_suite(suite, root, progress=progress)
+    manifest_path = build_suite(suite, root, progress=progress, split=split)
     manifest = json.loads(manifest_path.read_text())
     directory = manifest_path.parent
     asker = model if isinstance(model, Asker) else Asker(model)
@@ -103,7 +104,7 @@ def run_accuracy(model, suite: str, root: str | Path, prefill: PrefillConfig = P
     anomaly.update(videos=len(actual), window_accuracy=window_hits / max(window_total, 1), windows=window_total,
                    window_accuracy_interval=wilson(window_hits, window_total),
                    window_frames=WINDOW_FRAMES, stride_frames=STRIDE_FRAMES)
-    return {"suite": suite, "model": asker.adapter.name, "prefill": dataclasses.asdict(prefill), "families": families,
+    return {"suite": suite, "split": split, "model": asker.adapter.name, "prefill": dataclasses.asdict(prefill), "families": families,
             "anomaly_videos": anomaly, "answers": answers}
 
 
@@ -116,7 +117,7 @@ def format_report(report: dict) -> str:
     if motion is not None:
         settings.append(f"motion pruning tau {motion['tau']:g} ({motion['rule']}, alpha {motion['alpha']:g})")
     compute = ", ".join(settings) or "full compute"
-    lines = [f"suite {report['suite']}, model {report['model']}, {compute}, "
+    lines = [f"suite {report['suite']} ({report['split']} split), model {report['model']}, {compute}, "
              f"groups of {report['prefill']['group_frames']} frames", "",
              f"{'family':<10} {'accuracy':>9} {'95 % Wilson':>15} {'n':>5} {'encoded':>8}"]
     for family, score in report["families"].items():

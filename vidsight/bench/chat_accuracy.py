@@ -25,10 +25,10 @@ from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
 from vidsight.tasks.families import SAMPLE_FPS
+from vidsight.tasks.splits import split_seed, split_seeds
 
 CHAT_STREAMS = 20
 CHAT_STREAM_FRAMES = 512
-CHAT_SUITE_SEED = 3_000_000_000
 ANSWER_TOKENS = 2
 
 
@@ -66,12 +66,13 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
 
 def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
                       policies: tuple[str, ...] = ("full", "recent", "rekv"), settings: dict[str, dict] | None = None,
-                      progress: bool = False, tiers: TierConfig | None = None) -> dict:
+                      progress: bool = False, tiers: TierConfig | None = None, split: str = "validation") -> dict:
     """Answer every question of ``streams`` chat-suite streams under each policy.
 
     Args:
         adapter: The model (vidsight's task model reads these questions).
-        streams: Generated streams (seeds from `CHAT_SUITE_SEED`, never trained on).
+        streams: Generated streams of ``split`` (`tasks.splits`: validation, where the policies'
+            defaults were chosen, or test), never trained on.
         frames: Sampled frames per stream, at the task families' 2 fps (even, at least 64).
         policies: Policy names.
         settings: Per policy name, its config's fields to change from the defaults.
@@ -84,12 +85,13 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
     """
     if streams < 1 or frames < 64 or frames % 2:
         raise ConfigError("streams must be positive and frames even, at least 64")
+    split_seeds("chat", split)   # an unknown split fails before the long work
     settings = settings or {}
     for name in policies:
         make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     questions = []
     for k in range(streams):
-        stream = make_chat_stream(CHAT_SUITE_SEED + k, frames)
+        stream = make_chat_stream(split_seed("chat", split, k), frames)
         pictures = stream_frames(stream)
         for name in policies:
             for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {}), tiers):
@@ -104,7 +106,7 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
     def mine(name: str, family: str | None = None) -> list[dict]:
         return [q for q in questions if q["policy"] == name and family in (None, q["family"])]
 
-    return {"streams": streams, "frames": frames, "questions_per_policy": len(mine(policies[0])),
+    return {"split": split, "streams": streams, "frames": frames, "questions_per_policy": len(mine(policies[0])),
             "settings": {n: settings.get(n.partition(":")[0], {}) for n in policies},
             "accuracy": {n: share(mine(n)) for n in policies},
             "accuracy_interval": {n: wilson(sum(q["correct"] for q in mine(n)), len(mine(n))) for n in policies},

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vidsight.tasks.families import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
 from vidsight.errors import ConfigError
 from vidsight.ingest.writer import write_video
+from vidsight.tasks.families import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
+from vidsight.tasks.splits import split_seed, split_seeds
 
-# Suites use seeds far from training's (below 1e9) and from its held-out checks (1e9 up).
-SUITE_SEED = 2_000_000_000
 # Videos are written at twice the sampling rate so sampling picks real, codec-compressed frames.
 VIDEO_FPS = 2 * SAMPLE_FPS
 # Watch-style anomaly videos: CodecSight's window protocol scaled to the toy model's clips.
@@ -46,17 +45,20 @@ def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8, c
                 codec=codec)
 
 
-def anomaly_video_scene(number: int):
-    """The ``number``-th held-out anomaly video: ``(scene, seed, per-window labels)``; even ones hold a Yes."""
+def anomaly_video_scene(number: int, split: str = "validation"):
+    """The ``number``-th anomaly video of ``split`` (`tasks.splits`): ``(scene, seed, per-window
+    labels)``; even ones hold a Yes."""
     sampled = np.arange(int(ANOMALY_VIDEO_S * SAMPLE_FPS)) / SAMPLE_FPS
-    seed = SUITE_SEED + 500_000 + number
+    seed = split_seed("anomaly", split, number)
     scene = anomaly_scene(np.random.default_rng(seed), seed, ANOMALY_VIDEO_S, want=number % 2 == 0, times_s=sampled)
     labels = [anomaly_label(scene, sampled[k : k + WINDOW_FRAMES]) for k in window_starts(len(sampled))]
     return scene, seed, labels
 
 
-def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
-    """Write suite ``name`` under ``root/name`` (reusing what is there) and return its manifest path.
+def build_suite(name: str, root: str | Path, progress: bool = False, split: str = "validation") -> Path:
+    """Write suite ``name`` of ``split`` (`tasks.splits`: validation for choosing, test for
+    reporting) under ``root/name`` (``root/name-test`` for the test split), reusing what is there,
+    and return its manifest path.
 
     The manifest lists every clip with its question and answer, and every anomaly video with its
     per-window labels and its video label. Everything follows from the seeds: building twice gives
@@ -65,7 +67,8 @@ def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
     if name not in SUITES:
         raise ConfigError(f"unknown suite {name!r} (known: {', '.join(SUITES)})")
     spec = SUITES[name]
-    directory = Path(root) / name
+    split_seeds("families", split)   # an unknown split fails before anything is written
+    directory = Path(root) / (name if split == "validation" else f"{name}-{split}")
     directory.mkdir(parents=True, exist_ok=True)
     manifest = directory / "manifest.json"
     if manifest.exists():
@@ -73,17 +76,17 @@ def build_suite(name: str, root: str | Path, progress: bool = False) -> Path:
     clips, videos = [], []
     jobs = [(family, i) for family in FAMILIES for i in range(spec.per_family)]
     for family, i in tqdm(jobs, desc=f"suite {name}", disable=not progress):
-        sample = make_sample(family, SUITE_SEED + i)
+        sample = make_sample(family, split_seed("families", split, i))
         path = directory / f"{family}_{i:03d}.mp4"
         write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed)
         clips.append({"family": family, "video": path.name, "question": sample.question, "answer": sample.answer,
                       "frames": sample.frames, "scene": sample.scene.to_dict()})
     for i in range(spec.anomaly_videos):
-        scene, seed, labels = anomaly_video_scene(i)
+        scene, seed, labels = anomaly_video_scene(i, split)
         path = directory / f"anomaly_video_{i:03d}.mp4"
         write_scene(path, scene, ANOMALY_VIDEO_S, seed)
         videos.append({"video": path.name, "query": ANOMALY_QUERY, "label": any(labels), "window_labels": labels,
                        "scene": scene.to_dict()})
-    manifest.write_text(json.dumps({"suite": name, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,
+    manifest.write_text(json.dumps({"suite": name, "split": split, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,
                                     "anomaly_videos": videos}, indent=1))
     return manifest

@@ -32,9 +32,10 @@ from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.flops import drive_counting
 from vidsight.bench.motion import format_motion_report, run_motion_bench
 from vidsight.bench.report import save_figure, write_report
-from vidsight.bench.suite import (ANOMALY_VIDEO_S, STRIDE_FRAMES, SUITE_SEED, WINDOW_FRAMES, anomaly_video_scene,
+from vidsight.bench.suite import (ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene,
                                   write_scene)
 from vidsight.tasks.families import ANOMALY_QUERY, SAMPLE_FPS, anomaly_label
+from vidsight.tasks.splits import split_seed
 from vidsight.tasks.watch_scenes import FAMILIES as WATCH_FAMILIES, watch_scene
 from vidsight.engine.stats import WINDOW_STAGES
 from vidsight.engine.watch import WatchConfig, Watcher, WindowVerdict
@@ -74,13 +75,15 @@ def supported(adapter: VLMAdapter, configs: dict[str, WatchConfig]) -> tuple[dic
     return accepted, refused
 
 
-def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP, codec: str = "h264") -> list[dict]:
-    """The first ``count`` held-out anomaly videos written with GOPs of ``gop`` frames by ``codec`` (cached)."""
-    directory = Path(root) / (f"watch_gop{gop}" + ("" if codec == "h264" else f"_{codec}"))
+def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP, codec: str = "h264",
+                   split: str = "validation") -> list[dict]:
+    """The first ``count`` anomaly videos of ``split`` written with GOPs of ``gop`` frames by ``codec`` (cached)."""
+    directory = Path(root) / (f"watch_gop{gop}" + ("" if codec == "h264" else f"_{codec}")
+                              + ("" if split == "validation" else f"_{split}"))
     directory.mkdir(parents=True, exist_ok=True)
     videos = []
     for number in range(count):
-        scene, seed, labels = anomaly_video_scene(number)
+        scene, seed, labels = anomaly_video_scene(number, split)
         path = directory / f"anomaly_video_{number:03d}.mp4"
         if not path.exists():
             write_scene(path, scene, ANOMALY_VIDEO_S, seed, gop=gop, codec=codec)
@@ -89,18 +92,19 @@ def anomaly_videos(root: str | Path, count: int, gop: int = DEFAULT_GOP, codec: 
 
 
 def hard_videos(root: str | Path, per_family: int, gop: int = 64, duration_s: float = ANOMALY_VIDEO_S,
-                codec: str = "h264") -> list[dict]:
+                codec: str = "h264", split: str = "validation") -> list[dict]:
     """``per_family`` videos of each harder family (`tasks.watch_scenes`), ``duration_s`` long and
     written with GOPs of ``gop`` frames (cached); even-numbered ones hold a red object in the zone.
     Each carries its scene, so windows of any length can be labelled (`window_label`)."""
-    suffix = ("" if duration_s == ANOMALY_VIDEO_S else f"_{duration_s:g}s") + ("" if codec == "h264" else f"_{codec}")
+    suffix = (("" if duration_s == ANOMALY_VIDEO_S else f"_{duration_s:g}s") + ("" if codec == "h264" else f"_{codec}")
+              + ("" if split == "validation" else f"_{split}"))
     directory = Path(root) / f"watch_hard_gop{gop}{suffix}"
     directory.mkdir(parents=True, exist_ok=True)
     sampled = np.arange(int(duration_s * SAMPLE_FPS)) / SAMPLE_FPS
     videos = []
     for f, family in enumerate(WATCH_FAMILIES):
         for number in range(per_family):
-            seed = SUITE_SEED + 700_000 + 1000 * f + number
+            seed = split_seed("watch-hard", split, 1000 * f + number)
             path = directory / f"{family}_{number:03d}.mp4"
             want = number % 2 == 0
             scene = watch_scene(family, np.random.default_rng(seed), seed, duration_s, want, sampled)

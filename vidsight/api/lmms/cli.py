@@ -19,6 +19,9 @@ def add_lmms_task_parser(bench_commands, common) -> None:
     task.add_argument("--model", default=str(TASK_MODEL), help=f"the checkpoint the printed command names "
                                                                f"(default: {TASK_MODEL})")
     task.add_argument("--json", action="store_true", help="print the task's name, folder and command as JSON")
+    from vidsight.api.bench import add_split_option
+
+    add_split_option(task, "which seeds the suite is generated from")
 
 
 def lmms_eval_command(task: str, folder: str, model: str, fps: float) -> list[str]:
@@ -30,10 +33,12 @@ def lmms_eval_command(task: str, folder: str, model: str, fps: float) -> list[st
 def run_lmms_task(args) -> int:
     from vidsight.api.lmms.task import task_name, write_task
 
-    folder, fps = write_task(args.suite, args.root, args.out, progress=sys.stderr.isatty() and not args.json)
-    command = lmms_eval_command(task_name(args.suite), str(folder), args.model, fps)
+    folder, fps = write_task(args.suite, args.root, args.out, progress=sys.stderr.isatty() and not args.json,
+                             split=args.suite_split)
+    name = task_name(args.suite, args.suite_split)
+    command = lmms_eval_command(name, str(folder), args.model, fps)
     if args.json:
-        print(json.dumps({"task": task_name(args.suite), "folder": str(folder), "command": command}))
+        print(json.dumps({"task": name, "folder": str(folder), "command": command}))
     else:
-        print(f"task {task_name(args.suite)} in {folder}; run it with:\n  {shlex.join(command)}")
+        print(f"task {name} in {folder}; run it with:\n  {shlex.join(command)}")
     return 0

@@ -40,29 +40,30 @@ metadata:
 TASK_UTILS = "from vidsight.api.lmms.task import doc_to_text, doc_to_visual, process_results  # noqa: F401\n"
 
 
-def task_name(suite: str) -> str:
-    return f"vidsight_{suite}"
+def task_name(suite: str, split: str = "validation") -> str:
+    return f"vidsight_{suite}" + ("" if split == "validation" else f"_{split}")
 
 
-def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = False) -> tuple[Path, float]:
-    """Build suite ``suite`` under ``root`` if missing and write its clips as a task under ``out``.
+def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = False,
+               split: str = "validation") -> tuple[Path, float]:
+    """Build ``split`` of suite ``suite`` under ``root`` if missing and write its clips as a task under ``out``.
 
     Returns:
         The task folder (for ``--include_path``) and the suite's sampling rate, which the model
         must sample at (``fps=...``) to see what `vidsight bench accuracy` sees.
     """
-    manifest_path = build_suite(suite, root, progress=progress)
+    manifest_path = build_suite(suite, root, progress=progress, split=split)
     manifest = json.loads(manifest_path.read_text())
     videos = manifest_path.parent.resolve()
-    folder = Path(out) / task_name(suite)
+    folder = Path(out) / task_name(suite, split)
     folder.mkdir(parents=True, exist_ok=True)
     documents = folder / "documents.jsonl"
     with documents.open("w") as lines:
         for number, clip in enumerate(manifest["clips"]):
             lines.write(json.dumps({"id": number, "family": clip["family"], "video": str(videos / clip["video"]),
                                     "question": clip["question"], "answer": clip["answer"]}) + "\n")
-    (folder / f"{task_name(suite)}.yaml").write_text(TASK_YAML.format(
-        suite=suite, task=task_name(suite), documents=json.dumps(str(documents.resolve())),
+    (folder / f"{task_name(suite, split)}.yaml").write_text(TASK_YAML.format(
+        suite=f"{suite} ({split} split)", task=task_name(suite, split), documents=json.dumps(str(documents.resolve())),
         answer_tokens=ANSWER_TOKENS))
     (folder / "utils.py").write_text(TASK_UTILS)
     return folder, manifest["sample_fps"]
