@@ -73,14 +73,19 @@ def prefill_config(settings: dict[str, Any]):
                   motion=motion_config(fields["motion"]))
 
 
+def generation_config(settings: dict[str, Any]):
+    """An answer's length and sampling (`GenerationConfig`) from named settings (`ASK_SETTINGS`)."""
+    from vidsight.engine.config import GenerationConfig
+
+    return _build(GenerationConfig, _grouped(settings, ASK_SETTINGS)["generation"])
+
+
 def ask_configs(settings: dict[str, Any]):
     """``(sampling, generation, prefill)`` for `Asker.ask` from named settings (`ASK_SETTINGS`)."""
-    from vidsight.engine.config import GenerationConfig
     from vidsight.ingest import SamplingConfig
 
     fields = _grouped(settings, ASK_SETTINGS)
-    return (_build(SamplingConfig, fields["sampling"]), _build(GenerationConfig, fields["generation"]),
-            prefill_config(settings))
+    return _build(SamplingConfig, fields["sampling"]), generation_config(settings), prefill_config(settings)
 
 
 def feed_config(settings: dict[str, Any]):

@@ -138,12 +138,13 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
             if not path.exists():
                 record(path, scene, codec)
             sources = ("auto", "pixels") if codec == "h264" and len(codecs) > 1 else ("auto",)
+            baseline_ms = _decode_ms(path, WINDOWS.fps)
             for source in sources:
                 label = (name + ("" if codec == "h264" and source == "auto" else f", {codec}")
                          + (" by pixels" if source == "pixels" else ""))
                 report["scenes"][label] = {
                     "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), probe(path).codec),
-                    "decode_ms_per_frame_without_vectors": _decode_ms(path, WINDOWS.fps),
+                    "decode_ms_per_frame_without_vectors": baseline_ms,
                     "rules": {rule: pruning_on(path, scene, dataclasses.replace(prune, source=source), spec)
                               for rule, prune in rules.items()}}
     if cost_codecs:

@@ -10,7 +10,6 @@ model arguments set everything else (`vidsight.api.lmms.settings`).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from lmms_eval.api.instance import GenerationResult, TokenCounts
@@ -19,12 +18,10 @@ from tqdm import tqdm
 
 from vidsight.api.chat import chat_policy
 from vidsight.api.lmms.settings import parse_model_args
-from vidsight.api.settings import ask_configs, chat_configs, feed_config
+from vidsight.api.settings import ask_configs, chat_configs, feed_config, generation_config
 from vidsight.engine import Asker
 from vidsight.engine.config import DEFAULT_MODEL
 from vidsight.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 class VidsightLMM(lmms):
@@ -80,8 +77,8 @@ class VidsightLMM(lmms):
                               f"{[type(v).__name__ for v in visuals]}")
         return str(visuals[0])
 
-    def _generation(self, gen_kwargs: dict):
-        """The answer's length and sampling: the task's ``generation_kwargs`` over the model arguments'."""
+    def _settings_for(self, gen_kwargs: dict) -> dict:
+        """The model arguments' settings with the task's ``generation_kwargs`` (length, sampling) over them."""
         chosen = {"max_new_tokens": gen_kwargs.get("max_new_tokens"), "temperature": gen_kwargs.get("temperature"),
                   "top_p": gen_kwargs.get("top_p")}
         settings = {**self.settings.settings, **{k: v for k, v in chosen.items() if v is not None}}
@@ -90,7 +87,7 @@ class VidsightLMM(lmms):
         return settings
 
     def _answer(self, video: str, question: str, gen_kwargs: dict) -> dict:
-        settings = self._generation(gen_kwargs)
+        settings = self._settings_for(gen_kwargs)
         if self.settings.mode == "ask":
             sampling, generation, prefill = ask_configs(settings)
             result = self.asker.ask(video, question, sampling=sampling, generation=generation, prefill=prefill,
@@ -106,12 +103,10 @@ class VidsightLMM(lmms):
 
     def _chat(self, video: str, question: str, settings: dict):
         from vidsight.engine.chat import ChatSession
-        from vidsight.engine.config import GenerationConfig
         from vidsight.ingest.stream import StreamSource
 
         config, tiers = chat_configs(settings)
-        generation = GenerationConfig(**{k: settings[k] for k in ("max_new_tokens", "temperature", "top_p")
-                                         if k in settings})
+        generation = generation_config(settings)
         # A session per request: each stream's memory and policy state are its own.
         policy = chat_policy(self.settings.namespace())
         with ChatSession(self.asker.adapter, policy, config, tiers) as session:
