@@ -32,6 +32,15 @@ def long_video(media, make_test_video):
     return target
 
 
+@pytest.fixture(scope="session")
+def twelve_second_video(media, make_test_video):
+    """Long enough for a real-time watch to be stopped or killed after three windows and resumed."""
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=12.0, gop=16, bframes=False, seed=7)
+    target = media / "twelve.mp4"
+    target.write_bytes(path.read_bytes())
+    return target
+
+
 @pytest.fixture
 def scratch(request, tmp_path, monkeypatch):
     """Temporary files go here, so a test can see none is left: this process's, or under Ray the

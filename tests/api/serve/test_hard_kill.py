@@ -40,17 +40,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_watch_survives_sigkill_and_its_events_have_no_gap_and_no_repeat(media, make_test_video, tmp_path, capsys,
-                                                                         tiny_model_dir):
-    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=12.0, gop=16, bframes=False, seed=7)
-    (media / "twelve.mp4").write_bytes(path.read_bytes())   # real time: long enough to be killed mid-watch
-    expected = [r for r in cli_lines(capsys, media / "twelve.mp4", tiny_model_dir) if r["type"] == "window"]
+def test_a_watch_survives_sigkill_and_its_events_have_no_gap_and_no_repeat(media, twelve_second_video, tmp_path,
+                                                                         capsys, tiny_model_dir):
+    expected = [r for r in cli_lines(capsys, twelve_second_video, tiny_model_dir) if r["type"] == "window"]
     db, port = tmp_path / "serve.db", free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(tiny_model_dir, media, db, port)
     events = []
     try:
-        spec = {"source": "twelve.mp4", "query": QUERY, **SETTINGS, "realtime": True}
+        spec = {"source": twelve_second_video.name, "query": QUERY, **SETTINGS, "realtime": True}
         watch_id = httpx.post(f"{url}/v1/watches", json=spec, timeout=60).json()["id"]
         with httpx.stream("GET", f"{url}/v1/watches/{watch_id}/events", timeout=120) as response:
             for event in sse_events(response.iter_lines()):

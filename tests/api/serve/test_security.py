@@ -101,8 +101,9 @@ def test_local_paths_outside_the_allow_list_are_forbidden(make_server, media, tm
     assert not os.listdir(scratch)
 
 
-def test_without_an_allow_list_no_local_path_is_served(make_server, media):
-    with make_server(allowed_local_media_path=None) as (url, _):
+def test_without_an_allow_list_no_local_path_is_served(make_local_server, media):
+    # The replica's own check (Ray forwards the request as is): one backend proves it.
+    with make_local_server(allowed_local_media_path=None) as (url, _):
         answer = httpx.post(f"{url}/v1/chat/completions", json=body(str(media / "clip.mp4")))
         assert answer.status_code == 403 and "--allowed-local-media-path" in answer.json()["error"]["message"]
 
@@ -119,8 +120,12 @@ def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, s
     assert not os.listdir(scratch)
 
 
+# One server for both fetch tests (on Ray, one deployment).
+FETCHING = {"fetch_timeout_s": 1.0, "allowed_media_domains": ("127.0.0.1",)}
+
+
 def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http, scratch):
-    with make_server(fetch_timeout_s=1.0, allowed_media_domains=("127.0.0.1",)) as (url, _):
+    with make_server(**FETCHING) as (url, _):
         started = time.monotonic()
         answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/slow"), timeout=60)
         assert answer.status_code == 504 and "not fetched within 1 s" in answer.json()["error"]["message"]
@@ -129,7 +134,7 @@ def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http
 
 
 def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
-    with make_server(allowed_media_domains=("127.0.0.1",)) as (url, _):
+    with make_server(**FETCHING) as (url, _):
         answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/clip.mp4"), timeout=120)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
     assert not os.listdir(scratch)
