@@ -25,6 +25,16 @@ def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
         assert 0 <= window["f1"] <= 1 and window["tp"] + window["fn"] == positives
     assert full["mean_per_window"]["carry"] == 0 and results["pruning"]["mean_per_window"]["carry"] == 0
     assert results["refresh"]["mean_per_window"]["carry"] > 0 and both["mean_per_window"]["carry"] > 0
+    # Intervals around each accuracy; each configuration paired with Full-Comp window by window.
+    for result in results.values():
+        window = result["per_window"]
+        low, high = window["accuracy_interval"]
+        assert low <= window["accuracy"] == sum(window["correct"]) / len(window["correct"]) <= high
+        paired = result["against_full_comp"]["windows"]
+        pairs = list(zip(full["per_window"]["correct"], window["correct"]))
+        assert paired["only_first"] == sum(a and not b for a, b in pairs)
+        assert paired["only_second"] == sum(b and not a for a, b in pairs)
+    assert full["against_full_comp"]["windows"] == {"only_first": 0, "only_second": 0, "p_value": 1.0}
 
 
 def test_without_a_flop_count_the_timings_are_reported_and_the_flops_are_nan(tmp_path, tiny_adapter):

@@ -9,7 +9,8 @@ a second pass over `FLOP_VIDEOS` videos spread over the set, so the count's over
 timings and the run's length), video-level precision/recall/F1 with CodecSight's rule (positive
 after two consecutive Yes windows) and, where a video's scene is known, window-level
 precision/recall/F1 against each window's own label (a red object in the zone at any of its
-sampled frames).
+sampled frames). Accuracies carry 95 % Wilson intervals, and every configuration is compared with
+Full-Comp on the same videos and windows by McNemar's exact test (`bench.intervals`).
 
 The windows default to the suite's (10 s); CodecSight's own are 40 s, which the harder suite's
 longer videos (``duration_s``) allow.
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.flops import drive_counting
+from vidsight.bench.intervals import mcnemar, wilson
 from vidsight.bench.motion import format_motion_report, run_motion_bench
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import (ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene,
@@ -176,12 +178,16 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
         mean = {key: float(np.mean([w[key] for w in windows])) for key in windows[0]}
         counts = [float(np.mean(column)) for column in zip(*flops)] or [float("nan")] * 2
         mean["vision_flops"], mean["flops"] = counts
+        video_correct = [p == a for p, a in zip(predicted, actual)]
         results[name] = {"windows": len(windows), "mean_per_window": mean,
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
-                         **precision_recall_f1(predicted, actual),
-                         "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()}}
+                         **precision_recall_f1(predicted, actual), **_accuracy(video_correct),
+                         "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()},
+                         "video_correct": video_correct}
         if labelled:
-            results[name]["per_window"] = precision_recall_f1(window_predicted, window_actual)
+            window_correct = [p == a for p, a in zip(window_predicted, window_actual)]
+            results[name]["per_window"] = {**precision_recall_f1(window_predicted, window_actual),
+                                           **_accuracy(window_correct), "correct": window_correct}
         # One line per configuration as it ends, so a run stopped part way (the device check) keeps them.
         print(f"{name}: {len(windows)} windows, vision + prefill {1000 * results[name]['vision_prefill_s']:.0f} ms "
               "per window", file=sys.stderr, flush=True)
@@ -191,7 +197,23 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
             result["speedup_vision_prefill"] = base["vision_prefill_s"] / max(result["vision_prefill_s"], 1e-9)
             result["flops_reduction"] = base["mean_per_window"]["flops"] / max(result["mean_per_window"]["flops"], 1)
             result["f1_change"] = result["f1"] - base["f1"]
+            result["against_full_comp"] = _paired(base, result)
     return results
+
+
+def _accuracy(correct: list[bool]) -> dict:
+    return {"accuracy": float(np.mean(correct)) if correct else float("nan"),
+            "accuracy_interval": list(wilson(sum(correct), len(correct)))}
+
+
+def _paired(base: dict, result: dict) -> dict:
+    """McNemar's test of ``result`` against ``base`` on the same videos and, where both judged the
+    same windows (same window settings), the same windows."""
+    paired = {"videos": mcnemar(base["video_correct"], result["video_correct"])}
+    windows = base.get("per_window", {}).get("correct"), result.get("per_window", {}).get("correct")
+    if windows[0] is not None and windows[1] is not None and len(windows[0]) == len(windows[1]):
+        paired["windows"] = mcnemar(*windows)
+    return paired
 
 
 def sweeps(tau: float, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, dict]:
@@ -278,6 +300,12 @@ def format_watch_report(report: dict) -> str:
         lines.append("\nvideo-level accuracy per family: " + "; ".join(
             f"{name}: " + " ".join(f"{family} {r['accuracy_per_family'][family]:.2f}" for family in families)
             for name, r in report["configs"].items()))
+    lines.append("\naccuracy (95 % Wilson) and McNemar against Full-Comp (right only under Full-Comp / only under "
+                 "the configuration, p):")
+    for name, r in report["configs"].items():
+        lines.append(f"  {name:<16} {_accuracy_text(r, r.get('against_full_comp', {}), 'videos')}"
+                     + (f"; windows {_accuracy_text(r['per_window'], r.get('against_full_comp', {}), 'windows')}"
+                        if "per_window" in r else ""))
     for axis, runs in report.get("sweeps", {}).items():
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
             f"{value}: {r['speedup_vision_prefill']:.2f}x, {r['flops_reduction']:.2f}x FLOP, kept "
@@ -286,6 +314,15 @@ def format_watch_report(report: dict) -> str:
     for grid, scenes in report.get("static_scenes", {}).items():
         lines += ["", f"static scenes, {grid}:", format_motion_report(scenes)]
     return "\n".join(lines)
+
+
+def _accuracy_text(result: dict, paired: dict, unit: str) -> str:
+    low, high = result["accuracy_interval"]
+    text = f"{unit} {result['accuracy']:.3f} ({low:.3f}-{high:.3f})"
+    if unit in paired:
+        test = paired[unit]
+        text += f", {test['only_first']}/{test['only_second']} p={test['p_value']:.2g}"
+    return text
 
 
 def plot_watch_report(report: dict, path: str | Path) -> Path:
