@@ -68,6 +68,22 @@ def test_the_chat_suite_asks_every_policy_the_same_questions_at_their_times(tiny
         run_chat_accuracy(tiny_adapter, streams=0)
 
 
+def test_the_task_model_reaches_the_suites_figures_and_losing_the_past_costs_answers():
+    """Values a run must reach, not only well-formed ones: with vidsight's task model, full compute
+    answers every colour and shape question of three validation streams (100 % on both splits in
+    docs/benchmarks.md), and a window too short to hold the events answers fewer questions."""
+    from vidsight.bench.chat_accuracy import run_chat_accuracy
+    from vidsight.models import load_model
+    from vidsight.models.paths import TASK_MODEL
+
+    report = run_chat_accuracy(load_model(TASK_MODEL, "cpu"), streams=3, frames=256, policies=("full", "recent"),
+                               settings={"recent": {"window_tokens": 64}})
+    full = [q for q in report["questions"] if q["policy"] == "full"]
+    assert all(q["correct"] for q in full if q["family"] != "order") and len(full) == 9
+    assert report["accuracy"]["recent"] < report["accuracy"]["full"]
+    assert report["against_first"]["recent"]["only_first"] >= 6   # most answers need the past
+
+
 def test_with_tiers_the_bench_reports_the_devices_peak_within_budget_and_bytes_moved(tmp_path, tiny_shape):
     from vidsight.kv.tiers import TierConfig
 
