@@ -1,17 +1,15 @@
 """The training-only attention loss against the model's own attention weights."""
 
-import pytest
 import torch
 
 from vidsight.tasks.chat import make_chat_stream
-from vidsight.train.attention import RotaryTap, answer_rows, attention_loss, key_word_rows
+from vidsight.train.attention import RotaryTap, attention_loss, key_word_rows
 from vidsight.train.batches import IGNORE, make_batch
 from vidsight.train.loop import KEY_LAYER, build_adapter
 from vidsight.train.retrieval import ProjectionTap
 
 
-@pytest.mark.parametrize("where", ["key word, first layers", "answer row, later layers"])
-def test_attention_loss_is_the_best_heads_share_of_video_attention_on_the_asked_patches(where):
+def test_attention_loss_is_the_best_early_heads_share_of_video_attention_on_the_asked_patches():
     adapter = build_adapter(seed=0)
     model = adapter.model
     model.set_attn_implementation("eager")   # so the reference weights can be returned
@@ -26,20 +24,16 @@ def test_attention_loss_is_the_best_heads_share_of_video_attention_on_the_asked_
     finally:
         projections.close()
         rotary.close()
-    text = model.config.text_config
-    if where.startswith("key word"):
-        rows, layers = key_word_rows(batch.key_targets, batch.question_span, IGNORE), range(KEY_LAYER)
-    else:
-        rows, layers = answer_rows(batch.answer_start, batch.input_ids.shape[1]), range(KEY_LAYER, text.num_hidden_layers)
+    rows = key_word_rows(batch.key_targets, batch.question_span, IGNORE)
     assert int(rows.sum()) == 1
-    loss = attention_loss(projections, rotary, layers, batch.video_span, rows, batch.asked_patches,
+    text = model.config.text_config
+    loss = attention_loss(projections, rotary, KEY_LAYER, batch.video_span, rows, batch.asked_patches,
                           text.num_attention_heads, text.num_key_value_heads)
     (v0, v1, patches), row = batch.video_span[0].tolist(), int(torch.nonzero(rows[0])[0])
     asked = batch.asked_patches[0, :patches].repeat_interleave((v1 - v0) // patches)
-    shares = [(a[0, :, row, v0:v1] * asked).sum(-1) / a[0, :, row, v0:v1].sum(-1)
-              for a in (out.attentions[layer] for layer in layers)]
+    shares = [(a[0, :, row, v0:v1] * asked).sum(-1) / a[0, :, row, v0:v1].sum(-1) for a in out.attentions[:KEY_LAYER]]
     assert asked.any() and not asked.all()
     assert torch.allclose(loss, -torch.log(torch.cat(shares).max()), atol=1e-5)
-    none = attention_loss(projections, rotary, layers, batch.video_span, rows, torch.zeros_like(batch.asked_patches),
+    none = attention_loss(projections, rotary, KEY_LAYER, batch.video_span, rows, torch.zeros_like(batch.asked_patches),
                           text.num_attention_heads, text.num_key_value_heads)
     assert none is None

@@ -34,9 +34,6 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--attention-weight", type=float, default=TrainConfig.attention_weight, metavar="W",
                        help="weight of the training-only loss asking one head of the first layers to attend, "
                             "at a chat question's key word, to the patches it is about (default: 0, off)")
-    train.add_argument("--answer-attention-weight", type=float, default=TrainConfig.answer_attention_weight,
-                       metavar="W", help="weight of the same loss at the row that predicts the answer, over "
-                       "the later layers (an order question's second hop; default: 0, off)")
     train.add_argument("--mrope-section", type=int, nargs=3, default=list(TrainConfig.mrope_section),
                        metavar=("T", "H", "W"), help="rotary frequency pairs per axis, 16 in all (default: "
                        + " ".join(map(str, TrainConfig.mrope_section)) + ")")
@@ -59,8 +56,7 @@ def run_train(args) -> int:
                          offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
                          chat_questions=tuple(args.chat_questions), order_weight=args.order_weight,
                          retrieval_weight=args.retrieval_weight,
-                         attention_weight=args.attention_weight,
-                         answer_attention_weight=args.answer_attention_weight, mrope_section=tuple(args.mrope_section),
+                         attention_weight=args.attention_weight, mrope_section=tuple(args.mrope_section),
                          rope_theta=args.rope_theta)
     logging.getLogger("vidsight.train").setLevel(logging.INFO)
     print(train(args.out, config, resume=args.resume, progress=sys.stderr.isatty(), device=args.device))

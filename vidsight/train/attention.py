@@ -1,6 +1,5 @@
 """Attention supervision: at a chat question's key word, one head of the first layers should look
-at the patches the question is about; optionally, at the row that predicts the answer, one head of
-the later layers too.
+at the patches the question is about.
 
 Narrowing a question's attention to the named objects' patches lifts the task model's chat
 answers from 83 to 97 % (docs/benchmarks.md, "Where full loses the order questions"): the answer
@@ -9,11 +8,6 @@ thousands of background tokens. This training-only loss asks that, at the questi
 (where `loop.TrainingHeads` reads the answer after layer ``KEY_LAYER``), some head of the layers
 before it put most of its attention over the video on the asked patches: the negative log of the
 largest such share over those layers and heads. It changes no inference code.
-
-An order question needs a second hop the key word cannot make by layer ``KEY_LAYER``: the object
-tokens learn which shapes came before them in the first layers (the order probe), so only a
-later layer can read that from them. ``answer_rows`` with the later layers supervises that read,
-at the row whose logits give the answer.
 """
 
 from __future__ import annotations
@@ -46,38 +40,29 @@ def key_word_rows(key_targets: torch.Tensor, question_span: torch.Tensor, ignore
     return rows
 
 
-def answer_rows(answer_start: torch.Tensor, length: int) -> torch.Tensor:
-    """``(B, L)`` bool: the row whose logits predict each sample's first answer token."""
-    rows = torch.zeros(len(answer_start), length, dtype=torch.bool, device=answer_start.device)
-    rows[torch.arange(len(answer_start)), answer_start - 1] = True
-    return rows
-
-
-def attention_loss(projections: ProjectionTap, rotary: RotaryTap, layers: range, video_span: torch.Tensor,
-                   rows: torch.Tensor, targets: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
+def attention_loss(projections: ProjectionTap, rotary: RotaryTap, layers: int, video_span: torch.Tensor,
+                   key_rows: torch.Tensor, targets: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
     """Mean over supervised samples of ``-log`` the best head's attention share on the asked patches.
 
     Args:
         projections: The layers' query and key projections (before the rotary embedding).
         rotary: The rotary embedding the layers applied.
-        layers: The decoder layers searched for the best head.
+        layers: The first ``layers`` decoder layers are searched for the best head.
         video_span: ``(B, 3)`` first video token, end, and temporal patches.
-        rows: ``(B, L)`` bool: the supervised row (the question's key word, or the row that
-            predicts the answer; one per sample, or none).
+        key_rows: ``(B, L)`` bool: the question's key word (one row per sample, or none).
         targets: ``(B, patches)`` bool, padded with False: the patches each question is about.
         heads: Query heads; ``kv_heads``: key heads (query heads share them in groups).
 
     Returns:
-        The loss, or None when no sample has both a supervised row and asked patches.
+        The loss, or None when no sample has both a key word and asked patches.
     """
     cos, sin = rotary.cos_sin
     losses = []
-    for b in torch.nonzero(targets.any(dim=1) & rows.any(dim=1)).flatten().tolist():
-        (v0, v1, patches), row = video_span[b].tolist(), int(torch.nonzero(rows[b])[0])
+    for b in torch.nonzero(targets.any(dim=1) & key_rows.any(dim=1)).flatten().tolist():
+        (v0, v1, patches), row = video_span[b].tolist(), int(torch.nonzero(key_rows[b])[0])
         asked = targets[b, :patches].repeat_interleave((v1 - v0) // patches)      # (video tokens,)
         shares = []
-        for layer in layers:
-            q_all, k_all = projections.queries[layer], projections.keys[layer]
+        for q_all, k_all in zip(projections.queries[:layers], projections.keys[:layers]):
             q = q_all[b, row].reshape(1, heads, 1, -1)                              # (1, heads, 1, D)
             k = k_all[b, : row + 1].reshape(row + 1, kv_heads, -1).transpose(0, 1)[None]   # (1, kv_heads, n, D)
             q = apply_rotary_pos_emb(q, q, cos[b : b + 1, row : row + 1], sin[b : b + 1, row : row + 1])[0]

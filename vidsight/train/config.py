@@ -30,9 +30,6 @@ class TrainConfig:
         attention_weight: Weight of the training-only loss that asks one head of the first layers to
             attend, at a chat question's key word, to the patches it is about (`train.attention`);
             0 leaves it out.
-        answer_attention_weight: Weight of the same loss at the row that predicts the answer, over
-            the layers from ``KEY_LAYER`` on (`train.attention`: the order questions' second hop);
-            0 leaves it out.
         mrope_section: Rotary frequency pairs of the temporal, height and width axes (16 in all; the
             temporal axis takes the fastest ones, as Qwen2.5-VL's does).
         rope_theta: The rotary embedding's base: with it the section sets the temporal axis's longest
@@ -62,7 +59,6 @@ class TrainConfig:
     order_weight: float = 0.0
     retrieval_weight: float = 0.0
     attention_weight: float = 0.0
-    answer_attention_weight: float = 0.0
     mrope_section: tuple[int, int, int] = (4, 6, 6)
     rope_theta: float = 10000.0
     init: str | None = None
@@ -86,7 +82,7 @@ class TrainConfig:
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")
         if min(self.probes, self.cell_weight, self.key_weight, self.order_weight, self.retrieval_weight,
-               self.attention_weight, self.answer_attention_weight) < 0:
+               self.attention_weight) < 0:
             raise ConfigError("probes and the loss weights must be non-negative")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")

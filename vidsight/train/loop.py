@@ -24,7 +24,7 @@ from vidsight.train.batches import IGNORE, Batch, make_batch
 from vidsight.train.config import TrainConfig
 from vidsight.train import recipe
 from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
-from vidsight.train.attention import RotaryTap, answer_rows, attention_loss, key_word_rows
+from vidsight.train.attention import RotaryTap, attention_loss, key_word_rows
 from vidsight.train.retrieval import ProjectionTap, retrieval_loss
 from vidsight.train.tokenizer import build_task_tokenizer
 
@@ -125,9 +125,9 @@ class TrainingHeads(torch.nn.Module):
 def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: TrainConfig = TrainConfig()):
     batch = batch.to(model.device)
     layers = model.model.language_model.layers
-    attending = heads is not None and (config.attention_weight or config.answer_attention_weight)
-    tap = ProjectionTap(layers) if attending or (heads is not None and config.retrieval_weight) else None
-    rotary = RotaryTap(layers) if attending else None
+    supervised = heads is not None and (config.retrieval_weight or config.attention_weight)
+    tap = ProjectionTap(layers) if supervised else None
+    rotary = RotaryTap(layers) if heads is not None and config.attention_weight else None
     try:
         out = model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
                     pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw,
@@ -147,16 +147,10 @@ def model_loss(model, batch: Batch, heads: TrainingHeads | None = None, config: 
             loss = loss + config.retrieval_weight * retrieval
     if config.attention_weight:
         rows = key_word_rows(batch.key_targets, batch.question_span, IGNORE)
-        attention = attention_loss(tap, rotary, range(KEY_LAYER), batch.video_span, rows, batch.asked_patches,
+        attention = attention_loss(tap, rotary, KEY_LAYER, batch.video_span, rows, batch.asked_patches,
                                    text.num_attention_heads, text.num_key_value_heads)
         if attention is not None:
             loss = loss + config.attention_weight * attention
-    if config.answer_attention_weight:
-        rows = answer_rows(batch.answer_start, batch.input_ids.shape[1])
-        attention = attention_loss(tap, rotary, range(KEY_LAYER, text.num_hidden_layers), batch.video_span, rows,
-                                   batch.asked_patches, text.num_attention_heads, text.num_key_value_heads)
-        if attention is not None:
-            loss = loss + config.answer_attention_weight * attention
     for head, states, targets, weight in ((heads.cells, out.hidden_states[-1], batch.token_labels, config.cell_weight),
                                           (heads.keys, out.hidden_states[KEY_LAYER], batch.key_targets,
                                            config.key_weight),
