@@ -304,7 +304,7 @@ def format_watch_report(report: dict) -> str:
                  "the configuration, p):")
     for name, r in report["configs"].items():
         lines.append(f"  {name:<16} {_accuracy_text(r, r.get('against_full_comp', {}), 'videos')}"
-                     + (f"; windows {_accuracy_text(r['per_window'], r.get('against_full_comp', {}), 'windows')}"
+                     + (f"; {_accuracy_text(r['per_window'], r.get('against_full_comp', {}), 'windows')}"
                         if "per_window" in r else ""))
     for axis, runs in report.get("sweeps", {}).items():
         lines.append(f"\nsweep {axis} (pruning+refresh): " + "; ".join(
