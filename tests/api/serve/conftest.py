@@ -24,21 +24,22 @@ def media(tmp_path_factory, make_test_video):
     return root
 
 
-@pytest.fixture(scope="session")
-def long_video(media, make_test_video):
-    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=24.0, gop=16, bframes=False, seed=5)
-    target = media / "long.mp4"
+def _media_video(media, make_test_video, name: str, duration_s: float, seed: int):
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=duration_s, gop=16, bframes=False, seed=seed)
+    target = media / name
     target.write_bytes(path.read_bytes())
     return target
+
+
+@pytest.fixture(scope="session")
+def long_video(media, make_test_video):
+    return _media_video(media, make_test_video, "long.mp4", 24.0, seed=5)
 
 
 @pytest.fixture(scope="session")
 def twelve_second_video(media, make_test_video):
     """Long enough for a real-time watch to be stopped or killed after three windows and resumed."""
-    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=12.0, gop=16, bframes=False, seed=7)
-    target = media / "twelve.mp4"
-    target.write_bytes(path.read_bytes())
-    return target
+    return _media_video(media, make_test_video, "twelve.mp4", 12.0, seed=7)
 
 
 @pytest.fixture
