@@ -26,9 +26,6 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--chat-questions", nargs="*", default=[], metavar="FAMILY",
                        help="chat steps ask these families (colour, shape, order; repeat to weight; "
                             "default: the streams' own questions)")
-    train.add_argument("--close-order-share", type=float, default=TrainConfig.close_order_share, metavar="P",
-                       help="share of drawn order questions about the two past events that began nearest in time "
-                            "(default: 0)")
     train.add_argument("--order-weight", type=float, default=TrainConfig.order_weight, metavar="W",
                        help="weight of the training-only probe on objects' order of appearance (default: 0, off)")
     train.add_argument("--retrieval-weight", type=float, default=TrainConfig.retrieval_weight, metavar="W",
@@ -57,8 +54,7 @@ def run_train(args) -> int:
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
                          warmup=args.warmup, init=args.init,
                          offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
-                         chat_questions=tuple(args.chat_questions), close_order_share=args.close_order_share,
-                         order_weight=args.order_weight,
+                         chat_questions=tuple(args.chat_questions), order_weight=args.order_weight,
                          retrieval_weight=args.retrieval_weight,
                          attention_weight=args.attention_weight, mrope_section=tuple(args.mrope_section),
                          rope_theta=args.rope_theta)

@@ -71,16 +71,15 @@ class ChatStream:
         """``(frames, FRAME, FRAME, 3)`` uint8 frames at the sample times."""
         return np.stack([self.scene.render(t) for t in self.times_s])
 
-    def ask(self, family: str, rng, closest: bool = False) -> ChatQuestion:
+    def ask(self, family: str, rng) -> ChatQuestion:
         """A fresh question of ``family`` at a random complete patch after enough events are over
-        (training draws these; the suite's own questions are ``questions``); with ``closest``, an
-        order question is about the two past events that began nearest in time."""
+        (training draws these; the suite's own questions are ``questions``)."""
         needed = 2 if family == "order" else 1
         earliest = sorted(o.t_out for o in self.scene.objects)[needed - 1]
         time_s = _patch_end(float(rng.uniform(earliest, (self.frames - 1) / SAMPLE_FPS)), self.frames)
         if time_s < earliest:  # the patch ended before the event did: ask at the next one
             time_s = _patch_end(time_s + PATCH_FRAMES / SAMPLE_FPS, self.frames)
-        return _ask(rng, family, time_s, [o for o in self.scene.objects if o.t_out <= time_s], closest)
+        return _ask(rng, family, time_s, [o for o in self.scene.objects if o.t_out <= time_s])
 
     def sample(self, question: ChatQuestion, offset_patches: int = 0) -> Sample:
         """The stream up to ``question`` as a one-question clip (training reads these)."""
@@ -114,18 +113,12 @@ def _event_times(rng, duration: float, last_start: float) -> list[float]:
     return [1.0 + float(g) + EVENT_GAP_S * k for k, g in enumerate(gaps)]
 
 
-def _ask(rng, family: str, time_s: float, past: list[SceneObject], closest: bool = False) -> ChatQuestion | None:
-    """One question of ``family`` about events in ``past``, or None when it needs more of them
-    (``closest``: an order question about the two that began nearest in time, named in either order)."""
+def _ask(rng, family: str, time_s: float, past: list[SceneObject]) -> ChatQuestion | None:
+    """One question of ``family`` about events in ``past``, or None when it needs more of them."""
     if family == "order":
         if len(past) < 2:
             return None
-        if closest:
-            ordered = sorted(past, key=lambda o: o.t_in)
-            k = int(np.argmin([later.t_in - earlier.t_in for earlier, later in zip(ordered, ordered[1:])]))
-            a, b = (ordered[k + int(i)] for i in rng.permutation(2))
-        else:
-            a, b = (past[int(i)] for i in rng.permutation(len(past))[:2])
+        a, b = (past[int(i)] for i in rng.permutation(len(past))[:2])
         early = a if a.t_in < b.t_in else b
         return ChatQuestion(time_s, family, f"Which appeared first, the {a.shape} or the {b.shape}?",
                             early.shape, early.t_in)

@@ -42,9 +42,6 @@ class TrainConfig:
             on, one drawn per chat step; empty for none. With any, every other step is a chat step.
         chat_questions: The question families chat steps draw from, uniformly (repeat one to weight
             it); empty: the streams' own questions.
-        close_order_share: The share of drawn order questions asked about the two past events that
-            began nearest in time (full compute's order errors are mostly pairs under 40 s apart,
-            docs/benchmarks.md); the rest about any two.
         eval_chat_frames: Length of the held-out chat streams evaluated (every question of each).
     """
 
@@ -68,7 +65,6 @@ class TrainConfig:
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
     chat_questions: tuple[str, ...] = ()
-    close_order_share: float = 0.0
     eval_chat_frames: int = 512
 
     def __post_init__(self):
@@ -88,7 +84,5 @@ class TrainConfig:
         if min(self.probes, self.cell_weight, self.key_weight, self.order_weight, self.retrieval_weight,
                self.attention_weight) < 0:
             raise ConfigError("probes and the loss weights must be non-negative")
-        if not 0 <= self.close_order_share <= 1:
-            raise ConfigError(f"close_order_share must be in [0, 1], got {self.close_order_share}")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")

@@ -82,9 +82,7 @@ def step_samples(config: TrainConfig, step: int) -> list:
         frames = int(rng.choice(config.chat_frames))
         streams = [make_chat_stream(base + i, frames) for i in range(max(1, CHAT_BATCH_FRAMES // frames))]
         if config.chat_questions:
-            samples = [s.sample(s.ask(str(rng.choice(config.chat_questions)), rng,
-                                      closest=bool(config.close_order_share) and rng.random() < config.close_order_share))
-                       for s in streams]
+            samples = [s.sample(s.ask(str(rng.choice(config.chat_questions)), rng)) for s in streams]
         else:
             samples = [s.sample(s.questions[int(rng.integers(len(s.questions)))]) for s in streams]
     else:
