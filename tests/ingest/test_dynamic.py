@@ -67,3 +67,52 @@ def test_a_stream_joined_after_its_i_frame_goes_without_residuals_until_it_has_a
     luma = np.zeros((H, W), dtype=np.uint8)
     assert not judge(rule, "P", vectors((1, 1, 2.0, 0.0)), luma).any()   # no reference: motion only
     assert judge(rule, "P", vectors((1, 1, 2.0, 0.0)), luma + 90).any()  # now both
+
+
+def test_a_coarse_grid_judges_each_square_and_widens_on_the_4x4_grid():
+    """Estimated vectors cover 16-pixel squares: judged on that grid, the verdict comes out on the
+    frame's 4x4 grid with the same one-block (4-pixel) slack around it as a 4x4 vector gets."""
+    from vidsight.ingest.motion import destination_blocks, grid_shape
+
+    side, height, width = 16, 40, 40                 # a 3x3 grid of squares, the last row/column cut short
+    rule = BlockMotion(MotionPruneConfig(persist_frames=1), block=side)
+    records = vectors((1, 1, -4.0, 0.0))
+    records["w"] = records["h"] = side
+    records["dst_x"], records["dst_y"] = side + side // 2, side + side // 2
+    rows, cols = grid_shape(height, width, side)
+    cover = destination_blocks(records, rows, cols, side)
+    assert rule.update("I", None, motion_map(None, height, width, block=side), None) is None
+    dynamic = rule.update("P", records, motion_map(records, height, width, cover, side), None, cover=cover,
+                          fine_shape=grid_shape(height, width))
+    expected = np.zeros((10, 10), dtype=bool)
+    expected[3:9, 3:9] = True                       # the square's 4x4 blocks 4..7, one block either side
+    assert np.array_equal(dynamic, expected)
+
+
+def test_the_fine_grid_dilation_is_a_square_dilation_of_the_repeated_map():
+    from vidsight.ingest.dynamic import _on_fine_grid
+
+    rng = np.random.default_rng(0)
+    for factor, fine_shape in ((1, (18, 32)), (3, (23, 30)), (8, (45, 80))):
+        coarse = rng.random((-(-fine_shape[0] // factor), -(-fine_shape[1] // factor))) > 0.8
+        fine = np.repeat(np.repeat(coarse, factor, 0), factor, 1)[: fine_shape[0], : fine_shape[1]]
+        for by in (0, 1, 2):
+            padded, expected = np.pad(fine, by), np.zeros_like(fine)
+            for dy in range(2 * by + 1):
+                for dx in range(2 * by + 1):
+                    expected |= padded[dy : dy + fine_shape[0], dx : dx + fine_shape[1]]
+            assert np.array_equal(_on_fine_grid(coarse, factor, fine_shape, by), expected), (factor, by)
+
+
+def test_the_noise_floors_quantile_and_median_are_numpys():
+    from vidsight.ingest.dynamic import _quantile, _sorted_median
+    from vidsight.ingest.pixel_motion import _median
+
+    rng = np.random.default_rng(1)
+    for size in (1, 2, 3, 10, 101, 880):
+        values = (rng.random(size) * 3).astype(np.float32)
+        assert _quantile(values, 0.95) == float(np.quantile(values, 0.95))
+        floors = values.tolist()   # the rule keeps each frame's floor as a Python float
+        assert _sorted_median(sorted(floors)) == float(np.median(floors))
+        blocks = rng.integers(0, 5000, (size, 2)).astype(np.int16)
+        assert _median(blocks) == float(np.median(blocks))

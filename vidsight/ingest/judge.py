@@ -14,8 +14,8 @@ import av
 import numpy as np
 
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
-from vidsight.ingest.motion import BLOCK, destination_blocks, intra_blocks, motion_map
-from vidsight.ingest.pixel_motion import PixelMotion
+from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
+from vidsight.ingest.pixel_motion import PixelMotion, vector_side
 
 Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
 NO_SIGNALS: Signals = (None, None, None)
@@ -59,7 +59,8 @@ class FrameJudge:
     """
 
     def __init__(self, motion: MotionPruneConfig, source: str = "codec"):
-        self._rule = BlockMotion(motion)
+        self._motion = motion
+        self._rule: BlockMotion | None = None  # made for the first frame's grid
         self._residuals = motion.residuals
         self._intra = motion.reads_intra
         # Estimated vectors cover only the blocks that moved: no block of theirs is intra-coded.
@@ -97,17 +98,29 @@ class FrameJudge:
         self._waiting = []
         return judged
 
+    def _grid(self, width: int) -> int:
+        """The side of the squares the rule judges: estimated vectors' own (judged on the 4x4 grid
+        they would repeat each value up to 64 times, the most of the judging's cost), unless
+        residuals, which are 4x4 blocks', are weighed in."""
+        return vector_side(width) if self._pixels is not None and not self._residuals else BLOCK
+
     def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
+        """The frame's signals; estimated vectors are the rule's own input, not the codec's, so
+        only its verdict is reported for them (`CodecInfo.motion` and ``intra`` stay None)."""
         vectors = self._pixels.vectors(frame, kind) if self._pixels is not None else frame_vectors(frame)
         height, width = frame.height, frame.width
-        rows, cols = -(-height // BLOCK), -(-width // BLOCK)
-        cover = destination_blocks(vectors, rows, cols) if vectors is not None and len(vectors) else None
-        motion = motion_map(vectors, height, width, cover)
+        block = self._grid(width)
+        if self._rule is None or self._rule.block != block:
+            self._rule = BlockMotion(self._motion, block)
+        rows, cols = grid_shape(height, width, block)
+        cover = destination_blocks(vectors, rows, cols, block) if vectors is not None and len(vectors) else None
+        motion = motion_map(vectors, height, width, cover, block)
         intra = None
         if self._intra and kind in ("P", "B"):
             intra = (np.zeros((rows, cols), dtype=bool) if self._pixels is not None
                      else intra_blocks(vectors, height, width, cover))
-        return motion, intra, self._rule.update(kind, vectors, motion, intra, luma, future, cover)
+        dynamic = self._rule.update(kind, vectors, motion, intra, luma, future, cover, grid_shape(height, width))
+        return (None, None, dynamic) if self._pixels is not None else (motion, intra, dynamic)
 
 
 class SampleSignals:

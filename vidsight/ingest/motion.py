@@ -1,4 +1,9 @@
-"""H.264 motion vectors (FFmpeg's export_mvs side data) as block-level maps."""
+"""Motion vectors (FFmpeg's export_mvs side data, or `pixel_motion`'s estimates) as block-level maps.
+
+Maps are on a grid of ``block``-pixel squares: the 4x4 blocks of H.264's smallest partition, or
+the coarser squares estimated vectors come in (judging those on the 4x4 grid would repeat every
+value 64 times at 1280x720).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,14 @@ BLOCK = 4  # H.264's smallest partition; every macroblock partition is a whole n
 Cover = tuple[np.ndarray, np.ndarray, np.ndarray]  # `destination_blocks`' result, computed once per frame
 
 
-def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None) -> np.ndarray:
-    """Largest motion magnitude (pixels) landing on each 4x4 block.
+def grid_shape(height: int, width: int, block: int = BLOCK) -> tuple[int, int]:
+    """``(rows, cols)`` of ``block``-pixel squares covering a ``height`` x ``width`` frame."""
+    return -(-height // block), -(-width // block)
+
+
+def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None,
+               block: int = BLOCK) -> np.ndarray:
+    """Largest motion magnitude (pixels) landing on each block of the ``block``-pixel grid.
 
     Args:
         vectors: FFmpeg ``AVMotionVector`` records (PyAV's ``MotionVectors.to_ndarray()``), or
@@ -19,19 +30,20 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover
         height: Frame height in pixels.
         width: Frame width in pixels.
         cover: The vectors' `destination_blocks`, when the caller has them already.
+        block: The grid's square side in pixels (a multiple of 4).
 
     Returns:
-        ``float32`` array ``(2, ceil(height/4), ceil(width/4))``: channel 0 holds vectors that
+        ``float32`` array ``(2, ceil(height/block), ceil(width/block))``: channel 0 holds vectors that
         predict from a past frame, channel 1 those from a future frame, so both directions of a
         B-frame are kept. A vector is assigned to the blocks its destination rectangle covers.
     """
-    rows, cols = -(-height // BLOCK), -(-width // BLOCK)
+    rows, cols = grid_shape(height, width, block)
     out = np.zeros((2, rows, cols), dtype=np.float32)
     if vectors is None or len(vectors) == 0:
         return out
     magnitude = np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
     direction = (vectors["source"] > 0).astype(np.int64)
-    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
     flat, values = (direction[which] * rows + r) * cols + c, magnitude[which].astype(np.float32)
     # Partitions of one direction do not overlap, so most blocks get one vector: assign those
     # directly (ufunc.at on every block is the hot path's slowest step) and take the largest only
@@ -45,22 +57,23 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover
     return out
 
 
-def intra_blocks(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None) -> np.ndarray:
-    """``(ceil(height/4), ceil(width/4))`` bool: blocks of an inter frame that no vector predicts.
+def intra_blocks(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None,
+                 block: int = BLOCK) -> np.ndarray:
+    """``(ceil(height/block), ceil(width/block))`` bool: blocks of an inter frame that no vector predicts.
 
     Those were intra-coded: the encoder found nothing to copy, so their content is new.
     """
-    rows, cols = -(-height // BLOCK), -(-width // BLOCK)
+    rows, cols = grid_shape(height, width, block)
     covered = np.zeros((rows, cols), dtype=bool)
     if vectors is not None and len(vectors):
-        _, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
+        _, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
         covered[r, c] = True
     return ~covered
 
 
 def displacement(vectors: np.ndarray, rows: int, cols: int, cover: Cover | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per 4x4 block, where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
+    """Per block (of the grid ``cover`` was computed on; 4x4 without one), where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
     (FFmpeg: ``src = dst + motion / motion_scale``) and a bool map of the blocks a vector covers.
     Pass one direction's vectors, or all of them with the part of their ``cover`` that names one
     direction's; where several cover a block, the last one stands."""
@@ -72,12 +85,16 @@ def displacement(vectors: np.ndarray, rows: int, cols: int, cover: Cover | None 
     return dx, dy, covered
 
 
-def destination_blocks(vectors: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(vector index, block row, block column)`` of every block a vector's destination covers."""
-    top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // BLOCK
-    left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // BLOCK
-    high = np.maximum(1, vectors["h"].astype(np.int64) // BLOCK)
-    wide = np.maximum(1, vectors["w"].astype(np.int64) // BLOCK)
+def destination_blocks(vectors: np.ndarray, rows: int, cols: int, block: int = BLOCK
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(vector index, block row, block column)`` of every ``block``-pixel square a vector's
+    destination covers."""
+    top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // block
+    left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // block
+    high = np.maximum(1, vectors["h"].astype(np.int64) // block)
+    wide = np.maximum(1, vectors["w"].astype(np.int64) // block)
+    if high.max() == 1 and wide.max() == 1:   # one block each, as estimated vectors on their own grid
+        return np.arange(len(vectors)), np.clip(top, 0, rows - 1), np.clip(left, 0, cols - 1)
     # One entry per covered block (a hot path: every decoded frame, three times): vector k's blocks
     # are numbered 0 .. high*wide - 1 row by row inside its partition.
     which = np.repeat(np.arange(len(vectors)), high * wide)

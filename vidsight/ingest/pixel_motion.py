@@ -47,6 +47,11 @@ def reduction(width: int) -> int:
     return max(2, width // REDUCED_WIDTH)
 
 
+def vector_side(width: int) -> int:
+    """The side in frame pixels of the square each estimated vector covers."""
+    return reduction(width) * BLOCK
+
+
 def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
     """``(H // scale, W // scale)`` int16 (scale: `reduction`): per reduced pixel, the sum of its
     `SAMPLES` of the luma."""
@@ -77,14 +82,15 @@ def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> n
     if rows == 0 or cols == 0:
         return np.zeros(0, VECTOR_DTYPE)
     now, before = current[: rows * BLOCK, : cols * BLOCK], previous[: rows * BLOCK, : cols * BLOCK]
-    sad = _block_sum(np.abs(now - before), rows, cols)
-    threshold = max(CHANGE_FACTOR * float(np.median(sad)), MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES))
+    change = now - before
+    sad = _block_sum(np.abs(change), rows, cols)
+    threshold = max(CHANGE_FACTOR * _median(sad), MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES))
     moved_r, moved_c = np.nonzero(sad > threshold)
     if len(moved_r) == 0:
         return np.zeros(0, VECTOR_DTYPE)
-    u, v = _flow(now, before, moved_r, moved_c)
+    u, v = _flow(now + before, change, moved_r, moved_c)
     vectors = np.zeros(len(moved_r), VECTOR_DTYPE)
-    side = scale * BLOCK
+    side = scale * BLOCK    # `vector_side`
     vectors["source"] = -1
     vectors["w"] = vectors["h"] = side
     vectors["dst_x"], vectors["dst_y"] = moved_c * side + side // 2, moved_r * side + side // 2
@@ -97,28 +103,54 @@ def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> n
     return vectors
 
 
-def _flow(now: np.ndarray, before: np.ndarray, block_r: np.ndarray, block_c: np.ndarray
+def _flow(twice_mean: np.ndarray, change: np.ndarray, block_r: np.ndarray, block_c: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block: brightness
     constancy ``Ix u + Iy v + It = 0`` in the least-squares sense, gradients of the mean picture
-    (central differences, the block's neighbours included)."""
-    # (blocks, BLOCK + 2, BLOCK + 2) windows: each block and a pixel around it, edges repeated
-    span = np.arange(-1, BLOCK + 1)
-    window_r = np.clip(block_r[:, None] * BLOCK + span, 0, now.shape[0] - 1)[:, :, None]
-    window_c = np.clip(block_c[:, None] * BLOCK + span, 0, now.shape[1] - 1)[:, None, :]
-    now_w, before_w = now[window_r, window_c].astype(np.float32), before[window_r, window_c].astype(np.float32)
-    mean = now_w + before_w   # twice the mean picture: the gradients below are halved twice over
-    gradients = np.stack([mean[:, 1:-1, 2:] - mean[:, 1:-1, :-2], mean[:, 2:, 1:-1] - mean[:, :-2, 1:-1]]) / 4
-    change = (now_w - before_w)[:, 1:-1, 1:-1]
-    # Every sum of products at once: rows x, y against columns x, y, t; (2, 3, blocks).
-    sums = np.einsum("aknm,bknm->abk", gradients, np.concatenate([gradients, change[None]]))
-    (xx, xy, xt), (_, yy, yt) = sums
+    (central differences, the block's neighbours included, edges repeated).
+
+    Args:
+        twice_mean: The sum of the two pictures; change: the later one less the earlier.
+        block_r, block_c: The chosen blocks.
+    """
+    # Few small arrays per frame: every step here is a numpy call's overhead more than its work.
+    window_r = _window(block_r, twice_mean.shape[0])[:, :, None]
+    window_c = _window(block_c, twice_mean.shape[1])[:, None, :]
+    mean = twice_mean[window_r, window_c]           # (blocks, BLOCK + 2, BLOCK + 2)
+    terms = np.empty((len(block_r), 3, BLOCK, BLOCK), np.float32)   # Ix, Iy, It per pixel of each block
+    terms[:, 0] = mean[:, 1:-1, 2:] - mean[:, 1:-1, :-2]
+    terms[:, 1] = mean[:, 2:, 1:-1] - mean[:, :-2, 1:-1]
+    terms[:, :2] *= 0.25   # central differences (/2) of half the sum (/2)
+    terms[:, 2] = change[window_r[:, 1:-1], window_c[:, :, 1:-1]]
+    flat = terms.reshape(len(block_r), 3, BLOCK * BLOCK)
+    sums = flat[:, :2] @ flat.transpose(0, 2, 1)     # (blocks, 2, 3): rows x, y against x, y, t
+    xx, xy, xt, yy, yt = sums[:, 0, 0], sums[:, 0, 1], sums[:, 0, 2], sums[:, 1, 1], sums[:, 1, 2]
     determinant = xx * yy - xy * xy
     textured = determinant > FLAT_DETERMINANT * (xx + yy) ** 2 + 1e-6
     safe = np.where(textured, determinant, 1.0)
     u = np.where(textured, -(yy * xt - xy * yt) / safe, 1.0)
     v = np.where(textured, -(xx * yt - xy * xt) / safe, 0.0)
     return u, v
+
+
+_SPAN = np.arange(-1, BLOCK + 1)
+
+
+def _window(blocks: np.ndarray, size: int) -> np.ndarray:
+    """``(blocks, BLOCK + 2)`` pixel indices of each block and one pixel either side, clamped to ``size``."""
+    indices = blocks[:, None] * BLOCK + _SPAN
+    np.maximum(indices, 0, out=indices)
+    return np.minimum(indices, size - 1, out=indices)
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median`` of a 2-D int array, without its overhead."""
+    flat = values.reshape(-1)
+    middle = flat.size // 2
+    if flat.size % 2:
+        return float(np.partition(flat, middle)[middle])
+    low, high = np.partition(flat, (middle - 1, middle))[middle - 1 : middle + 1]
+    return (int(low) + int(high)) / 2
 
 
 def _block_sum(values: np.ndarray, rows: int, cols: int) -> np.ndarray:

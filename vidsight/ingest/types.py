@@ -97,7 +97,8 @@ class CodecInfo:
         motion: Motion-vector magnitude in pixels per 4x4 block, shape ``(2, ceil(H/4), ceil(W/4))``:
             channel 0 from past references, channel 1 from future ones (B-frames), each block
             holding the largest magnitude of any vector whose destination covers it. ``None``
-            when the codec exports no vectors (codecs other than H.264, or vectors not asked for).
+            when the frame was not judged by the codec's own vectors (none exported, none asked
+            for, or motion estimated from pixels: estimates are the rule's input, not the codec's).
         intra: ``(ceil(H/4), ceil(W/4))`` bool, blocks of an inter frame that no vector predicts
             (intra-coded: new content); ``None`` for I-frames, without vectors, or when the motion
             rule does not read them (only ``max`` does).
