@@ -46,3 +46,34 @@ def test_a_static_camera_runs_the_rule_on_every_frame(tmp_path, monkeypatch):
     unsaturated, all_calls = _masks_and_rule_calls(path, monkeypatch, saturation=False)
     assert torch.equal(masks, unsaturated) and not masks.all()
     assert calls == all_calls
+
+
+def test_still_vectors_change_no_verdict_so_the_judge_leaves_them_out(tmp_path):
+    """`FrameJudge` drops zero vectors (most of a camera's blocks) before the rule: fed every
+    vector instead, the rule marks the same blocks on every frame of a noisy scene with B-frames."""
+    import av
+
+    from vidsight.ingest.decode import configure_decoder
+    from vidsight.ingest.judge import frame_type, frame_vectors
+    from vidsight.ingest.motion import grid_shape, motion_map
+
+    crossing = SceneObject("square", "red", 30, 0.0, 10.0, (10.0, 60.0), (40.0, 0.0))
+    path = _write(tmp_path / "static.mp4", Scene(224, 168, 3.0, seed=2, noise=3.0, objects=[crossing]))
+    for config in (MotionPruneConfig(), MotionPruneConfig(rule="paper", persist_frames=1)):
+        every, moving, still, dynamic = BlockMotion(config), BlockMotion(config), 0, 0
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            configure_decoder(stream, with_motion=True, threads="AUTO")
+            for frame in container.decode(stream):
+                kind, vectors = frame_type(frame), frame_vectors(frame)
+                shape = grid_shape(frame.height, frame.width)
+                judged = every.update(kind, vectors, motion_map(vectors, frame.height, frame.width), None,
+                                      fine_shape=shape)
+                if vectors is not None:
+                    still += int(((vectors["motion_x"] == 0) & (vectors["motion_y"] == 0)).sum())
+                    vectors = vectors[(vectors["motion_x"] != 0) | (vectors["motion_y"] != 0)]
+                kept = moving.update(kind, vectors, motion_map(vectors, frame.height, frame.width), None,
+                                     fine_shape=shape)
+                assert (judged is None and kept is None) or np.array_equal(judged, kept)
+                dynamic += 0 if judged is None else int(judged.sum())
+        assert still > 0 and dynamic > 0

@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.motion import BLOCK, Cover, destination_blocks, displacement
+from vidsight.ingest.motion import BLOCK, Cover, destination_blocks
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
@@ -181,16 +181,20 @@ class BlockMotion:
 def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int], block: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """``(rows, cols, source rows, source cols)`` of the blocks a past-reference vector brings from
-    another block (most blocks of a frame come from where they are); None when no vector does."""
+    another block (most blocks of a frame come from where they are); None when no vector does.
+    Worked out per vector, then for the blocks of those that step (not on whole-frame maps)."""
     if vectors is None or len(vectors) == 0:
         return None
     rows, cols = shape
     which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
-    past = vectors["source"][which] < 0
-    dx, dy, _ = displacement(vectors, rows, cols, (which[past], r[past], c[past]))
-    step_r, step_c = np.rint(dy / block).astype(np.int64), np.rint(dx / block).astype(np.int64)
-    r, c = np.nonzero(step_r | step_c)
-    return r, c, np.clip(r + step_r[r, c], 0, rows - 1), np.clip(c + step_c[r, c], 0, cols - 1)
+    # The pixels each vector's source lies away, as `displacement` gives them, in blocks.
+    scale = np.maximum(vectors["motion_scale"], 1).astype(np.float32)
+    step_r = np.rint((vectors["motion_y"] / scale).astype(np.float32) / block).astype(np.int64)
+    step_c = np.rint((vectors["motion_x"] / scale).astype(np.float32) / block).astype(np.int64)
+    steps = (vectors["source"] < 0) & ((step_r != 0) | (step_c != 0))
+    chosen = steps[which]
+    which, r, c = which[chosen], r[chosen], c[chosen]
+    return r, c, np.clip(r + step_r[which], 0, rows - 1), np.clip(c + step_c[which], 0, cols - 1)
 
 
 def _at_source(previous: np.ndarray, came_from) -> np.ndarray:

@@ -108,6 +108,10 @@ class FrameJudge:
         """The frame's signals; estimated vectors are the rule's own input, not the codec's, so
         only its verdict is reported for them (`CodecInfo.motion` and ``intra`` stay None)."""
         vectors = self._pixels.vectors(frame, kind) if self._pixels is not None else frame_vectors(frame)
+        if vectors is not None and self._pixels is None and not (self._residuals or self._intra):
+            # Without residuals or intra blocks only moving vectors count: a still one writes the zero
+            # a map holds already and steps nowhere. An encoder codes most of a camera's blocks still.
+            vectors = vectors[(vectors["motion_x"] != 0) | (vectors["motion_y"] != 0)]
         height, width = frame.height, frame.width
         block = self._grid(width)
         if self._rule is None or self._rule.block != block:
