@@ -13,7 +13,7 @@ from vidsight.ingest.dynamic import MotionPruneConfig
 @pytest.mark.slow
 def test_static_scene_report_per_rule(tmp_path):
     rules = {"max": MotionPruneConfig(rule="max"), "persistent": MotionPruneConfig()}
-    report = run_motion_bench(tmp_path, rules, duration_s=16.0)
+    report = run_motion_bench(tmp_path, rules, duration_s=12.0)
     scenes = report["scenes"]
     assert {"photo, noise 0", "photo, noise 5", "photo, drift 2/s", "texture, noise 5"} <= set(scenes)
     noisy = scenes["photo, noise 5"]["rules"]

@@ -74,11 +74,16 @@ def serving(handler, host: str = "127.0.0.1"):
         server.shutdown()
 
 
+# One server for the key test and both fetch tests (on Ray, one deployment: each takes seconds).
+FETCHING = {"api_key": "sesame", "fetch_timeout_s": 1.0, "allowed_media_domains": ("127.0.0.1",)}
+KEY = {"Authorization": "Bearer sesame"}
+
+
 def test_the_api_key_is_required_on_v1_only(make_server, media):
-    with make_server(api_key="sesame") as (url, _):
+    with make_server(**FETCHING) as (url, _):
         assert httpx.get(f"{url}/v1/models").status_code == 401
         assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        answer = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sesame"})
+        answer = httpx.get(f"{url}/v1/models", headers=KEY)
         assert answer.status_code == 200
         refused = httpx.post(f"{url}/v1/chat/completions", json=body(str(media / "clip.mp4")))
         assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
@@ -120,14 +125,10 @@ def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, s
     assert not os.listdir(scratch)
 
 
-# One server for both fetch tests (on Ray, one deployment).
-FETCHING = {"fetch_timeout_s": 1.0, "allowed_media_domains": ("127.0.0.1",)}
-
-
 def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http, scratch):
     with make_server(**FETCHING) as (url, _):
         started = time.monotonic()
-        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/slow"), timeout=60)
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/slow"), headers=KEY, timeout=60)
         assert answer.status_code == 504 and "not fetched within 1 s" in answer.json()["error"]["message"]
         assert time.monotonic() - started < 10
     assert not os.listdir(scratch)
@@ -135,7 +136,8 @@ def test_a_fetch_slower_than_the_timeout_is_a_clean_error(make_server, slow_http
 
 def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
     with make_server(**FETCHING) as (url, _):
-        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/clip.mp4"), timeout=120)
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body(f"{slow_http}/clip.mp4"), headers=KEY,
+                            timeout=120)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
     assert not os.listdir(scratch)
 
