@@ -104,9 +104,10 @@ class BlockMotion:
     """
 
     def __init__(self, config: MotionPruneConfig, block: int = BLOCK):
-        if block % BLOCK or (block != BLOCK and config.residuals):
-            raise ConfigError(f"the rule judges 4x4 blocks or coarser squares of a multiple of 4 pixels without "
-                              f"residuals, not {block}-pixel squares" + (" with residuals" if config.residuals else ""))
+        if block % BLOCK:
+            raise ConfigError(f"the rule's squares must be a multiple of {BLOCK} pixels wide, not {block}")
+        if block != BLOCK and config.residuals:
+            raise ConfigError("residuals are 4x4 blocks': a rule that weighs them judges the 4x4 grid")
         self.config = config
         self.block = block
         self._previous: np.ndarray | None = None   # last frame's motion magnitude per block
