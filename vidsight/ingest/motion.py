@@ -57,23 +57,22 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover
     return out
 
 
-def intra_blocks(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None,
-                 block: int = BLOCK) -> np.ndarray:
-    """``(ceil(height/block), ceil(width/block))`` bool: blocks of an inter frame that no vector predicts.
+def intra_blocks(vectors: np.ndarray | None, height: int, width: int, cover: Cover | None = None) -> np.ndarray:
+    """``(ceil(height/4), ceil(width/4))`` bool: blocks of an inter frame that no vector predicts.
 
     Those were intra-coded: the encoder found nothing to copy, so their content is new.
     """
-    rows, cols = grid_shape(height, width, block)
+    rows, cols = grid_shape(height, width)
     covered = np.zeros((rows, cols), dtype=bool)
     if vectors is not None and len(vectors):
-        _, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
+        _, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols)
         covered[r, c] = True
     return ~covered
 
 
 def displacement(vectors: np.ndarray, rows: int, cols: int, cover: Cover | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per block (of the grid ``cover`` was computed on; 4x4 without one), where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
+    """Per 4x4 block, where its prediction comes from: ``(dx, dy)`` float32 pixels to the source
     (FFmpeg: ``src = dst + motion / motion_scale``) and a bool map of the blocks a vector covers.
     Pass one direction's vectors, or all of them with the part of their ``cover`` that names one
     direction's; where several cover a block, the last one stands."""
