@@ -51,3 +51,18 @@ def test_pixel_motion_on_codecs_without_vectors_keeps_what_h264_vectors_keep(tmp
     # The codec's vectors only, where it has none: refused, not silently kept or dropped.
     with pytest.raises(ConfigError, match="no motion vectors"):
         pruning_on(tmp_path / "hevc.mp4", scene, MotionPruneConfig(source="codec"))
+
+
+def test_the_cost_table_times_judging_by_pixels_everywhere_and_by_vectors_where_exported(tmp_path, make_test_video):
+    from vidsight.bench.motion import judging_cost
+
+    video, _ = make_test_video(width=160, height=120, fps=8, duration_s=2.0, gop=8, bframes=True, seed=3)
+    rows = judging_cost(tmp_path, ("h264", "vp9"), video, repeats=1)
+    assert rows["h264"]["motion_source"] == "codec" and rows["vp9"]["motion_source"] == "pixels"
+    assert "judging by codec" in rows["h264"] and "judging by codec" not in rows["vp9"]
+    for row in rows.values():
+        assert row["judging by pixels"] > 0 and row["decode"] > 0
+        assert row["judging by pixels / decode"] == row["judging by pixels"] / row["decode"]
+    text = format_motion_report({"scenes": {"none": {"rules": {}, "decode_ms_per_frame_without_vectors": 0}},
+                                 "tokens_per_frame": 0, "cost_1280x720": rows})
+    assert "by codec" in text.splitlines()[-2] and "by codec" not in text.splitlines()[-1]

@@ -187,8 +187,9 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row = {label: min(_decode_ms(path, CAMERA_FPS, motion) for _ in range(repeats)) for label, motion in runs.items()}
         row["decode"] = min(_plain_decode_ms(path) for _ in range(repeats))
         row["decode, one thread"] = min(_plain_decode_ms(path, "NONE") for _ in range(repeats))
-        row["motion_source"] = motion_source(MotionPruneConfig(), probe(path).codec)
-        sources = ("pixels", "codec") if probe(path).codec in MOTION_VECTOR_CODECS else ("pixels",)
+        codec_name = probe(path).codec
+        row["motion_source"] = motion_source(MotionPruneConfig(), codec_name)
+        sources = ("pixels", "codec") if codec_name in MOTION_VECTOR_CODECS else ("pixels",)
         for source in sources:
             judging = row[f"judging by {source}"] = min(_judging_ms(path, source) for _ in range(repeats))
             row[f"judging by {source} / decode"] = judging / row["decode"]
