@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.motion import BLOCK, Cover, destination_blocks
+from vidsight.ingest.motion import BLOCK, Cover, clamp, destination_blocks
 from vidsight.ingest.residual import residual_map
 
 RULES = ("persistent", "paper", "max")
@@ -195,7 +195,7 @@ def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, 
     steps = (vectors["source"] < 0) & ((step_r != 0) | (step_c != 0))
     chosen = steps[which]
     which, r, c = which[chosen], r[chosen], c[chosen]
-    return r, c, np.clip(r + step_r[which], 0, rows - 1), np.clip(c + step_c[which], 0, cols - 1)
+    return r, c, clamp(r + step_r[which], rows - 1), clamp(c + step_c[which], cols - 1)
 
 
 def _at_source(previous: np.ndarray, came_from) -> np.ndarray:

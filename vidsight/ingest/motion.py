@@ -93,11 +93,16 @@ def destination_blocks(vectors: np.ndarray, rows: int, cols: int, block: int = B
     high = np.maximum(1, vectors["h"].astype(np.int64) // block)
     wide = np.maximum(1, vectors["w"].astype(np.int64) // block)
     if high.max() == 1 and wide.max() == 1:   # one block each, as estimated vectors on their own grid
-        return np.arange(len(vectors)), np.clip(top, 0, rows - 1), np.clip(left, 0, cols - 1)
+        return np.arange(len(vectors)), clamp(top, rows - 1), clamp(left, cols - 1)
     # One entry per covered block (a hot path: every decoded frame, three times): vector k's blocks
     # are numbered 0 .. high*wide - 1 row by row inside its partition.
     which = np.repeat(np.arange(len(vectors)), high * wide)
     within = np.arange(len(which)) - np.repeat(np.cumsum(high * wide) - high * wide, high * wide)
-    r = np.clip(top[which] + within // wide[which], 0, rows - 1)
-    c = np.clip(left[which] + within % wide[which], 0, cols - 1)
+    r = clamp(top[which] + within // wide[which], rows - 1)
+    c = clamp(left[which] + within % wide[which], cols - 1)
     return which, r, c
+
+
+def clamp(values: np.ndarray, high: int) -> np.ndarray:
+    """``np.clip(values, 0, high)`` at a third of its per-call overhead (called on every decoded frame)."""
+    return np.minimum(np.maximum(values, 0), high)

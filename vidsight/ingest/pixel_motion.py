@@ -13,6 +13,8 @@ The vectors come out as FFmpeg's ``AVMotionVector`` records, so the same rules (
 
 from __future__ import annotations
 
+import functools
+
 import av
 import numpy as np
 
@@ -107,23 +109,29 @@ def _flow(twice_mean: np.ndarray, change: np.ndarray, block_r: np.ndarray, block
           ) -> tuple[np.ndarray, np.ndarray]:
     """Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block: brightness
     constancy ``Ix u + Iy v + It = 0`` in the least-squares sense, gradients of the mean picture
-    (central differences, the block's neighbours included, edges repeated).
+    (central differences, one-sided at the picture's edges).
 
     Args:
         twice_mean: The sum of the two pictures; change: the later one less the earlier.
         block_r, block_c: The chosen blocks.
     """
-    # Few small arrays per frame: every step here is a numpy call's overhead more than its work.
-    window_r = _window(block_r, twice_mean.shape[0])[:, :, None]
-    window_c = _window(block_c, twice_mean.shape[1])[:, None, :]
-    mean = twice_mean[window_r, window_c]           # (blocks, BLOCK + 2, BLOCK + 2)
-    terms = np.empty((len(block_r), 3, BLOCK, BLOCK), np.float32)   # Ix, Iy, It per pixel of each block
-    terms[:, 0] = mean[:, 1:-1, 2:] - mean[:, 1:-1, :-2]
-    terms[:, 1] = mean[:, 2:, 1:-1] - mean[:, :-2, 1:-1]
-    terms[:, :2] *= 0.25   # central differences (/2) of half the sum (/2)
-    terms[:, 2] = change[window_r[:, 1:-1], window_c[:, :, 1:-1]]
-    flat = terms.reshape(len(block_r), 3, BLOCK * BLOCK)
-    sums = flat[:, :2] @ flat.transpose(0, 2, 1)     # (blocks, 2, 3): rows x, y against x, y, t
+    # Few small arrays per frame: every step here is a numpy call's overhead more than its work, so
+    # the gradients are taken over the whole picture in int16 (|Ix| <= 2 * 2040) and only the
+    # chosen blocks' pixels are gathered and converted.
+    height, width = twice_mean.shape
+    pixels = np.empty((3, height, width), np.int16)    # 2 Ix, 2 Iy, It per pixel (x2: of the sum, not the mean)
+    ix, iy = pixels[0], pixels[1]
+    np.subtract(twice_mean[:, 2:], twice_mean[:, :-2], out=ix[:, 1:-1])
+    np.subtract(twice_mean[:, 1], twice_mean[:, 0], out=ix[:, 0])
+    np.subtract(twice_mean[:, -1], twice_mean[:, -2], out=ix[:, -1])
+    np.subtract(twice_mean[2:], twice_mean[:-2], out=iy[1:-1])
+    np.subtract(twice_mean[1], twice_mean[0], out=iy[0])
+    np.subtract(twice_mean[-1], twice_mean[-2], out=iy[-1])
+    pixels[2] = change
+    corners = (block_r * (BLOCK * width) + block_c * BLOCK)[:, None] + _block_offsets(width)
+    terms = np.take(pixels.reshape(3, -1), corners, axis=1).astype(np.float32)   # (3, blocks, BLOCK * BLOCK)
+    terms[:2] *= 0.25   # central differences (/2) of half the sum (/2)
+    sums = terms[:2].transpose(1, 0, 2) @ terms.transpose(1, 2, 0)   # (blocks, 2, 3): rows x, y against x, y, t
     xx, xy, xt, yy, yt = sums[:, 0, 0], sums[:, 0, 1], sums[:, 0, 2], sums[:, 1, 1], sums[:, 1, 2]
     determinant = xx * yy - xy * xy
     textured = determinant > FLAT_DETERMINANT * (xx + yy) ** 2 + 1e-6
@@ -133,14 +141,10 @@ def _flow(twice_mean: np.ndarray, change: np.ndarray, block_r: np.ndarray, block
     return u, v
 
 
-_SPAN = np.arange(-1, BLOCK + 1)
-
-
-def _window(blocks: np.ndarray, size: int) -> np.ndarray:
-    """``(blocks, BLOCK + 2)`` pixel indices of each block and one pixel either side, clamped to ``size``."""
-    indices = blocks[:, None] * BLOCK + _SPAN
-    np.maximum(indices, 0, out=indices)
-    return np.minimum(indices, size - 1, out=indices)
+@functools.cache
+def _block_offsets(width: int) -> np.ndarray:
+    """Flat offsets of a block's pixels from its top-left one, in a ``width``-wide picture."""
+    return (np.arange(BLOCK)[:, None] * width + np.arange(BLOCK)).reshape(-1)
 
 
 def _median(values: np.ndarray) -> float:
