@@ -107,17 +107,24 @@ class FrameJudge:
     def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
         """The frame's signals; estimated vectors are the rule's own input, not the codec's, so
         only its verdict is reported for them (`CodecInfo.motion` and ``intra`` stay None)."""
-        vectors = self._pixels.vectors(frame, kind) if self._pixels is not None else frame_vectors(frame)
-        if vectors is not None and self._pixels is None and not (self._residuals or self._intra):
-            # Without residuals or intra blocks only moving vectors count: a still one writes the zero
-            # a map holds already and steps nowhere. An encoder codes most of a camera's blocks still.
-            vectors = vectors[(vectors["motion_x"] != 0) | (vectors["motion_y"] != 0)]
         height, width = frame.height, frame.width
         block = self._grid(width)
+        cover = None
+        if self._pixels is not None:
+            vectors, cover = self._pixels.vectors(frame, kind) or (None, None)
+            if block != vector_side(width):
+                cover = None   # judged on the 4x4 grid, with residuals
+        else:
+            vectors = frame_vectors(frame)
+            if vectors is not None and not (self._residuals or self._intra):
+                # Without residuals or intra blocks only moving vectors count: a still one writes the zero
+                # a map holds already and steps nowhere. An encoder codes most of a camera's blocks still.
+                vectors = vectors[(vectors["motion_x"] != 0) | (vectors["motion_y"] != 0)]
         if self._rule is None or self._rule.block != block:
             self._rule = BlockMotion(self._motion, block)
         rows, cols = grid_shape(height, width, block)
-        cover = destination_blocks(vectors, rows, cols, block) if vectors is not None and len(vectors) else None
+        if cover is None and vectors is not None and len(vectors):
+            cover = destination_blocks(vectors, rows, cols, block)
         motion = motion_map(vectors, height, width, cover, block)
         intra = None
         if self._intra and kind in ("P", "B"):

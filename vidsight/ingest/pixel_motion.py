@@ -18,6 +18,8 @@ import functools
 import av
 import numpy as np
 
+from vidsight.ingest.motion import Cover
+
 # The luma is reduced by a whole factor (at least 2) to about this width: the cost per frame stays
 # that of a 160-pixel-wide picture at any size, and a block stays 1/40 of the frame's width.
 REDUCED_WIDTH = 160
@@ -42,6 +44,7 @@ VECTOR_DTYPE = np.dtype({"names": ["source", "w", "h", "src_x", "src_y", "dst_x"
                                    "motion_y", "motion_scale"],
                          "formats": ["<i4", "u1", "u1", "<i2", "<i2", "<i2", "<i2", "<u8", "<i4", "<i4", "<u2"],
                          "offsets": [0, 4, 5, 6, 8, 10, 12, 16, 24, 28, 32], "itemsize": 40, "aligned": True})
+_NO_VECTORS = (np.zeros(0, VECTOR_DTYPE), (np.zeros(0, np.int64),) * 3)
 
 
 def reduction(width: int) -> int:
@@ -72,24 +75,25 @@ def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
     return out
 
 
-def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> np.ndarray:
+def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> tuple[np.ndarray, Cover]:
     """Vectors of the blocks of ``current`` (`reduced_luma`, reduced ``scale`` times) that moved
     since ``previous``.
 
     Returns:
         An ``AVMotionVector`` array in the full frame's pixels (``source`` -1: from the past,
-        ``motion`` pointing from the block to where its content was), one record per moving block.
+        ``motion`` pointing from the block to where its content was), one record per moving block,
+        and its `destination_blocks` on the grid of `vector_side` squares (known here already).
     """
     rows, cols = current.shape[0] // BLOCK, current.shape[1] // BLOCK
     if rows == 0 or cols == 0:
-        return np.zeros(0, VECTOR_DTYPE)
+        return _NO_VECTORS
     now, before = current[: rows * BLOCK, : cols * BLOCK], previous[: rows * BLOCK, : cols * BLOCK]
     change = now - before
     sad = _block_sum(np.abs(change), rows, cols)
     threshold = max(CHANGE_FACTOR * _median(sad), MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES))
     moved_r, moved_c = np.nonzero(sad > threshold)
     if len(moved_r) == 0:
-        return np.zeros(0, VECTOR_DTYPE)
+        return _NO_VECTORS
     u, v = _flow(now + before, change, moved_r, moved_c)
     vectors = np.zeros(len(moved_r), VECTOR_DTYPE)
     side = scale * BLOCK    # `vector_side`
@@ -102,7 +106,7 @@ def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> n
     vectors["motion_x"], vectors["motion_y"], vectors["motion_scale"] = motion_x, motion_y, QUARTER_PEL
     vectors["src_x"] = vectors["dst_x"] + motion_x // QUARTER_PEL
     vectors["src_y"] = vectors["dst_y"] + motion_y // QUARTER_PEL
-    return vectors
+    return vectors, (np.arange(len(vectors)), moved_r, moved_c)
 
 
 def _flow(twice_mean: np.ndarray, change: np.ndarray, block_r: np.ndarray, block_c: np.ndarray
@@ -169,8 +173,8 @@ class PixelMotion:
     def __init__(self):
         self._previous: np.ndarray | None = None
 
-    def vectors(self, frame: av.VideoFrame, kind: str) -> np.ndarray | None:
-        """The estimated vectors of ``frame`` (of type ``kind``); None for an I-frame, as a codec
+    def vectors(self, frame: av.VideoFrame, kind: str) -> tuple[np.ndarray, Cover] | None:
+        """`estimate_vectors` of ``frame`` (of type ``kind``); None for an I-frame, as a codec
         gives none (so a decoder that starts at a keyframe sees what one that ran into it sees),
         and for a stream's first frame."""
         current = reduced_luma(frame)
