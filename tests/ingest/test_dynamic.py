@@ -19,9 +19,10 @@ def vectors(*moves, source=-1):
 
 
 def judge(rule: BlockMotion, kind: str, records, luma=None):
-    """The rule's verdict on one frame of ``H`` x ``W`` with these vector records."""
+    """The rule's verdict on one frame of ``H`` x ``W`` with these vector records, on the 4x4 grid."""
     intra = intra_blocks(records, H, W) if kind != "I" else None
-    return rule.update(kind, records, motion_map(records, H, W), intra, luma)
+    verdict = rule.update(kind, records, motion_map(records, H, W), intra, luma)
+    return None if verdict is None else verdict.blocks()
 
 
 def test_motion_counts_once_it_persists_from_where_the_block_came_from():
@@ -83,7 +84,7 @@ def test_a_coarse_grid_judges_each_square_and_widens_on_the_4x4_grid():
     cover = destination_blocks(records, rows, cols, side)
     assert rule.update("I", None, motion_map(None, height, width, block=side), None) is None
     dynamic = rule.update("P", records, motion_map(records, height, width, cover, side), None, cover=cover,
-                          fine_shape=grid_shape(height, width))
+                          fine_shape=grid_shape(height, width)).blocks()
     expected = np.zeros((10, 10), dtype=bool)
     expected[3:9, 3:9] = True                       # the square's 4x4 blocks 4..7, one block either side
     assert np.array_equal(dynamic, expected)
@@ -104,9 +105,26 @@ def test_the_fine_grid_dilation_is_a_square_dilation_of_the_repeated_map():
             assert np.array_equal(_on_fine_grid(coarse, factor, fine_shape, by), expected), (factor, by)
 
 
+def test_verdicts_join_and_tell_whether_every_block_is_dynamic_as_their_4x4_maps_do():
+    from vidsight.ingest.dynamic import Verdict
+
+    rng = np.random.default_rng(2)
+    for factor, fine_shape in ((1, (18, 32)), (2, (9, 15)), (3, (23, 30)), (8, (45, 80)), (8, (41, 73)), (8, (3, 5))):
+        shape = (-(-fine_shape[0] // factor), -(-fine_shape[1] // factor))
+        for dilate in (0, 1, 2, 4):
+            for density in (0.5, 0.97, 1.0):
+                for _ in range(20):
+                    one, two = (Verdict(rng.random(shape) < density, factor, fine_shape, dilate) for _ in range(2))
+                    assert one.all() == bool(one.blocks().all()), (factor, fine_shape, dilate)
+                    assert np.array_equal((one | two).blocks(), one.blocks() | two.blocks())
+                    other = Verdict(rng.random(fine_shape) < density, 1, fine_shape, 0)   # another grid
+                    assert np.array_equal((one | other).blocks(), one.blocks() | other.blocks())
+                    assert (one | other).all() == bool((one.blocks() | other.blocks()).all())
+
+
 def test_the_noise_floors_quantile_and_median_are_numpys():
     from vidsight.ingest.dynamic import _quantile, _sorted_median
-    from vidsight.ingest.pixel_motion import _median
+    from vidsight.ingest.pixel_motion import _medians
 
     rng = np.random.default_rng(1)
     for size in (1, 2, 3, 10, 101, 880):
@@ -114,5 +132,5 @@ def test_the_noise_floors_quantile_and_median_are_numpys():
         assert _quantile(values, 0.95) == float(np.quantile(values, 0.95))
         floors = values.tolist()   # the rule keeps each frame's floor as a Python float
         assert _sorted_median(sorted(floors)) == float(np.median(floors))
-        blocks = rng.integers(0, 5000, (size, 2)).astype(np.int16)
-        assert _median(blocks) == float(np.median(blocks))
+        pictures = rng.integers(0, 5000, (3, size, 2)).astype(np.int16)
+        assert _medians(pictures).tolist() == [float(np.median(picture)) for picture in pictures]

@@ -1,24 +1,28 @@
 """The motion rule stops for the rest of a GOP once every block moved: the masks stay the same."""
 
+import av
 import numpy as np
+import pytest
 import torch
 
+from vidsight.bench.motion import sample_photograph
 from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
-from vidsight.ingest.judge import SampleSignals
+from vidsight.ingest import judge as judging
+from vidsight.ingest.judge import FrameJudge, SampleSignals, frame_type
 from vidsight.ingest.writer import write_video
 from vidsight.tasks.scenes import Scene, SceneObject
 from vidsight.vision.motion import MotionMasker
 
 
-def _masks_and_rule_calls(path, monkeypatch, saturation: bool):
+def _masks_and_rule_calls(path, monkeypatch, saturation: bool, motion: MotionPruneConfig = MotionPruneConfig()):
     calls = []
     update = BlockMotion.update
     monkeypatch.setattr(BlockMotion, "update", lambda self, *a, **k: calls.append(1) or update(self, *a, **k))
     if not saturation:
         monkeypatch.setattr(SampleSignals, "saturated", property(lambda self: False))
     info = probe(path)
-    batch = decode_frames(path, sample_frames(info, SamplingConfig(fps=3.0)), DecodeConfig(motion=MotionPruneConfig()),
+    batch = decode_frames(path, sample_frames(info, SamplingConfig(fps=3.0)), DecodeConfig(motion=motion),
                           info)
     masker = MotionMasker()
     masks = [masker.frame_mask(codec, (12, 16)) for codec in batch.codec]
@@ -31,10 +35,12 @@ def _write(path, scene, fps=12):
     return write_video(path, (scene.render(t) for t in times), times, fps, gop=24, bframes=True)
 
 
-def test_a_pan_stops_the_rule_early_in_each_gop_and_keeps_the_same_masks(tmp_path, monkeypatch):
-    path = _write(tmp_path / "pan.mp4", Scene(224, 168, 6.0, seed=2, pan=36.0))
-    masks, calls = _masks_and_rule_calls(path, monkeypatch, saturation=True)
-    unsaturated, all_calls = _masks_and_rule_calls(path, monkeypatch, saturation=False)
+@pytest.mark.parametrize("source", ["codec"])
+def test_a_pan_stops_the_rule_early_in_each_gop_and_keeps_the_same_masks(tmp_path, monkeypatch, source):
+    path = _write(tmp_path / "pan.mp4", Scene(224, 168, 6.0, seed=2, pan=36.0, photo=sample_photograph()))
+    motion = MotionPruneConfig(source=source)
+    masks, calls = _masks_and_rule_calls(path, monkeypatch, saturation=True, motion=motion)
+    unsaturated, all_calls = _masks_and_rule_calls(path, monkeypatch, saturation=False, motion=motion)
     assert torch.equal(masks, unsaturated) and masks.all()
     assert calls < all_calls / 2
 
@@ -69,11 +75,34 @@ def test_still_vectors_change_no_verdict_so_the_judge_leaves_them_out(tmp_path):
                 shape = grid_shape(frame.height, frame.width)
                 judged = every.update(kind, vectors, motion_map(vectors, frame.height, frame.width), None,
                                       fine_shape=shape)
+                judged = None if judged is None else judged.blocks()
                 if vectors is not None:
                     still += int(((vectors["motion_x"] == 0) & (vectors["motion_y"] == 0)).sum())
                     vectors = vectors[(vectors["motion_x"] != 0) | (vectors["motion_y"] != 0)]
                 kept = moving.update(kind, vectors, motion_map(vectors, frame.height, frame.width), None,
                                      fine_shape=shape)
+                kept = None if kept is None else kept.blocks()
                 assert (judged is None and kept is None) or np.array_equal(judged, kept)
                 dynamic += 0 if judged is None else int(judged.sum())
         assert still > 0 and dynamic > 0
+
+
+def test_pixel_motion_estimated_in_batches_judges_each_frame_as_alone(tmp_path, monkeypatch):
+    crossing = SceneObject("square", "red", 30, 0.0, 10.0, (10.0, 60.0), (40.0, 0.0))
+    path = _write(tmp_path / "static.mp4", Scene(224, 168, 4.0, seed=2, noise=3.0, objects=[crossing]))
+
+    def verdicts():
+        judge, out = FrameJudge(MotionPruneConfig(source="pixels"), "pixels"), {}
+        with av.open(str(path)) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                out.update(judge.push(frame, frame_type(frame), index))
+                assert len(out) > index - judging.PIXEL_BATCH   # held for at most a batch
+        out.update(judge.finish())
+        return [None if signals[2] is None else signals[2].blocks() for _, signals in sorted(out.items())]
+
+    batched = verdicts()
+    monkeypatch.setattr(judging, "PIXEL_BATCH", 1)
+    alone = verdicts()
+    assert len(batched) == len(alone) == 48
+    assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(batched, alone))
+    assert 0 < sum(int(b.sum()) for b in batched if b is not None) < 0.5 * sum(b.size for b in batched if b is not None)

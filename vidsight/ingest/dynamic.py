@@ -117,8 +117,9 @@ class BlockMotion:
 
     def update(self, kind: str, vectors: np.ndarray | None, motion: np.ndarray, intra: np.ndarray | None,
                luma: np.ndarray | None = None, future: np.ndarray | None = None, cover: Cover | None = None,
-               fine_shape: tuple[int, int] | None = None) -> np.ndarray | None:
-        """``(ceil(H/4), ceil(W/4))`` bool dynamic blocks of this frame; None for an I-frame (kept whole).
+               fine_shape: tuple[int, int] | None = None) -> Verdict | None:
+        """This frame's dynamic blocks (`Verdict.blocks`: ``(ceil(H/4), ceil(W/4))`` bool); None for
+        an I-frame (kept whole).
 
         Args:
             kind: The frame's type.
@@ -147,13 +148,13 @@ class BlockMotion:
         factor, fine_shape = self.block // BLOCK, fine_shape or magnitude.shape
         if config.rule == "paper":
             energy = config.alpha * residual if residual is not None else 0.0
-            return _on_fine_grid(magnitude + energy > config.tau, factor, fine_shape, 0)
+            return Verdict(magnitude + energy > config.tau, factor, fine_shape, 0)
         if config.rule == "max":
             dynamic = (magnitude > config.tau) | intra
         else:
             dynamic = self._persistent(magnitude, residual, vectors, cover)
         # Widened on the 4x4 grid: the slack is for an edge that clips a block, whatever the grid.
-        return _on_fine_grid(dynamic, factor, fine_shape, config.dilate_blocks)
+        return Verdict(dynamic, factor, fine_shape, config.dilate_blocks)
 
     def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None,
                     cover: Cover | None) -> np.ndarray:
@@ -231,6 +232,43 @@ def _quantile(values: np.ndarray, q: float) -> float:
     ordered = np.partition(values, (low, high))
     a, b, t = ordered[low], ordered[high], position - low
     return float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A frame's dynamic blocks as the rule found them: squares of its grid (``factor`` 4x4 blocks
+    wide), to be widened by ``dilate`` 4x4 blocks on the frame's 4x4 grid of ``fine_shape``.
+
+    The widening and the move to the 4x4 grid cost more than the rule on estimated vectors'
+    coarse squares, and a union of widened maps is the widened union: frames' verdicts are
+    joined here (`|`) and put on the 4x4 grid (`blocks`) once per sample, not once per frame.
+    """
+
+    squares: np.ndarray   # (rows, cols) bool on the rule's grid
+    factor: int
+    fine_shape: tuple[int, int]
+    dilate: int
+
+    def __or__(self, other: Verdict) -> Verdict:
+        if (self.factor, self.fine_shape, self.dilate) == (other.factor, other.fine_shape, other.dilate):
+            return dataclasses.replace(self, squares=self.squares | other.squares)
+        return Verdict(self.blocks() | other.blocks(), 1, self.fine_shape, 0)
+
+    def blocks(self) -> np.ndarray:
+        """``fine_shape`` bool: the dynamic 4x4 blocks."""
+        return _on_fine_grid(self.squares, self.factor, self.fine_shape, self.dilate)
+
+    def all(self) -> bool:
+        """Whether every 4x4 block is dynamic (`blocks().all()`, mostly without making them)."""
+        if self.squares.all():
+            return True
+        # A still square keeps a still 4x4 block when the widening cannot cross it: it is over
+        # twice the widening across, and the squares clipped at the frame's far edges over once.
+        rows, cols = self.fine_shape
+        reach = self.dilate
+        if self.factor > 2 * reach and min((rows - 1) % self.factor, (cols - 1) % self.factor) >= reach:
+            return False
+        return bool(self.blocks().all())
 
 
 def _on_fine_grid(blocks: np.ndarray, factor: int, fine_shape: tuple[int, int], by: int) -> np.ndarray:

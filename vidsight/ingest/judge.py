@@ -13,13 +13,17 @@ from typing import Any
 import av
 import numpy as np
 
-from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig
+from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig, Verdict
 from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
 from vidsight.ingest.pixel_motion import PixelMotion, vector_side
 
-Signals = tuple  # (motion, intra, dynamic) block maps, each None when absent
+Signals = tuple  # (motion, intra, dynamic): block maps (dynamic: the rule's `Verdict` until a sample takes it), each None when absent
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
+# Frames whose motion is estimated from pixels at once (`estimate_vectors`): numpy's per-call
+# overhead is most of one frame's estimate, and a frame's signals come out at most this many
+# frames after it is decoded.
+PIXEL_BATCH = 8
 # Codecs whose FFmpeg decoder honours export_mvs (MPEG-4 part 2 and MPEG-1/2 in 16x16 and 8x8 blocks).
 MOTION_VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg2video", "mpeg1video"})
 # Those whose vectors ``auto`` judges by. MPEG-4 and MPEG-2 vectors missed 0.5-1.4 % of a crossing
@@ -54,8 +58,10 @@ def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:
 class FrameJudge:
     """Runs one decoder's frames, in presentation order, through a motion rule.
 
-    With residuals a B-frame waits for the next reference frame (its future reference: out of the
-    decoder later, though decoded earlier); frames come back in the order they went in.
+    A frame may be judged after later frames are pushed: with residuals a B-frame waits for the
+    next reference frame (its future reference: out of the decoder later, though decoded
+    earlier), and estimated motion is worked out for `PIXEL_BATCH` frames at once. Frames come
+    back in the order they went in; `finish` judges those still held.
     """
 
     def __init__(self, motion: MotionPruneConfig, source: str = "codec"):
@@ -65,12 +71,13 @@ class FrameJudge:
         self._intra = motion.reads_intra
         # Estimated vectors cover only the blocks that moved: no block of theirs is intra-coded.
         self._pixels = PixelMotion() if source == "pixels" else None
-        self._waiting: list[tuple[av.VideoFrame, str, Any, np.ndarray]] = []
+        self._batch = PIXEL_BATCH if self._pixels is not None and not self._residuals else 1
+        self._held: list[tuple[av.VideoFrame, str, Any, np.ndarray | None]] = []
 
     @property
     def waiting(self) -> bool:
-        """Whether a B-frame still waits for its future reference."""
-        return bool(self._waiting)
+        """Whether a frame waits for a later one to be decoded (a B-frame for its future reference)."""
+        return self._residuals and bool(self._held)
 
     def push(self, frame: av.VideoFrame, kind: str, item: Any, saturated: bool = False) -> list[tuple[Any, Signals]]:
         """Judge ``frame`` (of type ``kind``); ``(item, signals)`` of every frame judged now, in order.
@@ -79,24 +86,26 @@ class FrameJudge:
         so the masks of its later samples are whole whatever the rule says; until the next I-frame
         the rule is not run (it costs several times the decoding) and frames report every block dynamic.
         """
-        if saturated and kind != "I" and not self._waiting:
-            return [(item, (None, None, np.ones((-(-frame.height // BLOCK), -(-frame.width // BLOCK)), dtype=bool)))]
+        if saturated and kind != "I" and not self.waiting:
+            blocks = grid_shape(frame.height, frame.width)
+            return [*self._release(None), (item, (None, None, Verdict(np.ones(blocks, dtype=bool), 1, blocks, 0)))]
         luma = frame.to_ndarray(format="gray") if self._residuals else None
-        if kind == "B" and luma is not None:
-            self._waiting.append((frame, kind, item, luma))
-            return []
-        judged = self._release(luma)
-        judged.append((item, self._signals(frame, kind, luma, None)))
-        return judged
+        if self._pixels is not None:
+            self._pixels.add(frame, kind)
+        self._held.append((frame, kind, item, luma))
+        if luma is not None:   # a reference frame releases the B-frames before it, and itself
+            return [] if kind == "B" else self._release(luma)
+        return self._release(None) if len(self._held) >= self._batch else []
 
     def finish(self) -> list[tuple[Any, Signals]]:
-        """The frames still waiting, judged without a future reference (the stream ended first)."""
+        """The frames still held, judged (B-frames without a future reference: the stream ended first)."""
         return self._release(None)
 
     def _release(self, future: np.ndarray | None) -> list[tuple[Any, Signals]]:
-        judged = [(item, self._signals(frame, kind, luma, future)) for frame, kind, item, luma in self._waiting]
-        self._waiting = []
-        return judged
+        held, self._held = self._held, []
+        estimates = self._pixels.take() if self._pixels is not None else [None] * len(held)
+        return [(item, self._signals(frame, kind, luma, future if kind == "B" else None, estimate))
+                for (frame, kind, item, luma), estimate in zip(held, estimates)]
 
     def _grid(self, width: int) -> int:
         """The side of the squares the rule judges: estimated vectors' own (judged on the 4x4 grid
@@ -104,14 +113,15 @@ class FrameJudge:
         residuals, which are 4x4 blocks', are weighed in."""
         return vector_side(width) if self._pixels is not None and not self._residuals else BLOCK
 
-    def _signals(self, frame: av.VideoFrame, kind: str, luma, future) -> Signals:
-        """The frame's signals; estimated vectors are the rule's own input, not the codec's, so
-        only its verdict is reported for them (`CodecInfo.motion` and ``intra`` stay None)."""
+    def _signals(self, frame: av.VideoFrame, kind: str, luma, future, estimate) -> Signals:
+        """The frame's signals; estimated vectors (``estimate``, `PixelMotion.take`'s) are the
+        rule's own input, not the codec's, so only its verdict is reported for them
+        (`CodecInfo.motion` and ``intra`` stay None)."""
         height, width = frame.height, frame.width
         block = self._grid(width)
         cover = None
         if self._pixels is not None:
-            vectors, cover = self._pixels.vectors(frame, kind) or (None, None)
+            vectors, cover = estimate or (None, None)
             if block != vector_side(width):
                 cover = None   # judged on the 4x4 grid, with residuals
         else:
@@ -142,7 +152,7 @@ class SampleSignals:
         self._signals: Signals = NO_SIGNALS
         self._keyframe = False
         self._counting = False                  # the GOP's first sample is out: its later ones count
-        self._gop_dynamic: np.ndarray | None = None  # dynamic blocks of the GOP's samples after its first
+        self._gop_dynamic: Verdict | None = None  # dynamic blocks of the GOP's samples after its first
 
     def add(self, kind: str, signals: Signals) -> None:
         self._signals = signals if kind == "I" else tuple(_merge(a, b) for a, b in zip(self._signals, signals))
@@ -152,7 +162,8 @@ class SampleSignals:
 
     def take(self) -> tuple[Signals, bool]:
         """The signals gathered, and whether an I-frame was among the frames; then start over."""
-        taken = self._signals, self._keyframe
+        motion, intra, dynamic = self._signals
+        taken = (motion, intra, None if dynamic is None else dynamic.blocks()), self._keyframe
         if self._keyframe:
             self._counting = True  # the GOP's first sample: kept whole, its own signals do not count
         elif self._counting:
@@ -170,7 +181,7 @@ class SampleSignals:
         return union is not None and bool(union.all())
 
 
-def _merge(before: np.ndarray | None, now: np.ndarray | None) -> np.ndarray | None:
+def _merge(before: np.ndarray | Verdict | None, now: np.ndarray | Verdict | None) -> np.ndarray | Verdict | None:
     if before is None or now is None:
         return now if before is None else before
-    return before | now if before.dtype == bool else np.maximum(before, now)
+    return np.maximum(before, now) if isinstance(before, np.ndarray) and before.dtype != bool else before | now

@@ -75,26 +75,27 @@ def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
     return out
 
 
-def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> tuple[np.ndarray, Cover]:
-    """Vectors of the blocks of ``current`` (`reduced_luma`, reduced ``scale`` times) that moved
-    since ``previous``.
+def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int) -> list[tuple[np.ndarray, Cover]]:
+    """Vectors of the blocks of each picture of ``currents`` that moved since the picture of
+    ``previouses`` at its index (``(pictures, H, W)``, `reduced_luma`, reduced ``scale`` times).
+
+    Several pairs at once: each step is one numpy call over all of them, whose overhead is most
+    of a step's cost on one pair; each pair's vectors are what it gives alone.
 
     Returns:
-        An ``AVMotionVector`` array in the full frame's pixels (``source`` -1: from the past,
-        ``motion`` pointing from the block to where its content was), one record per moving block,
-        and its `destination_blocks` on the grid of `vector_side` squares (known here already).
+        Per pair, an ``AVMotionVector`` array in the full frame's pixels (``source`` -1: from the
+        past, ``motion`` pointing from the block to where its content was), one record per moving
+        block, and its `destination_blocks` on the grid of `vector_side` squares (known here already).
     """
-    rows, cols = current.shape[0] // BLOCK, current.shape[1] // BLOCK
+    pairs, rows, cols = len(currents), currents.shape[1] // BLOCK, currents.shape[2] // BLOCK
     if rows == 0 or cols == 0:
-        return _NO_VECTORS
-    now, before = current[: rows * BLOCK, : cols * BLOCK], previous[: rows * BLOCK, : cols * BLOCK]
+        return [_NO_VECTORS] * pairs
+    now, before = currents[:, : rows * BLOCK, : cols * BLOCK], previouses[:, : rows * BLOCK, : cols * BLOCK]
     change = now - before
     sad = _block_sum(np.abs(change), rows, cols)
-    threshold = max(CHANGE_FACTOR * _median(sad), MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES))
-    moved_r, moved_c = np.nonzero(sad > threshold)
-    if len(moved_r) == 0:
-        return _NO_VECTORS
-    u, v = _flow(now + before, change, moved_r, moved_c)
+    threshold = np.maximum(CHANGE_FACTOR * _medians(sad), MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES))
+    moved_p, moved_r, moved_c = np.nonzero(sad > threshold[:, None, None])
+    u, v = _flow(now + before, change, moved_p, moved_r, moved_c)
     vectors = np.zeros(len(moved_r), VECTOR_DTYPE)
     side = scale * BLOCK    # `vector_side`
     vectors["source"] = -1
@@ -106,33 +107,36 @@ def estimate_vectors(current: np.ndarray, previous: np.ndarray, scale: int) -> t
     vectors["motion_x"], vectors["motion_y"], vectors["motion_scale"] = motion_x, motion_y, QUARTER_PEL
     vectors["src_x"] = vectors["dst_x"] + motion_x // QUARTER_PEL
     vectors["src_y"] = vectors["dst_y"] + motion_y // QUARTER_PEL
-    return vectors, (np.arange(len(vectors)), moved_r, moved_c)
+    bounds = [0, *np.searchsorted(moved_p, np.arange(1, pairs + 1))]   # moved_p is sorted
+    return [(vectors[start:end], (np.arange(end - start), moved_r[start:end], moved_c[start:end]))
+            for start, end in zip(bounds[:-1], bounds[1:])]
 
 
-def _flow(twice_mean: np.ndarray, change: np.ndarray, block_r: np.ndarray, block_c: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray]:
+def _flow(twice_mean: np.ndarray, change: np.ndarray, block_p: np.ndarray, block_r: np.ndarray,
+          block_c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block: brightness
     constancy ``Ix u + Iy v + It = 0`` in the least-squares sense, gradients of the mean picture
     (central differences, one-sided at the picture's edges).
 
     Args:
-        twice_mean: The sum of the two pictures; change: the later one less the earlier.
-        block_r, block_c: The chosen blocks.
+        twice_mean: ``(pairs, H, W)``, the sums of the two pictures; change: the later ones less
+            the earlier.
+        block_p, block_r, block_c: The chosen blocks: pair, row and column.
     """
     # Few small arrays per frame: every step here is a numpy call's overhead more than its work, so
-    # the gradients are taken over the whole picture in int16 (|Ix| <= 2 * 2040) and only the
+    # the gradients are taken over the whole pictures in int16 (|Ix| <= 2 * 2040) and only the
     # chosen blocks' pixels are gathered and converted.
-    height, width = twice_mean.shape
-    pixels = np.empty((3, height, width), np.int16)    # 2 Ix, 2 Iy, It per pixel (x2: of the sum, not the mean)
+    pairs, height, width = twice_mean.shape
+    pixels = np.empty((3, pairs, height, width), np.int16)   # 2 Ix, 2 Iy, It (x2: of the sum, not the mean)
     ix, iy = pixels[0], pixels[1]
-    np.subtract(twice_mean[:, 2:], twice_mean[:, :-2], out=ix[:, 1:-1])
-    np.subtract(twice_mean[:, 1], twice_mean[:, 0], out=ix[:, 0])
-    np.subtract(twice_mean[:, -1], twice_mean[:, -2], out=ix[:, -1])
-    np.subtract(twice_mean[2:], twice_mean[:-2], out=iy[1:-1])
-    np.subtract(twice_mean[1], twice_mean[0], out=iy[0])
-    np.subtract(twice_mean[-1], twice_mean[-2], out=iy[-1])
+    np.subtract(twice_mean[:, :, 2:], twice_mean[:, :, :-2], out=ix[:, :, 1:-1])
+    np.subtract(twice_mean[:, :, 1], twice_mean[:, :, 0], out=ix[:, :, 0])
+    np.subtract(twice_mean[:, :, -1], twice_mean[:, :, -2], out=ix[:, :, -1])
+    np.subtract(twice_mean[:, 2:], twice_mean[:, :-2], out=iy[:, 1:-1])
+    np.subtract(twice_mean[:, 1], twice_mean[:, 0], out=iy[:, 0])
+    np.subtract(twice_mean[:, -1], twice_mean[:, -2], out=iy[:, -1])
     pixels[2] = change
-    corners = (block_r * (BLOCK * width) + block_c * BLOCK)[:, None] + _block_offsets(width)
+    corners = ((block_p * height + block_r * BLOCK) * width + block_c * BLOCK)[:, None] + _block_offsets(width)
     terms = np.take(pixels.reshape(3, -1), corners, axis=1).astype(np.float32)   # (3, blocks, BLOCK * BLOCK)
     terms[:2] *= 0.25   # central differences (/2) of half the sum (/2)
     sums = terms[:2].transpose(1, 0, 2) @ terms.transpose(1, 2, 0)   # (blocks, 2, 3): rows x, y against x, y, t
@@ -151,34 +155,48 @@ def _block_offsets(width: int) -> np.ndarray:
     return (np.arange(BLOCK)[:, None] * width + np.arange(BLOCK)).reshape(-1)
 
 
-def _median(values: np.ndarray) -> float:
-    """``np.median`` of a 2-D int array, without its overhead."""
-    flat = values.reshape(-1)
-    middle = flat.size // 2
-    if flat.size % 2:
-        return float(np.partition(flat, middle)[middle])
-    low, high = np.partition(flat, (middle - 1, middle))[middle - 1 : middle + 1]
-    return (int(low) + int(high)) / 2
+def _medians(values: np.ndarray) -> np.ndarray:
+    """``np.median`` of each picture's values (``(pictures, rows, cols)`` ints), without its overhead."""
+    flat = values.reshape(len(values), -1)
+    middle = flat.shape[1] // 2
+    if flat.shape[1] % 2:
+        return np.partition(flat, middle, axis=1)[:, middle].astype(np.float64)
+    ordered = np.partition(flat, (middle - 1, middle), axis=1)
+    return (ordered[:, middle - 1].astype(np.int64) + ordered[:, middle]) / 2
 
 
 def _block_sum(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Sums over ``BLOCK x BLOCK`` blocks, by strided adds (a reshaped sum is several times slower)."""
-    by_rows = sum(values[k : rows * BLOCK : BLOCK] for k in range(BLOCK))
-    return sum(by_rows[:, k : cols * BLOCK : BLOCK] for k in range(BLOCK))
+    """Sums over ``BLOCK x BLOCK`` blocks of each picture, by strided adds (a reshaped sum is
+    several times slower)."""
+    by_rows = sum(values[:, k : rows * BLOCK : BLOCK] for k in range(BLOCK))
+    return sum(by_rows[:, :, k : cols * BLOCK : BLOCK] for k in range(BLOCK))
 
 
 class PixelMotion:
-    """Vectors of each frame of one stream from its pixels, frames fed in presentation order."""
+    """Vectors of each frame of one stream from its pixels: frames added in presentation order
+    (each reduced at once, while its pixels are at hand), their vectors estimated together when taken."""
 
     def __init__(self):
         self._previous: np.ndarray | None = None
+        self._added = 0
+        # Per frame with a previous picture to compare: (its place among those added, scale) -> pictures.
+        self._pairs: dict[tuple[tuple[int, int], int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
-    def vectors(self, frame: av.VideoFrame, kind: str) -> tuple[np.ndarray, Cover] | None:
-        """`estimate_vectors` of ``frame`` (of type ``kind``); None for an I-frame, as a codec
-        gives none (so a decoder that starts at a keyframe sees what one that ran into it sees),
-        and for a stream's first frame."""
+    def add(self, frame: av.VideoFrame, kind: str) -> None:
         current = reduced_luma(frame)
         previous, self._previous = self._previous, current
-        if kind == "I" or previous is None or previous.shape != current.shape:
-            return None
-        return estimate_vectors(current, previous, reduction(frame.width))
+        if kind != "I" and previous is not None and previous.shape == current.shape:
+            self._pairs.setdefault((current.shape, reduction(frame.width)), []).append((self._added, current, previous))
+        self._added += 1
+
+    def take(self) -> list[tuple[np.ndarray, Cover] | None]:
+        """Per frame added since the last take, in order, its `estimate_vectors`; None for an
+        I-frame, as a codec gives none (so a decoder that starts at a keyframe sees what one that
+        ran into it sees), and for a stream's first frame."""
+        estimates: list[tuple[np.ndarray, Cover] | None] = [None] * self._added
+        for (_, scale), pairs in self._pairs.items():   # one group unless the frame size changed
+            places, currents, previouses = zip(*pairs)
+            for place, estimate in zip(places, estimate_vectors(np.stack(currents), np.stack(previouses), scale)):
+                estimates[place] = estimate
+        self._added, self._pairs = 0, {}
+        return estimates
