@@ -35,14 +35,16 @@ def _write(path, scene, fps=12):
     return write_video(path, (scene.render(t) for t in times), times, fps, gop=24, bframes=True)
 
 
-@pytest.mark.parametrize("source", ["codec"])
+@pytest.mark.parametrize("source", ["codec", "pixels"])
 def test_a_pan_stops_the_rule_early_in_each_gop_and_keeps_the_same_masks(tmp_path, monkeypatch, source):
     path = _write(tmp_path / "pan.mp4", Scene(224, 168, 6.0, seed=2, pan=36.0, photo=sample_photograph()))
     motion = MotionPruneConfig(source=source)
     masks, calls = _masks_and_rule_calls(path, monkeypatch, saturation=True, motion=motion)
     unsaturated, all_calls = _masks_and_rule_calls(path, monkeypatch, saturation=False, motion=motion)
-    assert torch.equal(masks, unsaturated) and masks.all()
-    assert calls < all_calls / 2
+    # A pan moves everything: H.264 codes a vector for every block; estimated motion misses at most
+    # a flat patch (a GOP's first sample after its keyframe has three frames to persist through).
+    assert torch.equal(masks, unsaturated) and (masks.all() if source == "codec" else masks.float().mean() > 0.99)
+    assert calls < all_calls / 2 if source == "codec" else calls < 0.6 * all_calls   # pixels: a batch later
 
 
 def test_a_static_camera_runs_the_rule_on_every_frame(tmp_path, monkeypatch):

@@ -220,17 +220,22 @@ def _plain_decode_ms(path: Path, threads: str = "AUTO") -> float:
 
 def _judging_ms(path: Path, source: str) -> float:
     """Milliseconds per frame `FrameJudge` spends on every decoded frame by ``source`` (the
-    default rule; frames decoded with vectors exported either way, as a judging decoder runs)."""
+    default rule), timed in a decoder set up as each interval decoder is (one thread; the codec's
+    vectors exported when judging by them): no decoder thread competes with it for a core, as
+    FFmpeg's would on a machine with two."""
     judge, spent, frames = FrameJudge(MotionPruneConfig(source=source), source), 0.0, 0
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
-        configure_decoder(stream, with_motion=True, threads="AUTO")
+        configure_decoder(stream, with_motion=source == "codec", threads="NONE")
         for frame in container.decode(stream):
             kind = frame_type(frame)
             started = time.perf_counter()
             judge.push(frame, kind, None)
             spent += time.perf_counter() - started
             frames += 1
+        started = time.perf_counter()
+        judge.finish()
+        spent += time.perf_counter() - started
     return 1000 * spent / max(frames, 1)
 
 

@@ -21,8 +21,8 @@ Signals = tuple  # (motion, intra, dynamic): block maps (dynamic: the rule's `Ve
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
 # Frames whose motion is estimated from pixels at once (`estimate_vectors`): numpy's per-call
-# overhead is most of one frame's estimate, and a frame's signals come out at most this many
-# frames after it is decoded.
+# overhead is most of one frame's estimate; a frame's signals come out at most this many frames
+# after it is decoded (so a saturated GOP's rule stops up to this many frames later).
 PIXEL_BATCH = 8
 # Codecs whose FFmpeg decoder honours export_mvs (MPEG-4 part 2 and MPEG-1/2 in 16x16 and 8x8 blocks).
 MOTION_VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg2video", "mpeg1video"})
@@ -86,7 +86,8 @@ class FrameJudge:
         so the masks of its later samples are whole whatever the rule says; until the next I-frame
         the rule is not run (it costs several times the decoding) and frames report every block dynamic.
         """
-        if saturated and kind != "I" and not self.waiting:
+        # A held I-frame starts a GOP the caller's ``saturated`` (of the GOP before) knows nothing of.
+        if saturated and kind != "I" and not self.waiting and all(held[1] != "I" for held in self._held):
             blocks = grid_shape(frame.height, frame.width)
             return [*self._release(None), (item, (None, None, Verdict(np.ones(blocks, dtype=bool), 1, blocks, 0)))]
         luma = frame.to_ndarray(format="gray") if self._residuals else None
