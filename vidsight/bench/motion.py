@@ -56,7 +56,8 @@ def sample_photograph() -> str:
 
 
 def static_scenes(duration_s: float = 30.0, seed: int = 1) -> dict[str, Scene]:
-    """The scenes measured: a photograph with noise 0, 2, 5 and with drift; a texture with noise 5.
+    """The scenes measured: a photograph with noise 0, 2, 5, with drift and under a panning camera; a
+    texture with noise 5.
 
     ``seed`` 1 is the bench's (the pixel path's thresholds were chosen on it); other seeds move the
     object's path and the noise, for checks on scenes nothing was chosen on.
@@ -70,6 +71,9 @@ def static_scenes(duration_s: float = 30.0, seed: int = 1) -> dict[str, Scene]:
                                                 objects=list(crossing)) for sigma in (0.0, 2.0, 5.0)}
     scenes["photo, drift 2/s"] = Scene(640, 360, duration_s, seed=seed, drift=2.0, photo=photo, objects=list(crossing))
     scenes["texture, noise 5"] = Scene(640, 360, duration_s, seed=seed, noise=5.0, objects=list(crossing))
+    # A slow pan moves every block under the object (0.4 pixels a frame): nothing is to be pruned.
+    scenes["photo, pan 12/s"] = Scene(640, 360, duration_s, seed=seed, noise=2.0, pan=12.0, photo=photo,
+                                      objects=list(crossing))
     return scenes
 
 

@@ -42,6 +42,9 @@ QUARTER_PEL = 4      # vectors in quarter pixels, as H.264's
 # A changed block with too little texture for a flow (a flat region an edge entered) moves one
 # reduced pixel.
 FLAT_DETERMINANT = 1e-3
+# A camera moving this many frame pixels a frame (the whole picture's flow; CodecSight's tau) moves
+# every block with it.
+CAMERA_MOTION_PX = 0.25
 _EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
@@ -100,8 +103,18 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int) -
     sad = _block_sum(np.abs(change), rows, cols)
     least, median = MIN_CHANGE_LEVELS * BLOCK * BLOCK * len(SAMPLES), _medians(sad)
     threshold = np.where(median > least, least, np.maximum(CHANGE_FACTOR * median, least))   # per pair
-    moved_p, moved_r, moved_c = np.nonzero(sad > threshold[:, None, None])
-    u, v = _flow(now + before, change, moved_p, moved_r, moved_c)
+    moved = sad > threshold[:, None, None]
+    gradients = _gradients(now + before, change)
+    flow = np.zeros((2, *moved.shape), np.float32)
+    flow[:, moved] = _flow(gradients, *np.nonzero(moved))
+    # A moving camera moves every block, including those whose change is too small to stand out
+    # (a slow pan changes a textured block little a frame, a flat one not at all): they move with it.
+    camera = _camera_flow(gradients, moved)                                # (2, pairs)
+    panning = np.hypot(*camera) * scale > CAMERA_MOTION_PX
+    still = ~moved & panning[:, None, None]
+    flow = np.where(still, camera[:, :, None, None], flow)
+    moved_p, moved_r, moved_c = np.nonzero(moved | still)
+    u, v = flow[:, moved_p, moved_r, moved_c]
     vectors = np.zeros(len(moved_r), VECTOR_DTYPE)
     side = scale * BLOCK    # `vector_side`
     vectors["source"] = -1
@@ -118,22 +131,11 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int) -
             for start, end in zip(bounds[:-1], bounds[1:])]
 
 
-def _flow(twice_mean: np.ndarray, change: np.ndarray, block_p: np.ndarray, block_r: np.ndarray,
-          block_c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block: brightness
-    constancy ``Ix u + Iy v + It = 0`` in the least-squares sense, gradients of the mean picture
-    (central differences, one-sided at the picture's edges).
-
-    Args:
-        twice_mean: ``(pairs, H, W)``, the sums of the two pictures; change: the later ones less
-            the earlier.
-        block_p, block_r, block_c: The chosen blocks: pair, row and column.
-    """
-    # Few small arrays per frame: every step here is a numpy call's overhead more than its work, so
-    # the gradients are taken over the whole pictures in int16 (|Ix| <= 2 * 2040) and only the
-    # chosen blocks' pixels are gathered and converted.
-    pairs, height, width = twice_mean.shape
-    pixels = np.empty((3, pairs, height, width), np.int16)   # 2 Ix, 2 Iy, It (x2: of the sum, not the mean)
+def _gradients(twice_mean: np.ndarray, change: np.ndarray) -> np.ndarray:
+    """``(3, pairs, H, W)`` int16: 4 Ix, 4 Iy and It per pixel of each pair, ``twice_mean`` being the
+    sums of its two pictures and ``change`` the later less the earlier; central differences of the
+    sum (so 4x the mean's gradient, |4 Ix| <= 4080), one-sided at the picture's edges."""
+    pixels = np.empty((3, *twice_mean.shape), np.int16)
     ix, iy = pixels[0], pixels[1]
     np.subtract(twice_mean[:, :, 2:], twice_mean[:, :, :-2], out=ix[:, :, 1:-1])
     np.subtract(twice_mean[:, :, 1], twice_mean[:, :, 0], out=ix[:, :, 0])
@@ -142,18 +144,48 @@ def _flow(twice_mean: np.ndarray, change: np.ndarray, block_p: np.ndarray, block
     np.subtract(twice_mean[:, 1], twice_mean[:, 0], out=iy[:, 0])
     np.subtract(twice_mean[:, -1], twice_mean[:, -2], out=iy[:, -1])
     pixels[2] = change
+    return pixels
+
+
+def _flow(gradients: np.ndarray, block_p: np.ndarray, block_r: np.ndarray, block_c: np.ndarray) -> np.ndarray:
+    """``(2, blocks)``: Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block (pair,
+    row and column): brightness constancy ``Ix u + Iy v + It = 0`` in the least-squares sense over
+    the `_gradients` of the mean picture."""
+    # Few small arrays per frame: every step here is a numpy call's overhead more than its work, so
+    # only the chosen blocks' pixels are gathered and converted.
+    _, pairs, height, width = gradients.shape
     corners = ((block_p * height + block_r * BLOCK) * width + block_c * BLOCK)[:, None] + _block_offsets(width)
-    terms = np.take(pixels.reshape(3, -1), corners, axis=1).astype(np.float32)   # (3, blocks, BLOCK * BLOCK)
-    terms[:2] *= 0.25   # central differences (/2) of half the sum (/2)
+    terms = np.take(gradients.reshape(3, -1), corners, axis=1).astype(np.float32)   # (3, blocks, BLOCK * BLOCK)
     # (blocks, 2, 3): rows x, y against x, y, t (einsum: a batched matmul of tiny matrices is several times slower)
-    sums = np.einsum("ibp,jbp->bij", terms[:2], terms)
+    return _solve(np.einsum("ibp,jbp->bij", terms[:2], terms))
+
+
+def _camera_flow(gradients: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """``(2, pairs)``: one Lucas-Kanade flow over each pair's whole picture but its ``moved`` blocks
+    (the objects moving on it), in reduced pixels: the camera's motion. Every other pixel of every
+    other row is enough: a thousand pixels and more average the noise out."""
+    pairs, height, width = gradients.shape[1:]
+    step = BLOCK // 2
+    background = ~np.repeat(np.repeat(moved, step, axis=1), step, axis=2)         # (pairs, H / 2, W / 2)
+    terms = gradients[:, :, ::2, ::2] * background                                 # (3, pairs, H / 2, W / 2)
+    terms = terms.reshape(3, pairs, -1).astype(np.float32).transpose(1, 0, 2)      # (pairs, 3, pixels)
+    return _solve(terms[:, :2] @ terms.transpose(0, 2, 1))
+
+
+def _solve(sums: np.ndarray) -> np.ndarray:
+    """``(2, n)`` flows from ``(n, 2, 3)`` sums of 4 Ix, 4 Iy against 4 Ix, 4 Iy, It: where the
+    gradients are too flat for a flow (a flat region an edge entered), one reduced pixel."""
+    sums = sums * _GRADIENT_SCALE   # central differences (/2) of half the sum (/2)
     xx, xy, xt, yy, yt = sums[:, 0, 0], sums[:, 0, 1], sums[:, 0, 2], sums[:, 1, 1], sums[:, 1, 2]
     determinant = xx * yy - xy * xy
     textured = determinant > FLAT_DETERMINANT * (xx + yy) ** 2 + 1e-6
     safe = np.where(textured, determinant, 1.0)
     u = np.where(textured, -(yy * xt - xy * yt) / safe, 1.0)
     v = np.where(textured, -(xx * yt - xy * xt) / safe, 0.0)
-    return u, v
+    return np.stack([u, v]).astype(np.float32)
+
+
+_GRADIENT_SCALE = np.array([[1 / 16, 1 / 16, 1 / 4], [1 / 16, 1 / 16, 1 / 4]], np.float32)
 
 
 @functools.cache
