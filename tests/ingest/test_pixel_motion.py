@@ -30,11 +30,14 @@ def test_a_camera_moving_a_fraction_of_a_pixel_moves_every_block_with_it(shift):
     assert np.abs(np.median(vectors["motion_y"] / vectors["motion_scale"])) <= 0.25
 
 
-def test_a_still_camera_and_one_moving_under_the_threshold_give_no_vectors():
+def test_a_still_camera_one_moving_under_the_threshold_and_a_flat_picture_give_no_vectors():
     assert 0.05 * SCALE < CAMERA_MOTION_PX
     for shift in (0.0, 0.05):
         (vectors, _), = estimate_vectors(picture(shift, 1)[None], picture(0.0, 2)[None], SCALE)
         assert len(vectors) == 0, shift
+    black = np.full((1, ROWS, COLS), 64, np.int16)   # nothing to see a camera move by
+    (vectors, _), = estimate_vectors(black, black.copy(), SCALE)
+    assert len(vectors) == 0
 
 
 def test_an_object_moving_on_a_still_camera_moves_its_blocks_only():

@@ -169,18 +169,19 @@ def _camera_flow(gradients: np.ndarray, moved: np.ndarray) -> np.ndarray:
     background = ~np.repeat(np.repeat(moved, step, axis=1), step, axis=2)         # (pairs, H / 2, W / 2)
     terms = gradients[:, :, ::2, ::2] * background                                 # (3, pairs, H / 2, W / 2)
     terms = terms.reshape(3, pairs, -1).astype(np.float32).transpose(1, 0, 2)      # (pairs, 3, pixels)
-    return _solve(terms[:, :2] @ terms.transpose(0, 2, 1))
+    return _solve(terms[:, :2] @ terms.transpose(0, 2, 1), flat=0.0)   # a flat picture shows no camera motion
 
 
-def _solve(sums: np.ndarray) -> np.ndarray:
+def _solve(sums: np.ndarray, flat: float = 1.0) -> np.ndarray:
     """``(2, n)`` flows from ``(n, 2, 3)`` sums of 4 Ix, 4 Iy against 4 Ix, 4 Iy, It: where the
-    gradients are too flat for a flow (a flat region an edge entered), one reduced pixel."""
+    gradients are too flat for a flow, ``flat`` reduced pixels across (a block's default: a flat
+    region an edge entered)."""
     sums = sums * _GRADIENT_SCALE   # central differences (/2) of half the sum (/2)
     xx, xy, xt, yy, yt = sums[:, 0, 0], sums[:, 0, 1], sums[:, 0, 2], sums[:, 1, 1], sums[:, 1, 2]
     determinant = xx * yy - xy * xy
     textured = determinant > FLAT_DETERMINANT * (xx + yy) ** 2 + 1e-6
     safe = np.where(textured, determinant, 1.0)
-    u = np.where(textured, -(yy * xt - xy * yt) / safe, 1.0)
+    u = np.where(textured, -(yy * xt - xy * yt) / safe, flat)
     v = np.where(textured, -(xx * yt - xy * xt) / safe, 0.0)
     return np.stack([u, v]).astype(np.float32)
 
