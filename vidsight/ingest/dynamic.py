@@ -159,14 +159,19 @@ class BlockMotion:
     def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None,
                     cover: Cover | None) -> np.ndarray:
         tau = self.config.tau
+        # A moving camera moves every block, and its vectors' unevenness (a flat block coded still,
+        # an edge's larger vector) is not noise: it neither raises the floor nor breaks a streak.
+        camera = _camera_motion(vectors, cover, magnitude.size, self.block) if cover is not None else 0.0
+        if camera > tau:
+            magnitude = np.maximum(magnitude, camera)
         previous, self._previous = self._previous, magnitude
         before = None
         if previous is not None:
             came_from = _sources(vectors, cover, previous.shape, self.block)
             before = _at_source(previous, came_from)
             transient = (magnitude > tau) & (before <= tau)
-            bisect.insort(self._floors, _quantile(magnitude[transient], NOISE_QUANTILE)
-                          if np.count_nonzero(transient) > NOISE_SHARE * transient.size else 0.0)
+            noisy = camera <= tau and np.count_nonzero(transient) > NOISE_SHARE * transient.size
+            bisect.insort(self._floors, _quantile(magnitude[transient], NOISE_QUANTILE) if noisy else 0.0)
         threshold = max(tau, _sorted_median(self._floors)) if self._floors else tau
         # A block's streak continues the one of the block its vector comes from (an object's
         # leading edge moves into blocks that were still); the first frame after an I-frame starts them.
@@ -178,6 +183,29 @@ class BlockMotion:
             large = self.config.alpha * (residual - float(np.median(residual))) > threshold
             dynamic |= large & (_neighbours(large) >= RESIDUAL_CLUSTER)
         return dynamic
+
+
+def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int, block: int) -> float:
+    """How far the camera moved this frame, in pixels: per axis, the median over the frame's
+    ``blocks`` of their past-reference vectors' motion (a block without one counts as still, so a
+    still camera, whose encoder codes most blocks still, gives 0 without sorting anything; noise
+    vectors point every way and their median is near 0 too)."""
+    which = cover[0]
+    past = which[vectors["source"][which] < 0]
+    if 2 * len(past) <= blocks:
+        return 0.0
+    scale = np.maximum(vectors["motion_scale"][past], 1).astype(np.float32)
+    rank, still = blocks // 2, blocks - len(past)
+    medians = []
+    for motion in (vectors["motion_x"][past] / scale, vectors["motion_y"][past] / scale):
+        below = int(np.count_nonzero(motion < 0))
+        if rank < below:
+            medians.append(float(np.partition(motion, rank)[rank]))
+        elif rank < below + still:
+            medians.append(0.0)
+        else:
+            medians.append(float(np.partition(motion, rank - still)[rank - still]))
+    return float(np.hypot(*medians))
 
 
 def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int], block: int
