@@ -47,6 +47,16 @@ def test_by_default_motion_must_last_three_frames_so_a_macroblock_of_noise_twice
     assert np.argwhere(judge(rule, "P", vectors(*walk))).tolist() == [[2, 2]]  # the third frame of the walk
 
 
+def test_a_moving_camera_moves_every_block_even_where_its_encoder_coded_one_still():
+    rng = np.random.default_rng(0)
+    rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))
+    judge(rule, "I", None)
+    for _ in range(3):   # uneven vectors, a third of the blocks coded still: no noise floor to rise
+        pan = [(r, c, float(rng.uniform(0.3, 2.0)), 0.0) for r in range(8) for c in range(8) if rng.random() < 0.65]
+        dynamic = judge(rule, "P", vectors(*pan))
+    assert dynamic.all()
+
+
 def test_a_frame_predicted_only_from_the_future_has_no_past_to_persist_from():
     rule = BlockMotion(MotionPruneConfig())
     judge(rule, "I", None)

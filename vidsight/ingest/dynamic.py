@@ -9,7 +9,8 @@ frame to the next and small; real motion persists and is larger. So the default 
 block to move in three consecutive frames (in the frames before, where its vector says it came
 from, so an object's leading edge counts), above a threshold raised to the noise floor the GOP
 itself shows (the magnitude most transient vectors stay under, once transients are common
-enough to be noise rather than an object's leading edge).
+enough to be noise rather than an object's leading edge). A moving camera is not noise: where the
+median block moves past tau, every block moves with the camera (a pan keeps everything, as it must).
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ class BlockMotion:
         tau = self.config.tau
         # A moving camera moves every block, and its vectors' unevenness (a flat block coded still,
         # an edge's larger vector) is not noise: it neither raises the floor nor breaks a streak.
-        camera = _camera_motion(vectors, cover, magnitude.size, self.block) if cover is not None else 0.0
+        if cover is None and vectors is not None and len(vectors):
+            cover = destination_blocks(vectors, *magnitude.shape, self.block)
+        camera = _camera_motion(vectors, cover, magnitude.size) if cover is not None else 0.0
         if camera > tau:
             magnitude = np.maximum(magnitude, camera)
         previous, self._previous = self._previous, magnitude
@@ -185,12 +188,14 @@ class BlockMotion:
         return dynamic
 
 
-def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int, block: int) -> float:
+def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int) -> float:
     """How far the camera moved this frame, in pixels: per axis, the median over the frame's
     ``blocks`` of their past-reference vectors' motion (a block without one counts as still, so a
     still camera, whose encoder codes most blocks still, gives 0 without sorting anything; noise
     vectors point every way and their median is near 0 too)."""
     which = cover[0]
+    if 2 * len(which) <= blocks:
+        return 0.0
     past = which[vectors["source"][which] < 0]
     if 2 * len(past) <= blocks:
         return 0.0
