@@ -144,3 +144,32 @@ def test_the_noise_floors_quantile_and_median_are_numpys():
         assert _sorted_median(sorted(floors)) == float(np.median(floors))
         pictures = rng.integers(0, 5000, (3, size, 2)).astype(np.int16)
         assert _medians(pictures).tolist() == [float(np.median(picture)) for picture in pictures]
+
+
+def test_the_cameras_motion_is_the_median_block_motion_per_axis():
+    from vidsight.ingest.dynamic import _camera_motion
+    from vidsight.ingest.motion import destination_blocks
+
+    rng = np.random.default_rng(3)
+    rows, cols = 9, 12   # a frame whose last row and column clip its 8x8 and 16x16 partitions
+    checked = 0
+    for case in range(300):
+        count = int(rng.integers(1, 40))
+        records = vectors(*[(0, 0, 0.0, 0.0)] * count)
+        sides = rng.choice([4, 8, 16], count)
+        records["w"], records["h"] = sides, sides
+        records["dst_x"] = rng.integers(0, cols, count) * 4 + sides // 2
+        records["dst_y"] = rng.integers(0, rows, count) * 4 + sides // 2
+        records["motion_x"], records["motion_y"] = rng.integers(-8, 9, (2, count))
+        records["source"] = rng.choice([-1, 1], count, p=[0.8, 0.2])
+        cover = destination_blocks(records, rows, cols)
+        which = cover[0]
+        past = which[records["source"][which] < 0]
+        if 2 * len(past) <= rows * cols or len(past) > rows * cols:
+            continue
+        # The definition: one value per block a past vector covers, a 0 for every other block.
+        medians = [float(np.sort(np.concatenate([records[axis][past] / 4, np.zeros(rows * cols - len(past))]))
+                         [rows * cols // 2]) for axis in ("motion_x", "motion_y")]
+        assert _camera_motion(records, cover, rows * cols) == np.hypot(*medians), case
+        checked += 1
+    assert checked >= 50
