@@ -198,7 +198,7 @@ def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int) -> float:
     if 2 * len(which) <= blocks:
         return 0.0
     weights = np.append(np.bincount(which, minlength=len(vectors)) * (vectors["source"] < 0), 0)
-    weights[-1] = blocks - weights.sum()          # the still blocks, at 0
+    weights[-1] = max(blocks - weights.sum(), 0)   # the still blocks, at 0
     if 2 * weights[-1] >= blocks:
         return 0.0
     scale = np.maximum(vectors["motion_scale"], 1).astype(np.float32)

@@ -17,7 +17,8 @@ from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig, Verdict
 from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
 from vidsight.ingest.pixel_motion import PixelMotion, vector_side
 
-Signals = tuple  # (motion, intra, dynamic): block maps (dynamic: the rule's `Verdict` until a sample takes it), each None when absent
+# (motion, intra, dynamic): block maps, each None when absent; dynamic is the rule's `Verdict` until a sample takes it.
+Signals = tuple
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
 # Frames whose motion is estimated from pixels at once (`estimate_vectors`): numpy's per-call
