@@ -66,7 +66,8 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_ask.add_argument("--gop", type=int, default=None,
                            help="keyframe interval of the generated video when no VIDEO is given (default: 250, x264's)")
     bench_ask.add_argument("--shape", default="small", help="random-weight model shape: small, qwen2.5-vl-3b, "
-                           "qwen2.5-vl-7b, llava-onevision-0.5b, llava-onevision-7b, internvl3-1b, internvl3-8b (default: small)")
+                           "qwen2.5-vl-7b, llava-onevision-0.5b, llava-onevision-7b, internvl3-1b, internvl3-8b; tiny "
+                           "(the device check's dry run) (default: small)")
     bench_ask.add_argument("--video-s", type=_float, default=None,
                            help="length of the generated video when no VIDEO is given (default: 300)")
     bench_ask.add_argument("--video-fps", type=_float, default=None,

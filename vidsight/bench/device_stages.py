@@ -58,7 +58,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
 
     vidsight = ("-m", "vidsight")
     device = "cpu" if dry_run else "cuda"
-    shape = "small" if dry_run else SHAPE
+    shape = "tiny" if dry_run else SHAPE
     # The dry run times the shipped 1.5 M-parameter task model where a bench takes a checkpoint.
     model = str(TASK_MODEL) if dry_run else f"shape:{SHAPE}"
     tests = ("-k", "(tiny and odd and 320x240) or test_offloading_to_host") if dry_run else ()

@@ -83,6 +83,14 @@ MODEL_SHAPES = {
         vision=dict(_VISION_3B_7B, depth=8, hidden_size=640, intermediate_size=1712, num_heads=10,
                     fullatt_block_indexes=[3, 7], out_hidden_size=896),
         min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
+    # The device check's dry run: every stage's code path in seconds, not a model size anyone runs.
+    "tiny": Shape(
+        text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=151936, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]}),
+        vision=dict(_VISION_3B_7B, depth=2, hidden_size=64, intermediate_size=128, num_heads=4,
+                    fullatt_block_indexes=[1], out_hidden_size=64),
+        min_pixels=56 * 56, max_pixels=224 * 224, total_pixels=224 * 224 * 1024),
     "qwen3-vl-8b": Shape(
         family="qwen3_vl",
         text=dict(_QWEN3_TEXT, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
