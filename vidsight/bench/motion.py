@@ -196,9 +196,9 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row["motion_source"] = motion_source(MotionPruneConfig(), codec_name)
         sources = ("pixels", "codec") if codec_name in MOTION_VECTOR_CODECS else ("pixels",)
         for source in sources:
-            runs = [_judging_ms(path, source) for _ in range(repeats)]
-            judging = row[f"judging by {source}"] = min(ms for ms, _ in runs)
-            row[f"dynamic by {source}"] = runs[0][1]
+            timings = [_judging_ms(path, source) for _ in range(repeats)]   # (ms, dynamic share) each
+            judging = row[f"judging by {source}"] = min(ms for ms, _ in timings)
+            row[f"dynamic by {source}"] = timings[0][1]
             row[f"judging by {source} / decode"] = judging / row["decode"]
             row[f"judging by {source} / decode, one thread"] = judging / row["decode, one thread"]
         out[codec] = row
