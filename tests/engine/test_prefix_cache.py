@@ -109,9 +109,42 @@ def test_least_recently_used_prefixes_leave_first_within_the_budget(task_adapter
     assert torch.isfinite(torch.tensor(asker.prefix_cache.stats().hit_rate))
 
 
+@pytest.mark.device_check
+def test_prefixes_past_the_device_budget_wait_in_host_memory_and_answer_as_before(task_adapter, make_test_video):
+    """Device room for one prefix, host room for one: the second video pushes the first down to
+    host memory, the third pushes it out; the first asked again comes back up (a hit) and answers
+    as `ask` does without the cache."""
+    videos = [make_test_video(**{**VIDEO, "seed": seed})[0] for seed in (4, 6, 7)]
+    probe = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    answer(probe, videos[0], QUESTIONS[0])
+    one = probe.prefix_cache.stats().bytes
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(one + one // 2, host_bytes=one + one // 2,
+                                                         device=task_adapter.device))
+    cache = asker.prefix_cache
+    answer(asker, videos[0], QUESTIONS[0])
+    answer(asker, videos[1], QUESTIONS[0])
+    stats = cache.stats()
+    assert (stats.entries, stats.host_entries, stats.offloads, stats.evictions) == (1, 1, 1, 0)
+    assert stats.host_bytes == one
+    ids, logits, again = answer(asker, videos[0], QUESTIONS[1])   # up from host memory; the second goes down
+    ref_ids, ref_logits, _ = answer(Asker(task_adapter), videos[0], QUESTIONS[1])
+    assert_same_answer(ids, logits, ref_ids, ref_logits)
+    assert again.cached_tokens > 0 and again.encoded_visual_tokens == 0
+    stats = cache.stats()
+    assert (stats.hits, stats.host_hits, stats.offloads, stats.entries, stats.host_entries) == (1, 1, 2, 1, 1)
+    answer(asker, videos[2], QUESTIONS[0])   # the third: the first down, the second (host's oldest) out
+    stats = cache.stats()
+    assert (stats.entries, stats.host_entries, stats.evictions) == (1, 1, 1)
+    _, _, kept = answer(asker, videos[0], QUESTIONS[2])
+    _, _, dropped = answer(asker, videos[1], QUESTIONS[0])
+    assert kept.cached_tokens > 0 and dropped.cached_tokens == 0
+
+
 def test_bad_budgets_and_missing_files_are_refused(task_adapter, tmp_path):
     with pytest.raises(ConfigError, match="budget"):
         PrefixCache(0)
+    with pytest.raises(ConfigError, match="host budget"):
+        PrefixCache(1 << 20, host_bytes=-1)
     asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 20))
     with pytest.raises(VideoError, match="missing.mp4"):
         asker.ask(tmp_path / "missing.mp4", QUESTIONS[0])

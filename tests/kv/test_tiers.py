@@ -313,3 +313,35 @@ def test_a_per_head_layout_needs_somewhere_to_keep_every_head(tmp_path):
     cache = TieredKVCache(1, 2, 4, torch.float32, torch.device("cpu"), TierConfig(device_tokens=4, host_tokens=8))
     with pytest.raises(ConfigError, match="disk tier"):
         cache.set_layout(lambda layer, slots: torch.stack([slots, slots]), per_head=True)
+
+
+@pytest.mark.device_check
+def test_both_caches_clone_onto_the_cpu_and_back_unchanged(tmp_path):
+    """A copy in host memory (the prefix cache's lower tier) and one brought back up read what the
+    original reads, every tier of a tiered cache included, and each stays on its own device."""
+    from vidsight.kv import KVCache
+
+    torch.manual_seed(0)
+    plain = KVCache(2, 2, 4, 4, torch.float32, DEVICE)
+    tiered = TieredKVCache(2, 2, 4, torch.float32, DEVICE, TierConfig(device_tokens=6, host_tokens=6,
+                                                                      disk_dir=tmp_path))
+    for cache in (plain, tiered):
+        for _ in range(3):
+            cache.reserve(3)
+            for layer in range(2):
+                k, v = torch.randn(2, 1, 2, 3, 4).to(DEVICE)
+                cache.write(layer, k, v)
+                cache.keep(layer, 3)
+            cache.commit(TokenTable.text(torch.zeros(3, 3, dtype=torch.long)))
+        host = cache.clone(device="cpu")
+        back = host.clone(device=DEVICE)
+        for layer in range(2):
+            want_k, want_v = cache.read(layer)
+            for copy, device in ((host, "cpu"), (back, DEVICE.type)):
+                keys, values = copy.read(layer)
+                assert keys.device.type == device
+                assert torch.equal(keys.cpu(), want_k.cpu()) and torch.equal(values.cpu(), want_v.cpu())
+        assert host.tokens_by_tier() == cache.tokens_by_tier() and host.length == cache.length == 9
+        for copy in (host, back, cache):
+            copy.close()
+    assert not os.listdir(tmp_path)

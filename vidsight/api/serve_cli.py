@@ -13,6 +13,7 @@ from vidsight.api.options import _float
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.api.serve.config import (API_KEY_ENV, DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_CONCURRENT,
                                            DEFAULT_MAX_VIDEO_BYTES, DEFAULT_PREFIX_CACHE_BYTES,
+                                           DEFAULT_PREFIX_CACHE_HOST_BYTES,
                                            DEFAULT_REPLICA_TIMEOUT_S, DEFAULT_SOURCE_RETRIES,
                                            DEFAULT_SOURCE_RETRY_WINDOW_S, default_db_path)
     from vidsight.engine.config import DEFAULT_MODEL
@@ -53,6 +54,10 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="KV bytes of videos kept so a later completion about the same video (same bytes, "
                             "sampling and prefill settings, no KV pruning) prefills only its question; 0 turns it "
                             f"off (default: {DEFAULT_PREFIX_CACHE_BYTES})")
+    serve.add_argument("--prefix-cache-host-bytes", type=int, default=None, metavar="N",
+                       help="host-memory bytes for video prefixes past --prefix-cache-bytes, brought back up on a "
+                            f"hit (default: {DEFAULT_PREFIX_CACHE_HOST_BYTES} on a CUDA device, vLLM's swap space; "
+                            "0 on the CPU)")
     serve.add_argument("--kv-disk", default=None, metavar="DIR",
                        help="disk tier of sessions opened with KV budgets (a directory per session; default: none, "
                             "KV past the host budget is evicted)")
@@ -98,7 +103,8 @@ def serve_config(args):
                        api_keys=read_api_keys(args.api_keys) if args.api_keys else (),
                        source_retries=args.source_retries, source_retry_window_s=args.source_retry_window,
                        kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None,
-                       batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes)
+                       batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes,
+                       prefix_cache_host_bytes=args.prefix_cache_host_bytes)
 
 
 def ray_config(args):

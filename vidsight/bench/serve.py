@@ -151,7 +151,8 @@ def completion_levels(client: ServeClient, video: str, question: str, concurrenc
                           decode_tokens_per_s=fed / levels[-1]["wall_s"],
                           prefix_cache_hit_rate=prefix_hit_rate(before, after),
                           peak_memory_bytes=after.get("vidsight:peak_memory_bytes"),
-                          prefix_cache_bytes=after.get("vidsight:prefix_cache_bytes"))
+                          prefix_cache_bytes=after.get("vidsight:prefix_cache_bytes"),
+                          prefix_cache_host_bytes=after.get("vidsight:prefix_cache_host_bytes"))
         progress(f"completions x{level}: {levels[-1]['requests_per_s']:.2f} req/s, errors {levels[-1]['errors']}, "
                  f"answers per decode step {levels[-1]['mean_decode_batch'] or 0:.1f}")
     return levels

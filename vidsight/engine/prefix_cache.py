@@ -8,7 +8,8 @@ is prefilled (`prefill_question`).
 
 A prefix is reused only when everything that shapes its KV is the same: the file's bytes (a
 content hash, not its name), the sampling, the prefill settings (motion pruning, patch dedup,
-groups) and the decoder's resizing. KV pruning makes the last group's KV depend on the question
+groups) and the decoder's resizing. Past the device's budget, prefixes wait in host memory (vLLM's
+swap space, LMCache's CPU backend) and come back up on a hit. KV pruning makes the last group's KV depend on the question
 (it is pruned with the question in the group), so pruned requests are not cached.
 """
 
@@ -19,6 +20,8 @@ import dataclasses
 import hashlib
 import threading
 from pathlib import Path
+
+import torch
 
 from vidsight.engine.prefill import PrefillConfig, VideoPrefix
 from vidsight.errors import ConfigError, VideoError
@@ -58,13 +61,29 @@ def prefix_key(path: str | Path, sampling: SamplingConfig, prefill: PrefillConfi
 
 @dataclasses.dataclass
 class PrefixCacheStats:
-    """Counters since the cache began, and what it holds now."""
+    """Counters since the cache began, and what it holds now on the device and in host memory.
+
+    Attributes:
+        hits: Lookups that found a prefix (on the device or in host memory).
+        misses: Lookups that did not.
+        host_hits: Of the hits, those brought back up from host memory.
+        offloads: Prefixes moved to host memory for the device budget.
+        evictions: Prefixes dropped for the budgets.
+        entries: Prefixes on the device now.
+        bytes: Their KV bytes.
+        host_entries: Prefixes in host memory now.
+        host_bytes: Their KV bytes.
+    """
 
     hits: int = 0
     misses: int = 0
+    host_hits: int = 0
+    offloads: int = 0
     evictions: int = 0
     entries: int = 0
     bytes: int = 0
+    host_entries: int = 0
+    host_bytes: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -76,53 +95,97 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    """Video prefixes, least recently used first out, within a byte budget of KV.
+    """Video prefixes, least recently used first out, within a byte budget on the device and one in
+    host memory below it.
 
-    Each hit hands out the stored prefix; callers continue a copy of its cache
-    (`prefill_question`), so entries are never changed and concurrent questions share one.
+    A prefix pushed out of the device's budget moves to host memory (pinned when the device is
+    CUDA: `KVStore.clone` onto the CPU) while the host budget holds, and a hit there brings it
+    back up (one copy, milliseconds, against a prefill of seconds); past both budgets the least
+    recently used prefix is dropped. Each hit hands out the stored prefix; callers continue a copy
+    of its cache (`prefill_question`), so entries are never changed and concurrent questions share one.
 
     Args:
-        max_bytes: Most KV bytes held; a prefix larger than this is not kept.
+        max_bytes: Most KV bytes held on the device; a prefix larger than this is not kept.
+        host_bytes: Most KV bytes held in host memory (0: none; an evicted prefix is dropped).
+        device: Where prefixes are used (the model's device), which a host hit brings them back to.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, host_bytes: int = 0, device: torch.device | str = "cpu"):
         if max_bytes <= 0:
             raise ConfigError(f"the prefix cache's budget must be positive, got {max_bytes} bytes")
-        self.max_bytes = max_bytes
+        if host_bytes < 0:
+            raise ConfigError(f"the prefix cache's host budget must be 0 (none) or more, got {host_bytes} bytes")
+        self.max_bytes, self.host_bytes, self.device = max_bytes, host_bytes, torch.device(device)
         self._entries: collections.OrderedDict[PrefixKey, VideoPrefix] = collections.OrderedDict()
+        self._host: collections.OrderedDict[PrefixKey, VideoPrefix] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._stats = PrefixCacheStats()
 
     def get(self, key: PrefixKey) -> VideoPrefix | None:
-        """The prefix stored under ``key`` (now the most recently used), counted as a hit or a miss."""
+        """The prefix stored under ``key`` (now the most recently used, on the device), counted as a
+        hit or a miss."""
         with self._lock:
             prefix = self._entries.get(key)
-            if prefix is None:
+            if prefix is not None:
+                self._entries.move_to_end(key)
+                self._stats.hits += 1
+                return prefix
+            held = self._host.pop(key, None)
+            if held is None:
                 self._stats.misses += 1
                 return None
-            self._entries.move_to_end(key)
             self._stats.hits += 1
+            self._stats.host_hits += 1
+            prefix = _moved(held, self.device)
+            self._keep(key, prefix)
             return prefix
 
     def put(self, key: PrefixKey, prefix: VideoPrefix) -> None:
-        """Keep ``prefix``, evicting the least recently used ones until the budget holds."""
+        """Keep ``prefix`` on the device, moving the least recently used ones down until the budget holds."""
         if prefix.nbytes > self.max_bytes:
             return
         with self._lock:
-            self._entries[key] = prefix
-            self._entries.move_to_end(key)
-            while sum(p.nbytes for p in self._entries.values()) > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                evicted.cache.close()
-                self._stats.evictions += 1
+            self._keep(key, prefix)
+
+    def _keep(self, key: PrefixKey, prefix: VideoPrefix) -> None:
+        self._entries[key] = prefix
+        self._entries.move_to_end(key)
+        while _total(self._entries) > self.max_bytes:
+            self._offload(*self._entries.popitem(last=False))
+
+    def _offload(self, key: PrefixKey, prefix: VideoPrefix) -> None:
+        if prefix.nbytes > self.host_bytes:
+            self._drop(prefix)
+            return
+        self._host[key] = _moved(prefix, torch.device("cpu"))
+        self._stats.offloads += 1
+        while _total(self._host) > self.host_bytes:
+            self._drop(self._host.popitem(last=False)[1])
+
+    def _drop(self, prefix: VideoPrefix) -> None:
+        prefix.cache.close()
+        self._stats.evictions += 1
 
     def stats(self) -> PrefixCacheStats:
         with self._lock:
-            return dataclasses.replace(self._stats, entries=len(self._entries),
-                                       bytes=sum(p.nbytes for p in self._entries.values()))
+            return dataclasses.replace(self._stats, entries=len(self._entries), bytes=_total(self._entries),
+                                       host_entries=len(self._host), host_bytes=_total(self._host))
 
     def clear(self) -> None:
         with self._lock:
-            for prefix in self._entries.values():
+            for prefix in (*self._entries.values(), *self._host.values()):
                 prefix.cache.close()
             self._entries.clear()
+            self._host.clear()
+
+
+def _moved(prefix: VideoPrefix, device: torch.device) -> VideoPrefix:
+    """``prefix`` with its KV copied onto ``device``, the original closed (a caller still cloning it
+    keeps its tensors alive until it is done)."""
+    moved = dataclasses.replace(prefix, cache=prefix.cache.clone(device=device))
+    prefix.cache.close()
+    return moved
+
+
+def _total(entries: collections.OrderedDict[PrefixKey, VideoPrefix]) -> int:
+    return sum(prefix.nbytes for prefix in entries.values())

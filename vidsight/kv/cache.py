@@ -209,16 +209,21 @@ class KVCache:
         rows[:, : self.capacity] = self.slot_rows
         self.slot_rows, self.capacity = rows, capacity
 
-    def clone(self, room: int = 0) -> "KVCache":
+    def clone(self, room: int = 0, device: torch.device | str | None = None) -> "KVCache":
         """An independent copy (its own buffers), e.g. to branch a stream's memory, with room for
-        ``room`` more tokens per layer."""
+        ``room`` more tokens per layer, on ``device`` (None: this cache's; pinned host memory when
+        this cache is on a CUDA device)."""
         capacity = max(self.capacity, max(self.filled) + room)
         used = max(self.filled)
+        source = self.keys.device
+        target = source if device is None else torch.device(device)
+        pin = target.type == "cpu" and source.type == "cuda"
         copy = KVCache.__new__(KVCache)
         with torch.inference_mode(False):  # normal tensors, writable whether or not a step runs
             for name in ("keys", "values"):
                 old = getattr(self, name)
-                new = torch.zeros((*old.shape[:3], capacity, old.shape[4]), dtype=old.dtype, device=old.device)
+                new = torch.zeros((*old.shape[:3], capacity, old.shape[4]), dtype=old.dtype, device=target,
+                                  pin_memory=pin)
                 new[:, :, :, :used] = old[:, :, :, :used]
                 setattr(copy, name, new)
         copy.slot_rows = torch.full((self.slot_rows.shape[0], capacity), -1, dtype=torch.long)

@@ -161,9 +161,10 @@ class KVStore(Protocol):
         """Forget every token from row ``length`` on (a question and its answer)."""
         ...
 
-    def clone(self, room: int = 0) -> "KVStore":
+    def clone(self, room: int = 0, device: torch.device | str | None = None) -> "KVStore":
         """An independent copy, e.g. to branch a stream's memory, with room for ``room`` more tokens
-        per layer (one copy, not a copy and a growth)."""
+        per layer (one copy, not a copy and a growth), on ``device`` (None: the store's own; host
+        memory is pinned when the store is on a CUDA device, so the copy back up can run async)."""
         ...
 
     def close(self) -> None:

@@ -5,8 +5,9 @@ import base64
 import pytest
 from openai import OpenAI
 
-from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES
+from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_HOST_BYTES, ServeConfig
 from vidsight.engine import Asker, GenerationConfig
+from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -140,10 +141,20 @@ def test_a_second_question_about_a_video_reuses_its_prefix(make_local_server, me
                 assert re.search(r'vidsight:prefix_cache_hits_total\{model_name="tiny"\} 1\.0', metrics)
                 assert re.search(r'vidsight:prefix_cache_misses_total\{model_name="tiny"\} 1\.0', metrics)
                 assert float(re.search(r'vidsight:prefix_cache_bytes\{model_name="tiny"\} (\S+)', metrics).group(1)) > 0
+                # On the CPU the device's memory is the host's: nothing is offloaded below it.
+                assert re.search(r'vidsight:prefix_cache_host_bytes\{model_name="tiny"\} 0\.0', metrics)
             else:
                 assert cached == [0, 0] and "prefix_cache" not in metrics
     finally:
         (media / "clip-copy.mp4").unlink()
+
+
+def test_the_prefix_caches_host_budget_defaults_to_none_on_the_cpu_and_is_checked():
+    default = ServeConfig(model="tiny")
+    assert default.prefix_host_budget("cuda") == DEFAULT_PREFIX_CACHE_HOST_BYTES and default.prefix_host_budget("cpu") == 0
+    assert ServeConfig(model="tiny", prefix_cache_host_bytes=123).prefix_host_budget("cpu") == 123
+    with pytest.raises(ConfigError, match="--prefix-cache-host-bytes"):
+        ServeConfig(model="tiny", prefix_cache_host_bytes=-1)
 
 
 def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_local_server, media, tiny_adapter,

@@ -18,6 +18,8 @@ DEFAULT_MAX_CONCURRENT = 64
 # Videos' KV kept for repeated questions: a 7B's 2-minute video at 1 fps and 448x448 is about
 # 0.5 GiB in bfloat16, so a few such videos.
 DEFAULT_PREFIX_CACHE_BYTES = 2 * 2**30
+# Host memory for prefixes past the device's budget on a CUDA device: vLLM's --swap-space default.
+DEFAULT_PREFIX_CACHE_HOST_BYTES = 4 * 2**30
 # A network source that does not come back: tries in a row, and seconds of failing, before it ends.
 DEFAULT_SOURCE_RETRIES = 5
 DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
@@ -69,6 +71,8 @@ class ServeConfig:
             runs each request whole in its turn (the comparison `bench serve --unbatched` makes).
         prefix_cache_bytes: KV bytes of videos kept for later completions about the same video
             (`PrefixCache`); 0 turns the cache off.
+        prefix_cache_host_bytes: KV bytes of prefixes kept in host memory past that budget (None:
+            ``DEFAULT_PREFIX_CACHE_HOST_BYTES`` on a CUDA device, 0 on the CPU, whose memory is the host's).
     """
 
     model: str
@@ -89,6 +93,7 @@ class ServeConfig:
     kv_disk: Path | None = None
     batch_answers: bool = True
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
+    prefix_cache_host_bytes: int | None = None
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:
@@ -106,6 +111,8 @@ class ServeConfig:
             raise ConfigError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
         if self.prefix_cache_bytes < 0:
             raise ConfigError(f"--prefix-cache-bytes must be 0 (off) or more, got {self.prefix_cache_bytes}")
+        if self.prefix_cache_host_bytes is not None and self.prefix_cache_host_bytes < 0:
+            raise ConfigError(f"--prefix-cache-host-bytes must be 0 (none) or more, got {self.prefix_cache_host_bytes}")
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ConfigError(f"{self.allowed_local_media_path}: --allowed-local-media-path is not a directory")
         if self.api_key is not None and not self.api_key.strip():
@@ -126,6 +133,12 @@ class ServeConfig:
         flag = f"--allowed-{kind}-networks"
         networks = self.allowed_stream_networks if kind == "stream" else self.allowed_webhook_networks
         return EgressRules(f"{kind} source" if kind == "stream" else kind, parse_networks(networks, flag), flag=flag)
+
+    def prefix_host_budget(self, device_type: str) -> int:
+        """The prefix cache's host budget on a ``device_type`` device (the default resolved)."""
+        if self.prefix_cache_host_bytes is not None:
+            return self.prefix_cache_host_bytes
+        return DEFAULT_PREFIX_CACHE_HOST_BYTES if device_type == "cuda" else 0
 
     @property
     def served_name(self) -> str:

@@ -69,10 +69,15 @@ class Metrics:
         """The video prefix cache's counters and holdings, from ``stats()`` (a `PrefixCacheStats`)."""
         for name, text in (("hits", "Completions whose video prefix was cached."),
                            ("misses", "Completions that prefilled their video prefix."),
-                           ("evictions", "Video prefixes evicted for the budget.")):
+                           ("host_hits", "Completions whose video prefix came back up from host memory."),
+                           ("offloads", "Video prefixes moved to host memory for the device budget."),
+                           ("evictions", "Video prefixes dropped for the budgets.")):
             self.follow(f"prefix_cache_{name}", text, lambda name=name: getattr(stats(), name), counter=True)
-        self.follow("prefix_cache_bytes", "KV bytes the prefix cache holds.", lambda: stats().bytes)
-        self.follow("prefix_cache_entries", "Video prefixes the cache holds.", lambda: stats().entries)
+        for name, text in (("bytes", "KV bytes the prefix cache holds on the device."),
+                           ("entries", "Video prefixes the cache holds on the device."),
+                           ("host_bytes", "KV bytes the prefix cache holds in host memory."),
+                           ("host_entries", "Video prefixes the cache holds in host memory.")):
+            self.follow(f"prefix_cache_{name}", text, lambda name=name: getattr(stats(), name))
 
     def finished(self, reason: str) -> None:
         self.requests.labels(finished_reason=reason, **self._label).inc()

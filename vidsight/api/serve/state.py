@@ -53,7 +53,9 @@ class Server:
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device)
-        prefix_cache = PrefixCache(self.config.prefix_cache_bytes) if self.config.prefix_cache_bytes else None
+        device = self.adapter.device
+        prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
+                        if self.config.prefix_cache_bytes else None)
         self.asker = Asker(self.adapter, prefix_cache=prefix_cache)
         if prefix_cache is not None:
             self.metrics.follow_prefix_cache(prefix_cache.stats)

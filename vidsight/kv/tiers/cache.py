@@ -186,16 +186,19 @@ class TieredKVCache:
         if self.disk is not None:
             self.disk.close()
 
-    def clone(self, room: int = 0) -> "TieredKVCache":
-        """An independent copy with the same budgets; its disk blocks in a directory of its own
-        (``room`` needs nothing: each write is a block of its own)."""
+    def clone(self, room: int = 0, device: torch.device | str | None = None) -> "TieredKVCache":
+        """An independent copy with the same budgets, its device tier on ``device`` (None: this
+        cache's); its disk blocks in a directory of its own (``room`` needs nothing: each write is
+        a block of its own)."""
         self._reap(wait=True)
         twin = copy.copy(self)
-        twin.copies = CopyEngine(self.device)
+        twin.device = self.device if device is None else torch.device(device)
+        twin.copies = CopyEngine(twin.device)
         twin.copies.bytes, twin.copies.seconds = dict(self.copies.bytes), dict(self.copies.seconds)
         twin.host = HostTier(twin.copies)
         twin.read_bytes, twin.whole_read_bytes = dict(self.read_bytes), dict(self.whole_read_bytes)
-        twin.table = self.table.copy(lambda b: dataclasses.replace(b, data=None if b.data is None else b.data.clone()))
+        twin.table = self.table.copy(lambda b: dataclasses.replace(b, data=None if b.data is None else (
+            b.data.to(twin.device, copy=True) if b.tier == DEVICE else b.data.clone())))
         twin.disk = self.disk.twin(twin.copies, twin.table.every()) if self.disk is not None else None
         twin.filled, twin.slot_rows, twin.tokens = list(self.filled), [list(r) for r in self.slot_rows], self.tokens[:]
         return twin
