@@ -109,6 +109,30 @@ def test_packed_prefill_equals_each_chunk_alone(request, family):
             torch.testing.assert_close(packed_cache.read(layer)[0], single_cache.read(layer)[0], atol=1e-5, rtol=1e-5)
 
 
+def test_a_chunk_split_and_run_in_parts_gives_what_the_whole_gives(tiny_adapter, make_test_video):
+    """Chunked prefill inside a group: a video prompt's chunk run in three parts over three passes
+    (one beside another sequence's chunk) leaves the cache and hidden states of one pass."""
+    state = prefilled(tiny_adapter, make_test_video, *REQUESTS[0][:3], 4)
+    length = state.cache.length
+    ids = torch.tensor(tiny_adapter.text_ids("Where is the square now, and what colour is it?"))
+    positions = torch.arange(len(ids)).expand(3, -1) + int(state.next_position)
+    embeds = tiny_adapter.embed_tokens(ids[None])
+    whole, parted = state.cache.clone(room=len(ids)), state.cache.clone(room=len(ids))
+    reference = forward(tiny_adapter, whole, embeds, positions, TokenTable.text(positions))
+    first, rest = Chunk(parted, embeds, positions, TokenTable.text(positions)).split(5)
+    second, third = rest.split(3)
+    other = Chunk(new_cache(tiny_adapter, 64), embeds[:, :4], positions[:, :4], TokenTable.text(positions[:, :4]))
+    hidden = [forward_packed(tiny_adapter, [first])[0], forward_packed(tiny_adapter, [other, second])[1],
+              forward_packed(tiny_adapter, [third])[0]]
+    assert [h.shape[1] for h in hidden] == [5, 3, len(ids) - 8]
+    torch.testing.assert_close(torch.cat(hidden, dim=1), reference, atol=1e-5, rtol=1e-5)
+    assert parted.length == whole.length == length + len(ids)
+    for layer in range(tiny_adapter.num_layers):
+        torch.testing.assert_close(parted.read(layer)[0], whole.read(layer)[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        first.split(5)
+
+
 def test_a_prefill_chunk_packed_with_decode_steps_changes_neither(tiny_adapter, make_test_video):
     """Chunked prefill: another request's prompt goes through in the answers' pass
     (`DecodeBatch.step_beside`); the answers' tokens and the chunk's hidden states and cache are

@@ -295,3 +295,49 @@ def test_chat_is_timed_by_stage_like_ask_and_watch(tiny_adapter, make_test_video
     stages = answer.stats.stages_s
     assert answer.stats.ttft_s == stages["prefill"] > 0 and stages["generate"] > 0
     assert stages["prefill"] + stages["generate"] <= answer.stats.answer_s
+
+
+@pytest.mark.device_check
+def test_sessions_pushed_together_in_shared_passes_answer_as_each_alone(tiny_adapter, make_test_video):
+    """Three sessions (full, ReKV, Mosaic) of different videos fed frame by frame as a server feeds
+    them: their encodings in one vision call, their chunks in one language-model pass (each over
+    its own cache, its policy selecting for it). Every answer is what the session gives alone."""
+    from vidsight.engine.batch import forward_packed
+    from vidsight.engine.steps import EncodeRequest, encode_together
+    from vidsight.kv.policies import make_policy
+
+    batches = [sampled(make_test_video, fields) for fields in VIDEOS]
+    policies = [lambda: None, lambda: make_policy("rekv", local_tokens=40, top_frames=1),
+                lambda: make_policy("mosaic", local_tokens=40, top_frames=1)]
+
+    def sessions():
+        return [ChatSession(tiny_adapter, policy(), ChatConfig(fps=FPS)) for policy in policies]
+
+    alone, together = sessions(), sessions()
+    for session, batch in zip(alone, batches):
+        session.push(as_frames(batch, 0, len(batch)))
+    shared_passes = 0
+    for k in range(max(len(b) for b in batches)):
+        pending = {}
+        for n, (session, batch) in enumerate(zip(together, batches)):
+            work = session.pushing(as_frames(batch, k, k + 1) if k < len(batch) else [])
+            try:
+                pending[n] = (work, next(work))
+            except StopIteration:
+                pass
+        while pending:
+            encoding = [n for n, (_, request) in pending.items() if isinstance(request, EncodeRequest)]
+            keys = encoding or list(pending)
+            run = encode_together if encoding else forward_packed
+            results = run(tiny_adapter, [pending[n][1] for n in keys])
+            shared_passes += len(keys) > 1 and not encoding
+            for n, result in zip(keys, results):
+                try:
+                    pending[n] = (pending[n][0], pending[n][0].send(result))
+                except StopIteration:
+                    del pending[n]
+    assert shared_passes >= 4
+    for mine, theirs in zip(together, alone):
+        a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (mine, theirs))
+        assert_same_answer(a.token_ids, a.logits, b.token_ids, b.logits)
+        assert len(mine.patches) == len(theirs.patches)

@@ -171,24 +171,39 @@ def test_a_resumed_watch_gives_the_verdicts_of_an_uninterrupted_one(tiny_adapter
 
 
 @pytest.mark.parametrize("refresh", ["full-comp", "anchors"])
-def test_windows_of_several_watches_encoded_together_equal_each_judged_alone(tiny_adapter, stream_video,
-                                                                             make_test_video, refresh):
+def test_windows_of_several_watches_run_together_beside_an_answer_equal_each_judged_alone(
+        tiny_adapter, stream_video, make_test_video, refresh):
+    """Two watches' windows encoded in one vision call, then their new tokens in one language-model
+    pass with a running answer's decode step (as the server's scheduler runs them): every verdict
+    and the answer are what each gives alone."""
+    from vidsight.engine import Asker, GenerationConfig
+    from vidsight.engine.generate import DecodeBatch
+
     other = make_test_video(width=160, height=120, duration_s=9.0, fps=8, gop=24, bframes=True, seed=6)[0]
     config = WatchConfig(WINDOWS, refresh=refresh)
     alone = [list(Watcher(tiny_adapter, QUERY, config).watch(config.open(v))) for v in (stream_video, other)]
+    generation = GenerationConfig(max_new_tokens=12)
+    answer_alone = Asker(tiny_adapter).ask(other, QUERY, generation=generation)
+    answer = Asker(tiny_adapter).begin(other, QUERY, generation=generation)
+    batch = DecodeBatch(tiny_adapter)
+    batch.add(answer.answer)
     watchers = [Watcher(tiny_adapter, QUERY, config) for _ in range(2)]
     windows = [list(sliding_windows(iter(config.open(v)), WINDOWS)) for v in (stream_video, other)]
     together = [[], []]
     for number in range(min(len(w) for w in windows)):
         steps = [w.judging(windows[k][number], number) for k, w in enumerate(watchers)]
         embeds = encode_together(tiny_adapter, [next(s) for s in steps])   # one vision call for both
-        for k, (s, e) in enumerate(zip(steps, embeds)):
+        chunks = [s.send(e) for s, e in zip(steps, embeds)]                # each window's new tokens
+        hidden = batch.step_beside(chunks)                                 # one pass, the answer's token too
+        for k, (s, h) in enumerate(zip(steps, hidden)):
             with pytest.raises(StopIteration) as done:
-                s.send(e)
+                s.send(h)
             together[k].append(done.value.value)
     for mine, theirs in zip(together, alone):
         for a, b in zip(mine, theirs):
             assert a.answer == b.answer and torch.allclose(a.logits, b.logits, atol=1e-5)
+    batch.run()   # what is left of the answer after the windows
+    assert answer.finish().token_ids == answer_alone.token_ids
 
 
 def test_every_refresh_mode_has_a_policy():

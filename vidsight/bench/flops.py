@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from vidsight.engine.steps import Stepped
+from vidsight.engine.steps import EncodeRequest, Stepped
 from vidsight.models.base import VLMAdapter
 
 T = TypeVar("T")
@@ -53,10 +53,11 @@ def drive_counting(steps: Stepped[T], adapter: VLMAdapter) -> tuple[T, int, int]
         try:
             request = next(steps)
             while True:
-                with FlopCount() as encoder:
-                    embeds = request.run(adapter)
-                vision += encoder.flops
-                request = steps.send(embeds)
+                with FlopCount() as counted:
+                    answer = request.run(adapter)   # embeddings, or a chunk's hidden states
+                if isinstance(request, EncodeRequest):
+                    vision += counted.flops
+                request = steps.send(answer)
         except StopIteration as stop:
             result = stop.value
     return result, vision, total.flops

@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from vidsight.engine.forward import add_level, attend_cached, split_levels, unrotation
+from vidsight.engine.forward import add_level, attend_cached, forward, split_levels, unrotation
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
 from vidsight.kv.store import KVStore
@@ -43,6 +43,22 @@ class Chunk:
     @property
     def length(self) -> int:
         return self.embeds.shape[1]
+
+    @torch.inference_mode()
+    def run(self, adapter: VLMAdapter) -> torch.Tensor:
+        """``(1, L, hidden)`` hidden states of the chunk run through the model by itself."""
+        return forward(adapter, self.cache, self.embeds, self.positions, self.rows, policy=self.policy, step=self.step)
+
+    def split(self, tokens: int) -> tuple["Chunk", "Chunk"]:
+        """The chunk's first ``tokens`` and the rest: run one after the other through the same cache,
+        they give what the whole chunk gives (each attends to the cache, then causally within
+        itself), so a long group can go through over several steps (vLLM's chunked prefill)."""
+        if self.policy is not None:
+            raise ValueError("a chunk whose attention a policy selects goes through whole")
+        if not 0 < tokens < self.length:
+            raise ValueError(f"cannot split a chunk of {self.length} tokens after {tokens}")
+        return tuple(Chunk(self.cache, self.embeds[:, part], self.positions[:, part], self.rows[part])
+                     for part in (slice(0, tokens), slice(tokens, None)))
 
 
 @torch.inference_mode()

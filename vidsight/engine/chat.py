@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterable
 import torch
 
 from vidsight.engine.config import GenerationConfig
-from vidsight.engine.forward import first_level, forward, new_cache
+from vidsight.engine.batch import Chunk
+from vidsight.engine.forward import first_level, new_cache
 from vidsight.engine.generate import TextStream, generate
 from vidsight.engine.prompt import check_question, interleave, patch_rows
 from vidsight.engine.stats import ANSWER_STAGES, PATCH_STAGES, StageClock
+from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import VIDEO, TokenTable
@@ -177,20 +179,25 @@ class ChatSession:
     # -- the stream ------------------------------------------------------------------------------
     def push(self, frames: Iterable[SampledFrame]) -> None:
         """Add sampled frames; each completed temporal patch is prefilled at once."""
+        drive(self.pushing(frames), self.adapter)
+
+    def pushing(self, frames: Iterable[SampledFrame]) -> Stepped[None]:
+        """`push` as stepped work (`steps`): it yields each batch of patches' encoding and then its
+        chunk for the language model, so a server encodes and prefills them beside other work."""
         for frame in frames:
             self._check_frame(frame)
             self._pending.append(frame)
             self.frames_seen += 1
             self.time_s = frame.pts_s
             if len(self._pending) == self.adapter.vision.temporal_patch_size * self.config.batch_patches:
-                self._flush()
+                yield from self._flushing()
 
-    def _flush(self) -> None:
+    def _flushing(self) -> Stepped[None]:
         """Prefill the complete temporal patches waiting; a lone frame goes on waiting for its partner."""
         complete = len(self._pending) - len(self._pending) % self.adapter.vision.temporal_patch_size
         if complete:
-            self._prefill_patches(self._pending[:complete])
-            self._pending = self._pending[complete:]
+            frames, self._pending = self._pending[:complete], self._pending[complete:]
+            yield from self._prefilling_patches(frames)
 
     def _check_frame(self, frame: SampledFrame) -> None:
         hw = tuple(frame.rgb.shape[:2])
@@ -205,64 +212,75 @@ class ChatSession:
         elif hw != self._input_hw:
             raise ConfigError(f"frame size changed mid-stream from {self._input_hw} to {hw}")
 
-    def _prefill_patches(self, frames: list[SampledFrame]) -> None:
+    def _prefilling_patches(self, frames: list[SampledFrame]) -> Stepped[None]:
         adapter, spec = self.adapter, self.adapter.vision
         timing = PatchStats(0.0, 0, 0.0, len(frames) // spec.temporal_patch_size)
         clock = StageClock(timing, adapter.device, reset_peak=False)
-        with torch.inference_mode():
-            if self._patches == 0:
-                with clock.stage("prefill"):
-                    self._prefill_text(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
-            with clock.stage("preprocess"):
-                video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
-                                         size=self._size)
-            with clock.stage("vision"):
-                embeds = adapter.encode_video(video.pixel_values, video.grid_thw)[None]
-            patches, gh, gw = video.grid_thw
-            count = embeds.shape[1]
-            seconds_per_patch = spec.temporal_patch_size / self.config.fps
-            firsts = frames[:: spec.temporal_patch_size]
-            in_span = self._patches - self._span_first_patch  # the patches' places in the video span
-            lasts = frames[spec.temporal_patch_size - 1 :: spec.temporal_patch_size]
-            texts = [adapter.patch_text(in_span + k, (first.pts_s + last.pts_s) / 2 - self._origin_s)
-                     for k, (first, last) in enumerate(zip(firsts, lasts))]
-            frame_index, time_s = torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts])
-            if any(before or after for before, after in texts):
-                video_rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s,
-                                        torch.zeros((3, count), dtype=torch.long))
-                table, ids, _, positions = interleave(adapter, (gh, gw), texts, video_rows,
-                                                      torch.ones(count, dtype=torch.bool), self._next_position, 0,
-                                                      seconds_per_patch)
-                rows = TokenTable.concat(table)
-                inputs = adapter.embed_tokens(torch.cat(ids)[None])
-                inputs[0, rows.kind == VIDEO] = embeds[0]
-            else:
-                # The positions of the whole span so far, as `ask` computes them; these patches' are the last.
-                positions = adapter.video_positions((in_span + patches, gh, gw), seconds_per_patch,
-                                                    self._span_start)[:, -count:]
-                rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s, positions)
-                inputs = embeds
-            self.cache.reserve(inputs.shape[1])
-            timing.cached_tokens = self.cache.length
-            per_patch = count // patches
-            step = Step("frame", patches=[(f.frame_index, first_level(embeds[0, k * per_patch : (k + 1) * per_patch]))
-                                          for k, f in enumerate(firsts)])
+        if self._patches == 0:
             with clock.stage("prefill"):
-                forward(adapter, self.cache, inputs, positions, rows, policy=self.policy, step=step)
-        self._patches += patches
-        self._next_position = int(positions.max()) + 1
-        timing.latency_s, timing.attended_tokens = clock.elapsed(), step.attended / step.layers
+                yield self._text_chunk(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
+        with clock.stage("preprocess"), torch.inference_mode():
+            video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
+                                     size=self._size)
+        with clock.stage("vision"):   # with other streams' frames too when a scheduler encodes them together
+            embeds = (yield EncodeRequest(video.pixel_values, video.grid_thw))[None]
+        chunk = self._patch_chunk(frames, video.grid_thw, embeds)
+        timing.cached_tokens = self.cache.length
+        with clock.stage("prefill"):  # with other sequences' tokens too when a scheduler packs them
+            yield chunk
+        self._patches += video.grid_thw[0]
+        self._next_position = int(chunk.positions.max()) + 1
+        timing.latency_s, timing.attended_tokens = clock.elapsed(), chunk.step.attended / chunk.step.layers
         self.patches.append(timing)
+
+    @torch.inference_mode()
+    def _patch_chunk(self, frames: list[SampledFrame], grid_thw: tuple[int, int, int], embeds: torch.Tensor) -> Chunk:
+        """The chunk of the encoded patches of ``frames`` (``embeds`` ``(1, n, hidden)``), with the
+        family's text between patches, for the language model."""
+        adapter, spec = self.adapter, self.adapter.vision
+        patches, gh, gw = grid_thw
+        count = embeds.shape[1]
+        seconds_per_patch = spec.temporal_patch_size / self.config.fps
+        firsts = frames[:: spec.temporal_patch_size]
+        in_span = self._patches - self._span_first_patch  # the patches' places in the video span
+        lasts = frames[spec.temporal_patch_size - 1 :: spec.temporal_patch_size]
+        texts = [adapter.patch_text(in_span + k, (first.pts_s + last.pts_s) / 2 - self._origin_s)
+                 for k, (first, last) in enumerate(zip(firsts, lasts))]
+        frame_index, time_s = torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts])
+        if any(before or after for before, after in texts):
+            video_rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s,
+                                    torch.zeros((3, count), dtype=torch.long))
+            table, ids, _, positions = interleave(adapter, (gh, gw), texts, video_rows,
+                                                  torch.ones(count, dtype=torch.bool), self._next_position, 0,
+                                                  seconds_per_patch)
+            rows = TokenTable.concat(table)
+            inputs = adapter.embed_tokens(torch.cat(ids)[None])
+            inputs[0, rows.kind == VIDEO] = embeds[0]
+        else:
+            # The positions of the whole span so far, as `ask` computes them; these patches' are the last.
+            positions = adapter.video_positions((in_span + patches, gh, gw), seconds_per_patch,
+                                                self._span_start)[:, -count:]
+            rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s, positions)
+            inputs = embeds
+        self.cache.reserve(inputs.shape[1])
+        per_patch = count // patches
+        step = Step("frame", patches=[(f.frame_index, first_level(embeds[0, k * per_patch : (k + 1) * per_patch]))
+                                      for k, f in enumerate(firsts)])
+        return Chunk(self.cache, inputs, positions, rows, policy=self.policy, step=step)
 
     def _prefill_text(self, ids: torch.Tensor, positions: torch.Tensor, step: Step,
                       leading: torch.Tensor | None = None) -> torch.Tensor:
         """Prefill text ``ids``, after ``leading`` ``(n, hidden)`` embeddings when given."""
+        return self._text_chunk(ids, positions, step, leading).run(self.adapter)
+
+    @torch.inference_mode()
+    def _text_chunk(self, ids: torch.Tensor, positions: torch.Tensor, step: Step,
+                    leading: torch.Tensor | None = None) -> Chunk:
         embeds = self.adapter.embed_tokens(ids[None])
         if leading is not None:
             embeds = torch.cat([leading[None], embeds], dim=1)
         self.cache.reserve(embeds.shape[1])
-        return forward(self.adapter, self.cache, embeds, positions, TokenTable.text(positions),
-                       policy=self.policy, step=step)
+        return Chunk(self.cache, embeds, positions, TokenTable.text(positions), policy=self.policy, step=step)
 
     def close(self) -> None:
         """Release the session's disk tier, if it has one."""
@@ -302,7 +320,7 @@ class ChatSession:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
         """
         check_question(question)
-        self._flush()
+        drive(self._flushing(), self.adapter)
         if self._patches == 0:
             raise ConfigError(f"no video yet: a question needs {self.adapter.vision.temporal_patch_size} frames "
                               f"first (one temporal patch); {self.frames_seen} arrived")

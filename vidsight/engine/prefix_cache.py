@@ -6,11 +6,11 @@ prompt is the video followed by the question, so the same video asked about agai
 prefix: its decoding, vision encoding and prefill are all skipped, and only the question's text
 is prefilled (`prefill_question`).
 
-A prefix is reused only when everything that shapes its KV is the same: the file's bytes (a
-content hash, not its name), the sampling, the prefill settings (motion pruning, patch dedup,
-groups) and the decoder's resizing. Past the device's budget, prefixes wait in host memory (vLLM's
-swap space, LMCache's CPU backend) and come back up on a hit. KV pruning makes the last group's KV depend on the question
-(it is pruned with the question in the group), so pruned requests are not cached.
+A prefix is reused only when everything that shapes its KV is the same: the file's bytes (a content
+hash, not its name), the sampling, the prefill settings (motion pruning, patch dedup, groups) and
+the decoder's resizing. Past the device's budget, prefixes wait in host memory (vLLM's swap space,
+LMCache's CPU backend) and come back up on a hit. KV pruning makes the last group's KV depend on the
+question (it is pruned with the question in the group), so pruned requests are not cached.
 """
 
 from __future__ import annotations

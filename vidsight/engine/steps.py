@@ -1,8 +1,10 @@
 """Work that pauses, so a scheduler can run other work in between or encode several at once.
 
 A stepped piece of work is a generator: it yields an `EncodeRequest` where it needs visual
-embeddings, is sent them back, and returns its result. `drive` runs one alone; a scheduler
-that holds several can gather their requests and answer them with `encode_together`.
+embeddings and a `Chunk` where it wants tokens run through the language model, is sent the
+embeddings or the hidden states back, and returns its result. `drive` runs one alone; a scheduler
+that holds several can gather their requests and answer them together (`encode_together`, and
+`forward_packed` beside the running answers' decode step).
 
 Preemptible work (a long prefill) yields None where other work may run before it goes on (between
 prefill groups), and a `Chunk` where it wants the chunk run through the language model (a
@@ -19,12 +21,9 @@ from typing import Any, TypeVar
 import torch
 
 from vidsight.engine.batch import Chunk
-from vidsight.engine.forward import forward
 from vidsight.models.base import VLMAdapter
 
 T = TypeVar("T")
-Stepped = Generator["EncodeRequest", torch.Tensor, T]
-Preemptible = Generator["Chunk | None", "torch.Tensor | None", T]
 
 
 @dataclasses.dataclass
@@ -40,8 +39,12 @@ class EncodeRequest:
         return adapter.encode_video(self.pixel_values, self.grid_thw, self.keep)
 
 
+Stepped = Generator[EncodeRequest | Chunk, torch.Tensor, T]
+Preemptible = Generator[Chunk | None, torch.Tensor | None, T]
+
+
 def drive(steps: Stepped[T], adapter: VLMAdapter) -> T:
-    """Run stepped work to its result, encoding each request as it comes."""
+    """Run stepped work to its result, each request (an encoding, a chunk) run alone as it comes."""
     try:
         request = next(steps)
         while True:
@@ -55,16 +58,9 @@ def run_to_end(steps: Preemptible[T], adapter: VLMAdapter) -> T:
     try:
         request = next(steps)
         while True:
-            request = steps.send(None if request is None else run_chunk(adapter, request))
+            request = steps.send(None if request is None else request.run(adapter))
     except StopIteration as stop:
         return stop.value
-
-
-@torch.inference_mode()
-def run_chunk(adapter: VLMAdapter, chunk: Chunk) -> torch.Tensor:
-    """``(1, L, hidden)`` hidden states of ``chunk`` run through the model by itself."""
-    return forward(adapter, chunk.cache, chunk.embeds, chunk.positions, chunk.rows, policy=chunk.policy,
-                   step=chunk.step)
 
 
 @torch.inference_mode()

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
-from vidsight.engine.forward import forward, new_cache
+from vidsight.engine.batch import Chunk
+from vidsight.engine.forward import new_cache
 from vidsight.engine.prompt import VideoPrompt, build_video_prompt, check_question, plan_video
 from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
@@ -201,7 +202,9 @@ class Watcher:
         window = self._begin(frames, clock)
         with clock.stage("vision"):   # with other windows' frames too when a scheduler encodes them together
             new_embeds = yield window.encode
-        logits, reused, refreshed, tokens, kept = self._finish(window, new_embeds, clock)
+        with clock.stage("prefill"):  # with other sequences' tokens too when a scheduler packs them
+            hidden = yield self._chunk(window, new_embeds)
+        logits, reused, refreshed, tokens, kept = self._finish(window, new_embeds, hidden)
         refreshed_frames = window.cache.tokens.frame_index[refreshed].unique().tolist()
         probs = torch.softmax(logits.float(), dim=-1)
         answer = self.adapter.decode_text([int(logits.argmax())]).strip()
@@ -264,15 +267,20 @@ class Watcher:
                         patch_tokens, plan.video_tokens)
 
     @torch.inference_mode()
-    def _finish(self, window: "_Pending", new_embeds: torch.Tensor, clock: StageClock):
-        """Prefill the new tokens and the query on the window's cache; the first answer token's logits."""
-        adapter, cache, done, prompt = self.adapter, window.cache, window.done, window.prompt
+    def _chunk(self, window: "_Pending", new_embeds: torch.Tensor) -> Chunk:
+        """The window's tokens past its reused KV (the new frames and the query) for the language model."""
+        prompt, done = window.prompt, window.done
+        embeds = self.adapter.embed_tokens(prompt.ids[done:][None])
+        prompt.fill(embeds, torch.arange(done, len(prompt.ids)), new_embeds, self.adapter.video_suffix())
+        return Chunk(window.cache, embeds, prompt.positions[:, done:], prompt.rows[done:])
+
+    @torch.inference_mode()
+    def _finish(self, window: "_Pending", new_embeds: torch.Tensor, hidden: torch.Tensor):
+        """The first answer token's logits from the chunk's ``hidden`` states; the cache remembered
+        for the next window."""
+        cache, done, prompt = window.cache, window.done, window.prompt
         video_start, patches = prompt.video_start, window.patches
-        with clock.stage("prefill"):
-            embeds = adapter.embed_tokens(prompt.ids[done:][None])
-            prompt.fill(embeds, torch.arange(done, len(prompt.ids)), new_embeds, adapter.video_suffix())
-            hidden = forward(adapter, cache, embeds, prompt.positions[:, done:], prompt.rows[done:])
-            logits = adapter.logits(hidden[0, -1])
+        logits = self.adapter.logits(hidden[0, -1])
         reused = int((prompt.rows.kind[video_start:done] == VIDEO).sum()) if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, prompt.kept_tokens

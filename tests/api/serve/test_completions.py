@@ -10,6 +10,8 @@ from vidsight.engine import Asker, GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
 
+from tests.settings import FLOAT32_TOLERANCE
+
 pytestmark = pytest.mark.slow
 QUESTION = "What colour is the square?"
 
@@ -195,5 +197,9 @@ def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_loca
                           json={"question": QUESTION, "max_tokens": 8, "stream": False}, timeout=60).json()
     for request, answer in zip(requests, answers):
         assert answer.choices[0].message.content == expected[request].answer
-    assert [without_timing(e["data"]) for e in events] == [without_timing(r) for r in watched]
+    # Windows went through the model beside the answers' decode steps: the verdicts are the same,
+    # their probabilities within float32's tolerance.
+    served, alone = [without_timing(e["data"]) for e in events], [without_timing(r) for r in watched]
+    assert [{**e, "p_yes": None} for e in served] == [{**r, "p_yes": None} for r in alone]
+    assert all(abs(e["p_yes"] - r["p_yes"]) < FLOAT32_TOLERANCE for e, r in zip(served, alone) if "p_yes" in r)
     assert said["answer"] == chatted.answer

@@ -233,3 +233,60 @@ def test_a_turn_takes_other_prefills_only_within_its_token_budget():
     blocker.result(timeout=10)
     assert [s for s in decode.steps if s.startswith("beside")] == ["beside x0", "beside y0"]
     scheduler.close()
+
+
+def test_groups_longer_than_a_turns_budget_go_over_several_turns_and_answer_as_alone(tiny_adapter,
+                                                                                       make_test_video):
+    """Chunked prefill inside a group: with a budget of 24 prompt tokens a pass, every pass stays
+    within it, a window queued after the first part of a group runs before that group's next part,
+    and each answer (its first-token logits, its greedy tokens) is what the question gets alone."""
+    from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+    from vidsight.engine.generate import DecodeBatch
+    from vidsight.ingest import SamplingConfig
+
+    from tests.settings import assert_same_answer
+
+    budget, passes, order = 24, [], []
+
+    class Recording(DecodeBatch):
+        def step_beside(self, chunks):
+            passes.append([chunk.length for chunk in chunks])
+            order.append("part")
+            if len(passes) == 1:
+                scheduler.submit("watch", lambda: order.append("window"))
+            return super().step_beside(chunks)
+
+    scheduler = Scheduler(decode=Recording(tiny_adapter), max_prefill_tokens=budget)
+    asker = Asker(tiny_adapter)
+    options = dict(sampling=SamplingConfig(fps=2.0), generation=GenerationConfig(max_new_tokens=5),
+                   prefill=PrefillConfig(group_frames=4))
+    requests = [(make_test_video(width=176, height=144, duration_s=4.0, fps=8, gop=8, bframes=True, seed=1)[0],
+                 "What colour is the square?"),
+                (make_test_video(width=160, height=120, duration_s=3.0, fps=6, gop=6, bframes=False, seed=2)[0],
+                 "Where did the square go?")]
+    first_logits = {}
+
+    def begin(path, question):
+        def steps():
+            progress = yield from asker.begin_steps(path, question, **options)
+            first_logits[question] = progress.answer.logits.clone()
+            return progress
+        return steps
+
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    futures = [scheduler.submit_answer(f"client{k}", begin(path, question))[0]
+               for k, (path, question) in enumerate(requests)]
+    gate.set()
+    results = [future.result(timeout=60) for future in futures]
+    blocker.result(timeout=10)
+    scheduler.close()
+    # The first group was split at the budget; the window ran before its next part.
+    assert passes[0] == [budget] and order[:3] == ["part", "window", "part"]
+    assert all(sum(lengths) <= budget for lengths in passes) and len(passes) > 6
+    for result, (path, question) in zip(results, requests):
+        begun = asker.begin(path, question, **options)
+        reference_logits = begun.answer.logits.clone()
+        reference = begun.generate_alone()
+        assert_same_answer(result.token_ids, first_logits[question], reference.token_ids, reference_logits)

@@ -62,7 +62,7 @@ def test_a_session_that_breaks_says_so(make_local_server, monkeypatch):
     def broken(self, frames):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(ChatSession, "push", broken)
+    monkeypatch.setattr(ChatSession, "pushing", broken)
     with make_local_server() as (url, _):
         session_id = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4"}).json()["id"]
         deadline = time.monotonic() + 60

@@ -6,23 +6,26 @@ Each client has its own line and the worker serves the lines in rotation, one pi
 time: a watch's window, one whole request, a session's frame. A long request therefore delays a
 watch by at most itself, and a hundred queued requests delay it by one each, not a hundred.
 
-What is batched: watch windows are stepped work (`engine.steps`): when the worker takes one, it
-also takes the windows waiting at the head of other clients' lines (up to ``max_batch``), runs
-each to the point where it needs its new frames encoded, encodes all of them in one vision call
-(unpruned ones; the encoder attends within each video, so each gets its own result), and
-finishes each. Answers are generated together: a completion's prefill is preemptible work in its
-client's line, run one prefill group per turn, after which its answer joins the running answers,
-and between pieces of work the worker feeds one token of every running answer in one packed pass
-(`DecodeBatch`). When a completion's prefill takes its turn, the prefills at the head of other
-clients' lines take theirs too: each runs its next group up to the language model, and their
-chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
-tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per pass),
-except where KV pruning must see a group alone. Chat frames run whole.
+What is batched: watch windows and session frames are stepped work (`engine.steps`): when the
+worker takes one, it also takes the stepped work waiting at the head of other clients' lines (up to
+``max_batch``), runs each to the point where it needs its new frames encoded, encodes all of them in one vision call (unpruned
+ones; the encoder attends within each video, so each gets its own result), and then runs their new
+tokens (new frames and query) through the language model in one pass with the running answers'
+decode step, each over its own cache. Answers are generated together: a completion's prefill is
+preemptible work in its client's line, run one prefill group per turn, after which its answer joins
+the running answers, and between pieces of work the worker feeds one token of every running answer
+in one packed pass (`DecodeBatch`). When a completion's prefill takes its turn, the prefills at the
+head of other clients' lines take theirs too: each runs its next group up to the language model, and
+their chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
+tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per turn, a
+longer group split there and its rest run in its client's next turn, `Chunk.split`), except where KV
+pruning must see a group alone. A session's questions run whole.
 
 Who goes first: streams (watch windows, session frames) and other work before completions'
 prefills, in rotation within each class; a completion's prefill resumes where it paused (its next
-group) when no stream work waits. So a watch waits for at most one prefill group and one decode
-step, however long the videos asked about; completions wait while streams keep the model busy
+group, or the rest of one) when no stream work waits. So a watch waits for at most one turn's
+prefill tokens (one group where no budget is set) and one decode step, however long the videos
+asked about; completions wait while streams keep the model busy
 (admission, `Server.admit`, bounds how many wait).
 """
 
@@ -36,21 +39,21 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from vidsight.api.serve.media import RequestError
-from vidsight.engine.batch import forward_packed
+from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.steps import EncodeRequest, Stepped
 
 if TYPE_CHECKING:
-    import torch
-
-    from vidsight.engine.batch import Chunk
     from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
-# Prompt tokens of prefill chunks in one turn beside the decode step (the first prefill's group
-# always goes), on a GPU and on a CPU. A CPU's pass takes time in proportion to its tokens and
-# packing saves it no arithmetic (eight 230-token groups of the small shape in one turn held a
-# watch's windows 14 s for 4 % more completions, docs/benchmarks.md): one group per turn there.
+# Prompt tokens of prefill chunks in one turn beside the decode step (a longer group goes over
+# several turns), on a GPU and on a CPU (0: one whole group a turn). A CPU's pass takes time in
+# proportion to its tokens and packing saves it no arithmetic (eight 230-token groups of the small
+# shape in one turn held a watch's windows 14 s for 4 % more completions, docs/benchmarks.md): one
+# group per turn there.
 MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 
 
@@ -63,6 +66,8 @@ class _Work:
     stepped: bool
     ticket: "AnswerTicket | None" = None   # the work begins an answer that the decode batch finishes
     begun: bool = False       # an answer's prefill that ran part way (``work`` is then its generator)
+    rest: "Chunk | None" = None   # the part of its chunk a later turn runs (the turn's budget was spent)
+    parts: list = dataclasses.field(default_factory=list)   # hidden states of the chunk's parts run so far
 
 
 class AnswerTicket:
@@ -90,9 +95,10 @@ class Scheduler:
         on_queue_time: Called with how long each piece of work waited before it started.
         on_batch: Called with the size of each vision batch of stepped work.
         max_batch: Most stepped pieces encoded together, and most answers' prefills stepped together.
-        max_prefill_tokens: Prompt tokens of prefill chunks in one turn past which no other
-            prefill's group joins it (0: one group per turn): a bound on how long stream work
-            waits behind prefills, and on a pass's activation memory.
+        max_prefill_tokens: Prompt tokens of prefill chunks in one turn; a group longer than
+            what is left goes in parts over its client's next turns (0: one whole group per
+            turn): a bound on how long stream work waits behind prefills, and on a pass's
+            activation memory.
         decode: The batch that generates answers together (needed by `submit_answer`).
         on_decode_batch: Called with the number of answers fed in each decode step.
     """
@@ -208,7 +214,7 @@ class Scheduler:
                 item.queued = None
             stepped = False   # whether the running answers already took this turn's step
             if items and items[0].stepped:
-                self._run_stepped(items)
+                stepped = self._run_stepped(items)
             elif items and items[0].ticket is not None:
                 stepped = self._prefill_answers(items)
             elif items and items[0].future.set_running_or_notify_cancel():
@@ -231,10 +237,15 @@ class Scheduler:
         """
         stepped, waiting = False, []   # (item, chunk) waiting for the model
         for item in items:
-            if waiting and sum(chunk.length for _, chunk in waiting) >= self._max_prefill_tokens:
+            room = self._max_prefill_tokens - sum(chunk.length for _, chunk in waiting)
+            if waiting and room <= 0:
                 self._put_back(item)   # the turn is full: its group waits for a later one
-                continue
-            self._advance(item, lambda work: next(work), waiting)
+            elif item.rest is not None:
+                if self._gone(item):
+                    continue
+                self._add_chunk(item, item.rest, waiting, room)
+            else:
+                self._advance(item, lambda work: next(work), waiting, room)
         while waiting:
             packed, tokens = [], 0
             while waiting and (not packed or tokens + waiting[0][1].length <= self._max_prefill_tokens):
@@ -250,12 +261,20 @@ class Scheduler:
                     item.future.set_exception(exc)
                 continue
             for (item, _), states in zip(packed, hidden):
-                self._advance(item, lambda work, states=states: work.send(states), waiting)
+                if item.rest is not None:   # the rest of its chunk goes in a later turn
+                    item.parts.append(states)
+                    self._put_back(item)
+                    continue
+                if item.parts:
+                    states, item.parts = torch.cat([*item.parts, states], dim=1), []
+                self._advance(item, lambda work, states=states: work.send(states), waiting,
+                              self._max_prefill_tokens)
         return stepped
 
-    def _advance(self, item: _Work, resume, waiting: list) -> None:
+    def _advance(self, item: _Work, resume, waiting: list, room: int) -> None:
         """Run an answer's prefill on (``resume(generator)``) to its next chunk (added to
-        ``waiting``), its next pause (back in its line) or its end (into the decode batch)."""
+        ``waiting``, its first ``room`` tokens if it is longer), its next pause (back in its line)
+        or its end (into the decode batch)."""
         try:
             if not item.begun:
                 if not item.future.set_running_or_notify_cancel():
@@ -274,9 +293,26 @@ class Scheduler:
             item.future.set_exception(exc)
             return
         if request is not None:
-            waiting.append((item, request))
+            self._add_chunk(item, request, waiting, room)
             return
         self._put_back(item)
+
+    @staticmethod
+    def _add_chunk(item: _Work, chunk: Chunk, waiting: list, room: int) -> None:
+        """Queue ``chunk`` for this turn's pass: whole, or its first ``room`` tokens when it is
+        longer and a budget is set (the rest kept for the item's next turn)."""
+        item.rest = None
+        if 0 < room < chunk.length and chunk.policy is None:
+            chunk, item.rest = chunk.split(room)
+        waiting.append((item, chunk))
+
+    def _gone(self, item: _Work) -> bool:
+        """Whether the client of a prefill paused mid-chunk went away (then the prefill is ended)."""
+        if not item.ticket.cancelled:
+            return False
+        item.work.close()
+        item.future.set_exception(RequestError(499, "the client went away"))
+        return True
 
     def _put_back(self, item: _Work) -> None:
         """Requeue an answer's prefill first in its own line (its client's later requests wait for
@@ -324,38 +360,75 @@ class Scheduler:
                 generating.future.set_exception(exc)
         return hidden
 
-    def _run_stepped(self, items: list[_Work]) -> None:
-        waiting = []   # (steps, future, request) paused at their encoding
+    def _run_stepped(self, items: list[_Work]) -> bool:
+        """Stepped work (watch windows) run together: their encodings in one vision call, then their
+        chunks in one language-model pass with the running answers' decode step.
+
+        Returns:
+            Whether the running answers took their step.
+        """
+        waiting, chunks = [], []   # (steps, future, request) paused at their encoding, at a chunk
         for item in items:
             if not item.future.set_running_or_notify_cancel():
                 continue
             try:
-                waiting.append((item.work, item.future, next(item.work)))
+                request = next(item.work)
             except StopIteration as stop:
                 item.future.set_result(stop.value)
+                continue
             except BaseException as exc:
                 item.future.set_exception(exc)
-        if not waiting:
-            return
-        if self._on_batch is not None:
+                continue
+            (chunks if isinstance(request, Chunk) else waiting).append((item.work, item.future, request))
+        if waiting and self._on_batch is not None:
             self._on_batch(len(waiting))
         try:
-            encoded = self._encode([request for _, _, request in waiting])
+            encoded = self._encode([request for _, _, request in waiting]) if waiting else []
         except BaseException as exc:
-            for _, future, _ in waiting:
+            for steps, future, _ in waiting:
+                steps.close()
                 future.set_exception(exc)
-            return
+            encoded, waiting = [], []
         for (steps, future, _), embeds in zip(waiting, encoded):
-            try:
-                future.set_result(self._finish(steps, embeds))
-            except BaseException as exc:
-                future.set_exception(exc)
+            self._resume(steps, future, embeds, chunks)
+        return self._run_chunks(chunks)
 
-    def _finish(self, steps: Stepped, embeds):
-        """Run stepped work on from ``embeds`` to its result, encoding any further request alone."""
+    def _resume(self, steps: Stepped, future: Future, sent, chunks: list) -> None:
+        """Run stepped work on from ``sent`` to its result, encoding any further request alone,
+        or to its next chunk (added to ``chunks``)."""
         try:
-            request = steps.send(embeds)
-            while True:
+            request = steps.send(sent)
+            while not isinstance(request, Chunk):
                 request = steps.send(self._encode([request])[0])
         except StopIteration as stop:
-            return stop.value
+            future.set_result(stop.value)
+            return
+        except BaseException as exc:   # handed to the waiting client, which reports it
+            future.set_exception(exc)
+            return
+        chunks.append((steps, future, request))
+
+    def _run_chunks(self, chunks: list) -> bool:
+        """Every chunk of stepped work in one pass (the first with the running answers' decode step),
+        until each has its result; whether the answers took their step."""
+        stepped = False
+        while chunks:
+            try:
+                if self._decode is None:
+                    raise TypeError("stepped work with chunks needs a scheduler built with decode=")
+                packed = [chunk for _, _, chunk in chunks]
+                if self._generating and not stepped:
+                    hidden, stepped = self._step_answers(beside=packed), True
+                elif len(packed) == 1:   # as when it runs alone, to the bit
+                    hidden = [packed[0].run(self._decode.adapter)]
+                else:
+                    hidden = forward_packed(self._decode.adapter, packed)
+            except BaseException as exc:   # the pass failed for every piece of work in it
+                for steps, future, _ in chunks:
+                    steps.close()
+                    future.set_exception(exc)
+                return stepped
+            pending, chunks = chunks, []
+            for (steps, future, _), states in zip(pending, hidden):
+                self._resume(steps, future, states, chunks)
+        return stepped

@@ -125,7 +125,8 @@ class SessionManager:
             for frame in session.frames:
                 if session.stop.is_set():
                     return
-                self.scheduler.submit(session.id, lambda f=frame: session.chat.push([f])).result()
+                # Stepped: encoded and prefilled beside other streams' frames and the running answers.
+                self.scheduler.submit_steps(session.id, session.chat.pushing([frame])).result()
             session.state = ENDED
         except VidsightError as exc:
             if not session.stop.is_set():
