@@ -82,13 +82,13 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
     stages.append(Stage("decode", (*vidsight, "bench", "decode", *video, "--gop", str(ASK_GOP), "--fps", "1",
                                    "--repeats", "1", "--worker-counts", *workers, "--out", str(out / "ask")),
                         30 if dry_run else GPU_LIMITS_S["decode"], report=out / "ask" / "decode.json"))
-    watch = (("--dtype", "float32", "--video-s", "10", "--window-s", "6") if dry_run else
+    watch = (("--dtype", "float32", "--video-s", "6", "--window-s", "4") if dry_run else
              ("--dtype", "bfloat16", "--video-s", str(WATCH_VIDEO_S), "--window-s", str(WATCH_WINDOW_S)))
     stages.append(Stage("watch", (*vidsight, "bench", "watch", "--model", model, "--suite", "hard", "--videos", "1",
                                   "--flop-videos", "0", *watch, "--root", str(out / "suites"),
                                   "--out", str(out / "watch")),
                         60 if dry_run else GPU_LIMITS_S["watch"], report=out / "watch" / "watch.json"))
-    histories = ("200", "400") if dry_run else tuple(map(str, CHAT_HISTORIES))
+    histories = ("200",) if dry_run else tuple(map(str, CHAT_HISTORIES))
     # Budgets count cached tokens summed over layers: the device keeps about a fifth of the longest
     # history (the 7B has 28 layers), host memory as much again, the disk the rest, so every copy runs.
     device_budget = 400 if dry_run else 28 * CHAT_HISTORIES[-1] // 5
