@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
-from vidsight.engine.generate import Answer, DecodeBatch, TextStream
+from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, prefix_key
@@ -49,34 +49,27 @@ class AskResult:
         return {"answer": self.answer, "stats": self.stats.to_dict()}
 
 
-class AskInProgress:
+class AskInProgress(AnswerInProgress):
     """A question whose video and question are prefilled and whose answer is being generated.
 
-    ``answer`` is stepped by a `DecodeBatch` (alone, or beside other answers on a server); once it
-    is done, `finish` gives the result. The ``generate`` stage is the time from the prefill's end
-    to `finish`, other answers' steps included when it shares the batch.
+    The ``generate`` stage is the time from the prefill's end to `finish`, other answers' steps
+    included when it shares the batch.
     """
 
     def __init__(self, adapter, state: Prefilled, generation: GenerationConfig, request: Request,
                  on_text: Callable[[str], None] | None = None):
-        self.adapter, self.request = adapter, request
+        self.request = request
         self._stream = TextStream(adapter, on_text) if on_text is not None else None
         self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
                          leave=False)
-        self.answer = Answer(state.cache, state.logits, state.next_position, generation, on_token=self._on_token)
+        super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, generation,
+                                         on_token=self._on_token))
         self._since = request.clock.mark()
 
     def _on_token(self, ids: list[int]) -> None:
         self._bar.update(1)
         if self._stream is not None:
             self._stream(ids)
-
-    def generate_alone(self) -> AskResult:
-        """Generate the answer by itself, then `finish`."""
-        batch = DecodeBatch(self.adapter)
-        batch.add(self.answer)
-        batch.run()
-        return self.finish()
 
     def finish(self) -> AskResult:
         """The answer and its stats, once ``answer`` is done."""

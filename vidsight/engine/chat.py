@@ -20,10 +20,10 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
-from vidsight.engine.generate import TextStream, generate
+from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
 from vidsight.engine.prompt import check_question, interleave, patch_rows
 from vidsight.engine.stats import ANSWER_STAGES, PATCH_STAGES, StageClock
-from vidsight.engine.steps import EncodeRequest, Stepped, drive
+from vidsight.engine.steps import EncodeRequest, Preemptible, Stepped, drive, run_to_end
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
 from vidsight.kv import VIDEO, TokenTable
@@ -137,6 +137,54 @@ class ChatAnswer:
     def to_dict(self) -> dict:
         return {"time_s": self.stats.time_s, "question": self.question, "answer": self.answer,
                 "stats": self.stats.to_dict()}
+
+
+class ChatInProgress(AnswerInProgress):
+    """A session's question that is prefilled and whose answer is being generated (`ChatSession.asking`).
+
+    `finish` ends the turn: the dialogue is kept or dropped from the cache, and the stats are
+    counted. The ``generate`` stage runs from the question's prefill to `finish`.
+    """
+
+    def __init__(self, session: "ChatSession", question: str, generation: GenerationConfig,
+                 on_text: Callable[[str], None] | None):
+        super().__init__(session.adapter, None)
+        self.session, self.question, self.generation = session, question, generation
+        self.stream = TextStream(session.adapter, on_text) if on_text is not None else None
+        self.before = session.cache.length
+        self.stats = ChatStats(time_s=session.time_s, frames_seen=session.frames_seen, cached_tokens=self.before)
+        self.clock = StageClock(self.stats, session.adapter.device, reset_peak=False)
+        self.question_step, self.answer_step = Step("question"), Step("answer")
+        self.traffic_before = traffic_of(session.cache)
+        self.logits: torch.Tensor | None = None
+
+    def start(self, logits: torch.Tensor, next_position: int) -> None:
+        """The question is prefilled: its last ``(vocab,)`` logits and the first answer token's position."""
+        self.logits, self.first_position = logits, next_position
+        self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
+                             policy=self.session.policy, step=self.answer_step)
+        self._since = self.clock.mark()
+
+    def finish(self) -> ChatAnswer:
+        session, stats, ids = self.session, self.stats, self.answer.ids
+        if self.stream is not None:
+            self.stream.finish(ids)
+        if session.config.keep_dialogue:
+            # The answer's last token is at the position after those fed before it.
+            session._keep_turn(ids, self.first_position + len(ids) - 1)
+        self.clock.charge("generate", self._since)
+        if not session.config.keep_dialogue:
+            session.cache.truncate(self.before)
+        stats.ttft_s = stats.stages_s["prefill"]
+        stats.answer_s = self.clock.elapsed()
+        stats.attended_tokens = self.question_step.attended / max(self.question_step.layers, 1)
+        stats.retrieved_tokens = self.question_step.retrieved / max(self.question_step.layers, 1)
+        traffic = traffic_of(session.cache)
+        stats.tokens_by_tier, stats.bytes_moved = session.cache.tokens_by_tier(), traffic.bytes_moved
+        stats.question_bytes_moved = traffic.since(self.traffic_before).bytes_moved
+        stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
+        stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
+        return ChatAnswer(self.question, self.adapter.decode_text(ids).strip(), ids, stats, self.logits)
 
 
 class ChatSession:
@@ -319,6 +367,14 @@ class ChatSession:
         Raises:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
         """
+        return run_to_end(self.asking(question, generation, on_text), self.adapter).generate_alone()
+
+    def asking(self, question: str, generation: GenerationConfig = GenerationConfig(),
+               on_text: Callable[[str], None] | None = None) -> Preemptible[ChatInProgress]:
+        """`ask` as preemptible work (`steps`): it yields the question's chunk for the language
+        model and gives the answer to generate, so a server prefills the question beside other
+        sequences and generates the answer in its decode batch. The session takes no frames
+        until the answer is finished."""
         check_question(question)
         drive(self._flushing(), self.adapter)
         if self._patches == 0:
@@ -330,38 +386,17 @@ class ChatSession:
                              "before the video; a stream cannot be prefilled ahead of its questions")
         # The video so far ends here: its suffix (LLaVA-OneVision's newline), then the question's text.
         question_ids = layout.input_ids[layout.video_start :]
-        before = self.cache.length
-        stats = ChatStats(time_s=self.time_s, frames_seen=self.frames_seen, cached_tokens=before)
-        clock = StageClock(stats, self.adapter.device, reset_peak=False)
-        question_step, answer_step = Step("question"), Step("answer")
-        traffic_before = traffic_of(self.cache)
-        with torch.inference_mode():
-            with clock.stage("prefill"):
+        progress = ChatInProgress(self, question, generation, on_text)
+        with progress.clock.stage("prefill"):
+            with torch.inference_mode():
                 video_suffix = self.adapter.video_suffix()
-                length = video_suffix.shape[0] + len(question_ids)
-                positions = (torch.arange(length) + self._next_position).expand(3, -1)
-                hidden = self._prefill_text(question_ids, positions, question_step, video_suffix)
+            length = video_suffix.shape[0] + len(question_ids)
+            positions = (torch.arange(length) + self._next_position).expand(3, -1)
+            hidden = yield self._text_chunk(question_ids, positions, progress.question_step, video_suffix)
+            with torch.inference_mode():
                 logits = self.adapter.logits(hidden[0, -1])
-            stream = TextStream(self.adapter, on_text) if on_text is not None else None
-            with clock.stage("generate"):
-                ids = generate(self.adapter, self.cache, logits, self._next_position + length, generation,
-                               on_token=stream, policy=self.policy, step=answer_step)
-                if stream is not None:
-                    stream.finish(ids)
-            if self.config.keep_dialogue:
-                self._keep_turn(ids, self._next_position + length + len(ids) - 1)
-        if not self.config.keep_dialogue:
-            self.cache.truncate(before)
-        stats.ttft_s = stats.stages_s["prefill"]
-        stats.answer_s = clock.elapsed()
-        stats.attended_tokens = question_step.attended / max(question_step.layers, 1)
-        stats.retrieved_tokens = question_step.retrieved / max(question_step.layers, 1)
-        traffic = traffic_of(self.cache)
-        stats.tokens_by_tier, stats.bytes_moved = self.cache.tokens_by_tier(), traffic.bytes_moved
-        stats.question_bytes_moved = traffic.since(traffic_before).bytes_moved
-        stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
-        stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
-        return ChatAnswer(question, self.adapter.decode_text(ids).strip(), ids, stats, logits)
+        progress.start(logits, self._next_position + length)
+        return progress
 
     def _keep_turn(self, ids: list[int], last_position: int) -> None:
         """Close the answered turn and open the next user turn's video span after it.

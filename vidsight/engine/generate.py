@@ -148,6 +148,32 @@ class DecodeBatch:
             pass
 
 
+class AnswerInProgress:
+    """A prompt that is prefilled and whose answer is being generated.
+
+    ``answer`` is stepped by a `DecodeBatch`, alone (`generate_alone`) or beside other answers on
+    a server; once it is done, `finish` gives the workload's result (`AskResult`, `ChatAnswer`).
+
+    Args:
+        adapter: The model's primitives.
+        answer: The answer to generate.
+    """
+
+    def __init__(self, adapter: VLMAdapter, answer: Answer):
+        self.adapter, self.answer = adapter, answer
+
+    def finish(self):
+        """The result, once ``answer`` is done."""
+        raise NotImplementedError
+
+    def generate_alone(self):
+        """Generate the answer by itself, then `finish`."""
+        batch = DecodeBatch(self.adapter)
+        batch.add(self.answer)
+        batch.run()
+        return self.finish()
+
+
 @torch.inference_mode()
 def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,

@@ -290,3 +290,75 @@ def test_groups_longer_than_a_turns_budget_go_over_several_turns_and_answer_as_a
         reference_logits = begun.answer.logits.clone()
         reference = begun.generate_alone()
         assert_same_answer(result.token_ids, first_logits[question], reference.token_ids, reference_logits)
+
+
+def test_session_questions_join_the_decode_batch_and_their_frames_wait_for_the_answer(tiny_adapter,
+                                                                                        make_test_video):
+    """Two sessions (full and ReKV) ask beside a completion: each question's chunk goes through a
+    pass with the running answers' decode step and its answer is generated in the decode batch;
+    the frames queued after a question wait for its answer; every answer (greedy tokens, first-token
+    logits) is what the session gives alone."""
+    from vidsight.engine import Asker, GenerationConfig
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.generate import DecodeBatch
+    from vidsight.engine.steps import encode_together
+    from vidsight.ingest import SamplingConfig
+    from vidsight.kv.policies import make_policy
+
+    from tests.engine.test_chat import FPS, QUESTIONS, VIDEOS, as_frames, sampled
+    from tests.settings import assert_same_answer
+
+    generation = GenerationConfig(max_new_tokens=6)
+    batches = [sampled(make_test_video, fields) for fields in VIDEOS[:2]]
+    policies = [lambda: None, lambda: make_policy("rekv", local_tokens=40, top_frames=1)]
+    halves = [(0, len(batch) // 2) for batch in batches], [(len(batch) // 2, len(batch)) for batch in batches]
+
+    def sessions():
+        return [ChatSession(tiny_adapter, policy(), ChatConfig(fps=FPS)) for policy in policies]
+
+    alone = []
+    for n, (session, batch) in enumerate(zip(sessions(), batches)):
+        for half, question in zip(halves, QUESTIONS):
+            session.push(as_frames(batch, *half[n]))
+            alone.append(session.ask(question, generation))
+
+    beside, events = [], []
+
+    class Recording(DecodeBatch):
+        def step_beside(self, chunks):
+            beside.append((len(self.running), len(chunks)))
+            return super().step_beside(chunks)
+
+    def logged(name, steps):
+        events.append(name)
+        return (yield from steps)
+
+    scheduler = Scheduler(encode=lambda requests: encode_together(tiny_adapter, requests),
+                          decode=Recording(tiny_adapter), max_prefill_tokens=0)
+    gate, started = threading.Event(), threading.Event()
+    blocker = scheduler.submit("busy", lambda: started.set() or gate.wait())
+    assert started.wait(10)
+    video = make_test_video(width=160, height=120, duration_s=3.0, fps=6, gop=6, bframes=False, seed=2)[0]
+    asker = Asker(tiny_adapter)
+    options = dict(sampling=SamplingConfig(fps=2.0), generation=GenerationConfig(max_new_tokens=24))
+    completion, _ = scheduler.submit_answer("completion", lambda: asker.begin_steps(video, QUESTIONS[0], **options))
+    answers = []
+    for n, (session, batch) in enumerate(zip(sessions(), batches)):
+        for k, (half, question) in enumerate(zip(halves, QUESTIONS)):
+            scheduler.submit_steps(f"s{n}", logged(f"s{n} frames {k}", session.pushing(as_frames(batch, *half[n]))))
+            answer, _ = scheduler.submit_answer(f"s{n}", lambda s=session, q=question: s.asking(q, generation))
+            answer.add_done_callback(lambda _, name=f"s{n} answered {k}": events.append(name))
+            answers.append(answer)
+    gate.set()
+    results = [answer.result(timeout=120) for answer in answers]
+    reference = asker.begin(video, QUESTIONS[0], **options).generate_alone()
+    assert completion.result(timeout=60).token_ids == reference.token_ids
+    blocker.result(timeout=10)
+    scheduler.close()
+    for ours, theirs in zip(results, alone):
+        assert_same_answer(ours.token_ids, ours.logits, theirs.token_ids, theirs.logits)
+    # A session's second frames went in after its first answer was finished, not while it was decoded.
+    for n in range(2):
+        assert events.index(f"s{n} answered 0") < events.index(f"s{n} frames 1")
+    # Some question went through a pass with running answers beside it.
+    assert any(running and chunks for running, chunks in beside)

@@ -19,7 +19,9 @@ head of other clients' lines take theirs too: each runs its next group up to the
 their chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
 tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per turn, a
 longer group split there and its rest run in its client's next turn, `Chunk.split`), except where KV
-pruning must see a group alone. A session's questions run whole.
+pruning must see a group alone. A chat session's question is an answer too (`ChatSession.asking`):
+its chunk goes in such a pass, its answer joins the running ones, and the session's line waits
+(its frames would go into the cache the answer reads) until the answer is finished.
 
 Who goes first: streams (watch windows, session frames) and other work before completions'
 prefills, in rotation within each class; a completion's prefill resumes where it paused (its next
@@ -82,9 +84,10 @@ class AnswerTicket:
 
 @dataclasses.dataclass
 class _Generating:
-    progress: Any             # an `AskInProgress`
+    progress: Any             # an `AnswerInProgress`
     future: Future
     ticket: AnswerTicket
+    client: str               # whose line waits until the answer is finished
 
 
 class Scheduler:
@@ -140,8 +143,9 @@ class Scheduler:
 
     def submit_answer(self, client: str, begin: Callable[[], Any]) -> tuple[Future, AnswerTicket]:
         """Queue ``begin`` in ``client``'s line: called on the worker, it gives the prefill as
-        preemptible work (`Asker.begin_steps`), run a group per turn, whose result (an
-        `AskInProgress`) is then generated beside the other answers. The future holds the `AskResult`."""
+        preemptible work (`Asker.begin_steps`, `ChatSession.asking`), run a group per turn, whose
+        result (an `AnswerInProgress`) is then generated beside the other answers; ``client``'s
+        later work waits for the answer. The future holds its `finish`'s result."""
         if self._decode is None:
             raise TypeError("answers need a scheduler built with decode=")
         ticket = AnswerTicket()
@@ -175,9 +179,14 @@ class Scheduler:
         of the other clients of its kind, stepped work or answers' prefills, up to the batch
         size), each client then moved to the back of the rotation. Called holding the lock."""
         taken = []
-        streams = any(line[0].ticket is None for line in self._lines.values())
+        # A client whose answer is being generated waits for it (a session's frames would go into
+        # the cache the answer is decoded over).
+        busy = {generating.client for generating in self._generating}
+        streams = any(line[0].ticket is None for client, line in self._lines.items() if client not in busy)
         for client in list(self._lines):
             head = self._lines[client][0]
+            if client in busy:
+                continue
             if mates_of is not None and (client == mates_of.client or len(taken) >= self._max_batch - 1
                                          or (head.stepped, head.ticket is None) != (mates_of.stepped,
                                                                                     mates_of.ticket is None)):
@@ -201,6 +210,8 @@ class Scheduler:
             if not self._lines:
                 return [] if self._generating else None
             items = self._take()
+            if not items:   # only clients waiting for their answers
+                return []
             if items[0].stepped or items[0].ticket is not None:   # batch-mates: other clients' heads of its kind
                 items += self._take(mates_of=items[0])
             self._running = len(items)
@@ -285,7 +296,7 @@ class Scheduler:
             request = resume(item.work)
         except StopIteration as done:
             self._decode.add(done.value.answer)
-            self._generating.append(_Generating(done.value, item.future, item.ticket))
+            self._generating.append(_Generating(done.value, item.future, item.ticket, item.client))
             return
         except BaseException as exc:   # handed to the waiting client, which reports it
             if item.begun:

@@ -74,16 +74,17 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
 
-        def answer(on_text=None):
-            result = session.chat.ask(body.question, generation, on_text=on_text)
+        async def answer(on_text=None):
+            # Prefilled and generated beside other answers; the session takes no frames meanwhile.
+            result = await server.run_answer(lambda: session.chat.asking(body.question, generation, on_text=on_text),
+                                             client=session.id)
             record = result.to_dict()
             record["stats"]["frames_dropped"] = session.frames.dropped
             return record
 
         if not body.stream:
-            return await server.run_model(answer, client=session.id)
-        work = asyncio.ensure_future(server.run_model(
-            lambda: answer(lambda text: loop.call_soon_threadsafe(pieces.put_nowait, text)), client=session.id))
+            return await answer()
+        work = asyncio.ensure_future(answer(lambda text: loop.call_soon_threadsafe(pieces.put_nowait, text)))
         work.add_done_callback(lambda done: pieces.put_nowait(None))
         # Wait for the first piece (or the refusal) so a refused question gets its HTTP status.
         first = await pieces.get()

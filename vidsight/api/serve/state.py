@@ -90,14 +90,16 @@ class Server:
         future = self.scheduler.submit(client or uuid.uuid4().hex, work)
         return await asyncio.wrap_future(future)
 
-    async def run_answer(self, begin: Callable[[], Any], started: Callable[[Any], None]) -> Any:
-        """Prefill with ``begin()`` (preemptible work giving an `AskInProgress`, `Asker.begin_steps`)
-        on the model's thread, a group per turn, then generate its answer beside the other running
-        answers; the `AskResult`. ``started`` gets the answer's ticket at once: cancelling it (a
-        client gone) ends the prefill or the answer at its next step."""
+    async def run_answer(self, begin: Callable[[], Any], started: Callable[[Any], None] = lambda ticket: None,
+                         client: str | None = None) -> Any:
+        """Prefill with ``begin()`` (preemptible work giving an `AnswerInProgress`:
+        `Asker.begin_steps`, `ChatSession.asking`) on the model's thread, a group per turn, then
+        generate its answer beside the other running answers; its result. ``started`` gets the
+        answer's ticket at once: cancelling it (a client gone) ends the prefill or the answer at
+        its next step. ``client``'s line (a session's) waits for the answer (default: a line of its own)."""
         if not self.config.batch_answers:
-            return await self.run_model(lambda: run_to_end(begin(), self.adapter).generate_alone())
-        future, ticket = self.scheduler.submit_answer(uuid.uuid4().hex, begin)
+            return await self.run_model(lambda: run_to_end(begin(), self.adapter).generate_alone(), client)
+        future, ticket = self.scheduler.submit_answer(client or uuid.uuid4().hex, begin)
         started(ticket)
         return await asyncio.wrap_future(future)
 
