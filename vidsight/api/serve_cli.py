@@ -49,7 +49,8 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="...or failing this many seconds without a frame "
                             f"(default: {DEFAULT_SOURCE_RETRY_WINDOW_S:g})")
     serve.add_argument("--no-answer-batching", action="store_true",
-                       help="run each completion whole in its turn instead of generating concurrent answers together")
+                       help="run each completion and session question whole in its turn instead of generating "
+                            "concurrent answers together")
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="KV bytes of videos kept so a later completion about the same video (same bytes, "
                             "sampling and prefill settings, no KV pruning) prefills only its question; 0 turns it "

@@ -67,8 +67,8 @@ class ServeConfig:
         source_retry_window_s: ...or that fails for this long without a frame.
         kv_disk: Where sessions with KV budgets keep their disk tier (a directory per session,
             removed when it closes); None: past the host budget the oldest KV is evicted.
-        batch_answers: Generate concurrent completions' answers together (`Scheduler`); False
-            runs each request whole in its turn (the comparison `bench serve --unbatched` makes).
+        batch_answers: Generate concurrent completions' and session questions' answers together
+            (`Scheduler`); False runs each whole in its turn (the comparison `bench serve --unbatched` makes).
         prefix_cache_bytes: KV bytes of videos kept for later completions about the same video
             (`PrefixCache`); 0 turns the cache off.
         prefix_cache_host_bytes: KV bytes of prefixes kept in host memory past that budget (None:
