@@ -26,26 +26,42 @@ def test_bench_serve_runs_completions_and_watches(tmp_path, tiny_model_dir, make
     assert (tmp_path / "serve.png").stat().st_size > 0
 
 
-def test_bench_serve_on_ray_loads_each_replica_count(tmp_path, tiny_model_dir, make_test_video):
+def test_bench_serve_on_ray_loads_a_deployment(tmp_path, tiny_model_dir, make_test_video):
     import subprocess
     import sys
 
-    # No watch: watches on Ray are the stream-pinning test's (tests/api/serve/test_ray.py), and a
-    # real-time one here would add its video's length to each deployment.
+    # One replica count and no watch: two replicas and watches on Ray are the stream-pinning
+    # test's (tests/api/serve/test_ray.py); each further count adds a deployment's 12 s here.
     video, _ = make_test_video(width=160, height=120, fps=8, duration_s=2.0, gop=16, bframes=False, seed=4)
     # A process of its own: Ray allows one instance per driver, and the API tests may hold theirs.
     command = ["from vidsight.api.cli import main; raise SystemExit(main())", "bench", "serve", "--ray",
-               "--replicas", "1", "2", "--model", str(tiny_model_dir), "--device", "cpu", "--video", str(video),
+               "--replicas", "1", "--model", str(tiny_model_dir), "--device", "cpu", "--video", str(video),
                "--concurrency", "2", "--requests", "2", "--watches", "0", "--out", str(tmp_path),
                "--json"]
     done = subprocess.run([sys.executable, "-c", *command], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    rows = report["scaling"]
-    assert [row["replicas"] for row in rows] == [1, 2] and all(row["errors"] == 0 for row in rows)
-    assert rows[1]["projected_requests_per_s"] == 2 * report["per_replica_requests_per_s"] > 0
-    assert all(row["watch_realtime_factors"] == [] for row in rows)
+    (row,) = report["scaling"]
+    assert row["replicas"] == 1 and row["errors"] == 0 and row["watch_realtime_factors"] == []
+    assert row["projected_requests_per_s"] == report["per_replica_requests_per_s"] == row["requests_per_s"] > 0
     assert (tmp_path / "serve_ray.png").stat().st_size > 0
+
+
+def test_the_scaling_report_projects_one_replicas_throughput_per_host():
+    from vidsight.bench.serve_scaling import format_scaling_report, scaling_report
+
+    def run(replicas, per_s):
+        level = {"concurrency": 4, "requests_per_s": per_s, "errors": 0, "ttft_s": {"p50": 0.1},
+                 "e2e_s": {"p50": 1.0 / per_s}}
+        return {"replicas": replicas, "completions": [level], "mixed": {"watches": [{"realtime_factor": 0.9}]}}
+
+    report = scaling_report([run(1, 3.0), run(2, 5.0), run(4, 7.0)])
+    assert report["per_replica_requests_per_s"] == 3.0
+    assert [row["projected_requests_per_s"] for row in report["scaling"]] == [3.0, 6.0, 12.0]
+    assert [row["requests_per_s"] for row in report["scaling"]] == [3.0, 5.0, 7.0]
+    # Without a one-replica run there is nothing to project from.
+    assert scaling_report([run(2, 5.0)])["scaling"][0]["projected_requests_per_s"] is None
+    assert "12.00" in format_scaling_report(report)
 
 
 def test_a_short_soak_gives_back_what_the_server_took(tmp_path, tiny_model_dir):
