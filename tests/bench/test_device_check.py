@@ -38,7 +38,7 @@ def test_each_gpu_call_fits_eight_minutes_and_the_stages_time_the_issues_workloa
     for part in PARTS:
         assert sum(s.timeout_s for s in stages if s.name in part) <= 8 * 60
     commands = {s.name: " ".join(s.args) for s in stages}
-    assert all(s.env["VIDSIGHT_TEST_DEVICE"] == "cuda" for s in stages[:2])
+    assert all(s.env["VIDSIGHT_TEST_DEVICE"] == "cuda" and set(TEST_FILES) <= set(s.args) for s in stages[:2])
     assert "--shape qwen2.5-vl-7b" in commands["ask"] and "--video-s 1800" in commands["ask"]
     assert "--workers 16 --group-frames 32" in commands["ask"] and "--rho 0.2" in commands["ask"]
     assert "--window-s 40" in commands["watch"] and "--histories 1000 4000 16000 40000" in commands["chat"]
