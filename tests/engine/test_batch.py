@@ -90,6 +90,50 @@ def test_a_cancelled_answer_leaves_the_batch_at_the_next_step(tiny_adapter, make
     assert batch.step() == 1 and second.cache.length == length and len(second.ids) == 1
 
 
+def test_asks_and_a_session_question_generated_together_answer_as_each_alone(tiny_adapter, make_test_video):
+    """`generate_together` from Python: two videos' questions (different settings) and a chat
+    session's question, begun one by one and decoded in one batch, give each one's own result."""
+    from vidsight.engine import Asker, ChatConfig, ChatSession, generate_together
+    from vidsight.errors import ConfigError
+    from vidsight.ingest.stream import StreamSource
+
+    asker = Asker(tiny_adapter)
+    (first, fps, question, generation, _), (second, *_) = REQUESTS[:2]
+    videos = [make_test_video(**spec)[0] for spec in (first, second)]
+    settings = [dict(sampling=SamplingConfig(fps=fps), generation=generation),
+                dict(sampling=SamplingConfig(fps=1.0), generation=GenerationConfig(max_new_tokens=5),
+                     prefill=PrefillConfig(group_frames=4))]
+
+    def begin_all(session):
+        return [asker.begin(video, question, **options) for video, options in zip(videos, settings)] + [
+            session.begin("Where is the square?", GenerationConfig(max_new_tokens=7))]
+
+    sessions = []
+    for _ in range(2):
+        session = ChatSession(tiny_adapter, config=ChatConfig(fps=2.0))
+        session.push(StreamSource(videos[1], fps=2.0))
+        sessions.append(session)
+    together = generate_together(begin_all(sessions[0]))
+    alone = [progress.generate_alone() for progress in begin_all(sessions[1])]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [len(r.token_ids) for r in together] == [8, 5, 7]
+    assert together[2].answer == alone[2].answer and sessions[0].cache.length == sessions[1].cache.length
+    # Until its answer is finished a session takes no frames and no other question (both would go
+    # into the cache the answer is decoded over); then it does.
+    begun = sessions[0].begin("Where?")
+    with pytest.raises(ConfigError, match="'Where\\?' is not finished"):
+        sessions[0].begin("What?")
+    with pytest.raises(ConfigError, match="takes no frames"):
+        sessions[0].push(StreamSource(videos[0], fps=2.0))
+    begun.generate_alone()
+    assert sessions[0].ask("What?").token_ids
+    # A question given up before its pass (a scheduler closing, a failed pass) leaves no trace.
+    length, asking = sessions[0].cache.length, sessions[0].asking("When?")
+    next(asking)
+    asking.close()
+    assert sessions[0].cache.length == length and sessions[0].begin("When?").answer.cache is sessions[0].cache
+
+
 @pytest.mark.parametrize("family", ["tiny_adapter", "qwen3_adapter"])
 def test_packed_prefill_equals_each_chunk_alone(request, family):
     adapter = request.getfixturevalue(family)

@@ -6,6 +6,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.ask": ("AskResult", "Asker", "ask"),
     "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
     "vidsight.engine.config": ("DEFAULT_MODEL", "GenerationConfig"),
+    "vidsight.engine.generate": ("generate_together",),
     "vidsight.engine.prefill.config": ("PrefillConfig",),
     "vidsight.engine.stats": ("AskStats", "WindowStats"),
     "vidsight.engine.watch": ("WatchConfig", "Watcher", "WindowVerdict"),

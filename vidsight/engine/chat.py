@@ -165,8 +165,14 @@ class ChatInProgress(AnswerInProgress):
                              policy=self.session.policy, step=self.answer_step)
         self._since = self.clock.mark()
 
+    def abandon(self) -> None:
+        """The question and what was generated leave the cache; the session takes frames again."""
+        self.session._answering = None
+        self.session.cache.truncate(self.before)
+
     def finish(self) -> ChatAnswer:
         session, stats, ids = self.session, self.stats, self.answer.ids
+        session._answering = None
         if self.stream is not None:
             self.stream.finish(ids)
         if session.config.keep_dialogue:
@@ -222,6 +228,7 @@ class ChatSession:
         self._span_start, self._span_first_patch = len(self._prefix), 0
         self.frames_seen = 0
         self.time_s = 0.0
+        self._answering: ChatInProgress | None = None   # a question begun, its answer not finished
         self.patches: list[PatchStats] = []       # per temporal patch: preprocess, vision and prefill
 
     # -- the stream ------------------------------------------------------------------------------
@@ -232,6 +239,7 @@ class ChatSession:
     def pushing(self, frames: Iterable[SampledFrame]) -> Stepped[None]:
         """`push` as stepped work (`steps`): it yields each batch of patches' encoding and then its
         chunk for the language model, so a server encodes and prefills them beside other work."""
+        self._check_idle()
         for frame in frames:
             self._check_frame(frame)
             self._pending.append(frame)
@@ -246,6 +254,11 @@ class ChatSession:
         if complete:
             frames, self._pending = self._pending[:complete], self._pending[complete:]
             yield from self._prefilling_patches(frames)
+
+    def _check_idle(self) -> None:
+        if self._answering is not None:
+            raise ConfigError(f"the answer to {self._answering.question!r} is not finished: its session takes no "
+                              "frames or questions until it is (`finish`, or `generate_together`)")
 
     def _check_frame(self, frame: SampledFrame) -> None:
         hw = tuple(frame.rgb.shape[:2])
@@ -346,6 +359,7 @@ class ChatSession:
         Args:
             policy: The fork's policy (default: this session's settings, started afresh on the fork's memory).
         """
+        self._check_idle()
         fork = copy.copy(self)
         fork.cache = self.cache.clone()
         fork.policy = (self.policy if policy is None else policy).start(fork.cache)
@@ -367,7 +381,13 @@ class ChatSession:
         Raises:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
         """
-        return run_to_end(self.asking(question, generation, on_text), self.adapter).generate_alone()
+        return self.begin(question, generation, on_text).generate_alone()
+
+    def begin(self, question: str, generation: GenerationConfig = GenerationConfig(),
+              on_text: Callable[[str], None] | None = None) -> ChatInProgress:
+        """`ask` up to its answer: the question prefilled, the answer to generate (alone, or with
+        others' by `generate_together`). The session takes no frames until it is finished."""
+        return run_to_end(self.asking(question, generation, on_text), self.adapter)
 
     def asking(self, question: str, generation: GenerationConfig = GenerationConfig(),
                on_text: Callable[[str], None] | None = None) -> Preemptible[ChatInProgress]:
@@ -376,6 +396,7 @@ class ChatSession:
         sequences and generates the answer in its decode batch. The session takes no frames
         until the answer is finished."""
         check_question(question)
+        self._check_idle()
         drive(self._flushing(), self.adapter)
         if self._patches == 0:
             raise ConfigError(f"no video yet: a question needs {self.adapter.vision.temporal_patch_size} frames "
@@ -386,15 +407,19 @@ class ChatSession:
                              "before the video; a stream cannot be prefilled ahead of its questions")
         # The video so far ends here: its suffix (LLaVA-OneVision's newline), then the question's text.
         question_ids = layout.input_ids[layout.video_start :]
-        progress = ChatInProgress(self, question, generation, on_text)
-        with progress.clock.stage("prefill"):
-            with torch.inference_mode():
-                video_suffix = self.adapter.video_suffix()
-            length = video_suffix.shape[0] + len(question_ids)
-            positions = (torch.arange(length) + self._next_position).expand(3, -1)
-            hidden = yield self._text_chunk(question_ids, positions, progress.question_step, video_suffix)
-            with torch.inference_mode():
-                logits = self.adapter.logits(hidden[0, -1])
+        progress = self._answering = ChatInProgress(self, question, generation, on_text)
+        try:
+            with progress.clock.stage("prefill"):
+                with torch.inference_mode():
+                    video_suffix = self.adapter.video_suffix()
+                length = video_suffix.shape[0] + len(question_ids)
+                positions = (torch.arange(length) + self._next_position).expand(3, -1)
+                hidden = yield self._text_chunk(question_ids, positions, progress.question_step, video_suffix)
+                with torch.inference_mode():
+                    logits = self.adapter.logits(hidden[0, -1])
+        except BaseException:   # the pass failed, or a scheduler gave the question up
+            progress.abandon()
+            raise
         progress.start(logits, self._next_position + length)
         return progress
 

@@ -166,12 +166,31 @@ class AnswerInProgress:
         """The result, once ``answer`` is done."""
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """Give the answer up without a result (its generation failed); what it holds is released."""
+
     def generate_alone(self):
         """Generate the answer by itself, then `finish`."""
         batch = DecodeBatch(self.adapter)
         batch.add(self.answer)
         batch.run()
         return self.finish()
+
+
+def generate_together(begun: list[AnswerInProgress]) -> list:
+    """Generate several prefilled answers in one decode batch (`Asker.begin`, `ChatSession.begin`:
+    different videos, sessions and settings alike); each result is what `generate_alone` gives it.
+
+    Returns:
+        Each one's `finish`, in order.
+    """
+    if not begun:
+        return []
+    batch = DecodeBatch(begun[0].adapter)
+    for progress in begun:
+        batch.add(progress.answer)
+    batch.run()
+    return [progress.finish() for progress in begun]
 
 
 @torch.inference_mode()

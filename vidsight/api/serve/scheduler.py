@@ -357,6 +357,7 @@ class Scheduler:
         except BaseException as exc:   # the pass failed for every answer in it
             for generating in self._generating:
                 generating.progress.answer.cancel()
+                generating.progress.abandon()
                 generating.future.set_exception(exc)
             self._decode.step()   # drops the cancelled answers
             self._generating = []
