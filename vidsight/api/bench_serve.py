@@ -41,6 +41,8 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="the in-process server's video prefix cache (0: off, so every completion prefills "
                             f"its video; default: the server's {DEFAULT_PREFIX_CACHE_BYTES})")
+    serve.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
+                       help="without --url: the server's --max-prefill-tokens (default: the server's for the device)")
     serve.add_argument("--reuse-questions", type=int, default=0, metavar="N",
                        help="then ask N different questions about each --reuse-video, one at a time: time to "
                             "first token of a video's first question against the later ones (default: 0, not run)")
@@ -197,7 +199,8 @@ def _served_video(args, batch_answers: bool = True):
     with tempfile.TemporaryDirectory(prefix="vidsight-bench-serve-") as scratch:
         yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
                           db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency)),
-                          batch_answers=batch_answers, prefix_cache_bytes=args.prefix_cache_bytes), video.name
+                          batch_answers=batch_answers, prefix_cache_bytes=args.prefix_cache_bytes,
+                          max_prefill_tokens=args.max_prefill_tokens), video.name
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from vidsight.api.options import _float
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.api.serve.config import (API_KEY_ENV, DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_CONCURRENT,
                                            DEFAULT_MAX_VIDEO_BYTES, DEFAULT_PREFIX_CACHE_BYTES,
-                                           DEFAULT_PREFIX_CACHE_HOST_BYTES,
+                                           DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFIX_CACHE_HOST_BYTES,
                                            DEFAULT_REPLICA_TIMEOUT_S, DEFAULT_SOURCE_RETRIES,
                                            DEFAULT_SOURCE_RETRY_WINDOW_S, default_db_path)
     from vidsight.engine.config import DEFAULT_MODEL
@@ -59,6 +59,11 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="host-memory bytes for video prefixes past --prefix-cache-bytes, brought back up on a "
                             f"hit (default: {DEFAULT_PREFIX_CACHE_HOST_BYTES} on a CUDA device, vLLM's swap space; "
                             "0 on the CPU)")
+    serve.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
+                       help="prompt tokens of completions' prefill a model turn, a longer group split there and "
+                            "finished in later turns, so watches wait for at most N tokens' pass (0: a whole group a "
+                            f"turn; default: {DEFAULT_MAX_PREFILL_TOKENS['cuda']} on a CUDA device, "
+                            f"{DEFAULT_MAX_PREFILL_TOKENS['cpu']} on the CPU)")
     serve.add_argument("--kv-disk", default=None, metavar="DIR",
                        help="disk tier of sessions opened with KV budgets (a directory per session; default: none, "
                             "KV past the host budget is evicted)")
@@ -105,7 +110,8 @@ def serve_config(args):
                        source_retries=args.source_retries, source_retry_window_s=args.source_retry_window,
                        kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None,
                        batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes,
-                       prefix_cache_host_bytes=args.prefix_cache_host_bytes)
+                       prefix_cache_host_bytes=args.prefix_cache_host_bytes,
+                       max_prefill_tokens=args.max_prefill_tokens)
 
 
 def ray_config(args):

@@ -362,3 +362,18 @@ def test_session_questions_join_the_decode_batch_and_their_frames_wait_for_the_a
         assert events.index(f"s{n} answered 0") < events.index(f"s{n} frames 1")
     # Some question went through a pass with running answers beside it.
     assert any(running and chunks for running, chunks in beside)
+
+
+def test_the_turns_prefill_budget_defaults_per_device_and_is_checked(capsys):
+    from vidsight.api.cli import main
+    from vidsight.api.serve.config import DEFAULT_MAX_PREFILL_TOKENS, ServeConfig
+    from vidsight.errors import ConfigError
+
+    default = ServeConfig(model="tiny")
+    assert default.prefill_budget("cuda") == DEFAULT_MAX_PREFILL_TOKENS["cuda"] == 8192
+    assert default.prefill_budget("cpu") == DEFAULT_MAX_PREFILL_TOKENS["cpu"] == 0
+    assert ServeConfig(model="tiny", max_prefill_tokens=64).prefill_budget("cpu") == 64
+    with pytest.raises(ConfigError, match="--max-prefill-tokens must be 0"):
+        ServeConfig(model="tiny", max_prefill_tokens=-1)
+    assert main(["serve", "--model", "tiny", "--max-prefill-tokens", "-5"]) == 2
+    assert "--max-prefill-tokens must be 0" in capsys.readouterr().err

@@ -20,6 +20,12 @@ DEFAULT_MAX_CONCURRENT = 64
 DEFAULT_PREFIX_CACHE_BYTES = 2 * 2**30
 # Host memory for prefixes past the device's budget on a CUDA device: vLLM's --swap-space default.
 DEFAULT_PREFIX_CACHE_HOST_BYTES = 4 * 2**30
+# Prompt tokens of prefill chunks in one turn beside the decode step (a longer group goes over
+# several turns), on a GPU and on a CPU (0: one whole group a turn). A CPU's pass takes time in
+# proportion to its tokens and packing saves it no arithmetic (eight 230-token groups of the small
+# shape in one turn held a watch's windows 14 s for 4 % more completions, docs/benchmarks.md): one
+# group per turn there.
+DEFAULT_MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 # A network source that does not come back: tries in a row, and seconds of failing, before it ends.
 DEFAULT_SOURCE_RETRIES = 5
 DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
@@ -73,6 +79,9 @@ class ServeConfig:
             (`PrefixCache`); 0 turns the cache off.
         prefix_cache_host_bytes: KV bytes of prefixes kept in host memory past that budget (None:
             ``DEFAULT_PREFIX_CACHE_HOST_BYTES`` on a CUDA device, 0 on the CPU, whose memory is the host's).
+        max_prefill_tokens: Prompt tokens of prefill chunks in one model turn, a longer group going
+            in parts over later turns (`Scheduler`); 0: one whole group a turn (None:
+            ``DEFAULT_MAX_PREFILL_TOKENS`` for the device).
     """
 
     model: str
@@ -94,6 +103,7 @@ class ServeConfig:
     batch_answers: bool = True
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
     prefix_cache_host_bytes: int | None = None
+    max_prefill_tokens: int | None = None
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:
@@ -113,6 +123,9 @@ class ServeConfig:
             raise ConfigError(f"--prefix-cache-bytes must be 0 (off) or more, got {self.prefix_cache_bytes}")
         if self.prefix_cache_host_bytes is not None and self.prefix_cache_host_bytes < 0:
             raise ConfigError(f"--prefix-cache-host-bytes must be 0 (none) or more, got {self.prefix_cache_host_bytes}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 0:
+            raise ConfigError(f"--max-prefill-tokens must be 0 (a whole group a turn) or more, "
+                              f"got {self.max_prefill_tokens}")
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ConfigError(f"{self.allowed_local_media_path}: --allowed-local-media-path is not a directory")
         if self.api_key is not None and not self.api_key.strip():
@@ -139,6 +152,12 @@ class ServeConfig:
         if self.prefix_cache_host_bytes is not None:
             return self.prefix_cache_host_bytes
         return DEFAULT_PREFIX_CACHE_HOST_BYTES if device_type == "cuda" else 0
+
+    def prefill_budget(self, device_type: str) -> int:
+        """Prompt tokens of prefill chunks a turn on a ``device_type`` device (the default resolved)."""
+        if self.max_prefill_tokens is not None:
+            return self.max_prefill_tokens
+        return DEFAULT_MAX_PREFILL_TOKENS["cuda" if device_type == "cuda" else "cpu"]
 
     @property
     def served_name(self) -> str:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vidsight.api.serve.config import DEFAULT_MAX_PREFILL_TOKENS
 from vidsight.api.serve.media import RequestError
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.steps import EncodeRequest, Stepped
@@ -51,12 +52,6 @@ if TYPE_CHECKING:
     from vidsight.engine.generate import DecodeBatch
 
 MAX_VISION_BATCH = 8
-# Prompt tokens of prefill chunks in one turn beside the decode step (a longer group goes over
-# several turns), on a GPU and on a CPU (0: one whole group a turn). A CPU's pass takes time in
-# proportion to its tokens and packing saves it no arithmetic (eight 230-token groups of the small
-# shape in one turn held a watch's windows 14 s for 4 % more completions, docs/benchmarks.md): one
-# group per turn there.
-MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 
 
 @dataclasses.dataclass
@@ -109,7 +104,7 @@ class Scheduler:
     def __init__(self, encode: Callable[[list[EncodeRequest]], list] | None = None,
                  on_queue_time: Callable[[float], None] | None = None,
                  on_batch: Callable[[int], None] | None = None, max_batch: int = MAX_VISION_BATCH,
-                 max_prefill_tokens: int = MAX_PREFILL_TOKENS["cuda"],
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS["cuda"],
                  decode: DecodeBatch | None = None, on_decode_batch: Callable[[int], None] | None = None):
         self._lines: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._ready = threading.Condition()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.metrics import Metrics
-from vidsight.api.serve.scheduler import MAX_PREFILL_TOKENS, Scheduler
+from vidsight.api.serve.scheduler import Scheduler
 from vidsight.api.serve.sessions import SessionManager
 from vidsight.api.serve.store import Store
 from vidsight.api.serve.tenants import RequestCounter
@@ -67,7 +67,7 @@ class Server:
                                    on_queue_time=self.metrics.queue_time.observe,
                                    on_batch=self.metrics.vision_batch_size.observe,
                                    decode=DecodeBatch(adapter), on_decode_batch=self.metrics.decode_batch_size.observe,
-                                   max_prefill_tokens=MAX_PREFILL_TOKENS["cuda" if adapter.device.type == "cuda" else "cpu"])
+                                   max_prefill_tokens=self.config.prefill_budget(adapter.device.type))
         self.watches = WatchManager(self.adapter, self.store, self.scheduler, self.metrics, self.config, self.owner)
         if self.owner is None:
             self.watches.resume()
