@@ -171,10 +171,7 @@ class AnswerInProgress:
 
     def generate_alone(self):
         """Generate the answer by itself, then `finish`."""
-        batch = DecodeBatch(self.adapter)
-        batch.add(self.answer)
-        batch.run()
-        return self.finish()
+        return generate_together([self])[0]
 
 
 def generate_together(begun: list[AnswerInProgress]) -> list:
