@@ -171,15 +171,16 @@ class ChatInProgress(AnswerInProgress):
         self.session.cache.truncate(self.before)
 
     def finish(self) -> ChatAnswer:
+        """The answer and its stats; a cancelled answer's turn (its client went away) is not kept."""
         session, stats, ids = self.session, self.stats, self.answer.ids
         session._answering = None
         if self.stream is not None:
             self.stream.finish(ids)
-        if session.config.keep_dialogue:
+        if session.config.keep_dialogue and not self.answer.cancelled:
             # The answer's last token is at the position after those fed before it.
             session._keep_turn(ids, self.first_position + len(ids) - 1)
         self.clock.charge("generate", self._since)
-        if not session.config.keep_dialogue:
+        if not session.config.keep_dialogue or self.answer.cancelled:
             session.cache.truncate(self.before)
         stats.ttft_s = stats.stages_s["prefill"]
         stats.answer_s = self.clock.elapsed()

@@ -47,6 +47,7 @@ class Answer:
         step: An ``answer`` step counting what was attended.
         ids: Generated ids, ending with the end token when one was produced.
         done: No more tokens will come (an end token, the limit, or `cancel`).
+        cancelled: `cancel` ended it (every id chosen was fed to the cache).
     """
 
     cache: KVStore
@@ -58,6 +59,7 @@ class Answer:
     step: Step | None = None
     ids: list[int] = dataclasses.field(default_factory=list)
     done: bool = False
+    cancelled: bool = False
 
     def __post_init__(self):
         self._sampler = TokenSampler(self.config, self.logits.device)
@@ -74,7 +76,7 @@ class Answer:
 
     def cancel(self) -> None:
         """Stop before the next step (a client that went away); its cache is no longer fed."""
-        self.done = True
+        self.done = self.cancelled = True
 
 
 class DecodeBatch:

@@ -364,6 +364,45 @@ def test_session_questions_join_the_decode_batch_and_their_frames_wait_for_the_a
     assert any(running and chunks for running, chunks in beside)
 
 
+def test_a_session_question_whose_client_went_away_ends_and_keeps_no_turn(tiny_adapter, make_test_video):
+    """A session answer cancelled mid-way (its HTTP client gone) stops at the next decode step, and
+    a session that keeps its dialogue keeps no turn of it: the next question answers as in a session
+    never asked the cancelled one."""
+    from vidsight.engine import GenerationConfig
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.generate import DecodeBatch
+
+    from tests.engine.test_chat import FPS, QUESTIONS, VIDEOS, as_frames, sampled
+    from tests.settings import assert_same_answer
+
+    batch = sampled(make_test_video, VIDEOS[2])
+    config = ChatConfig(fps=FPS, keep_dialogue=True)
+    asked, never = (ChatSession(tiny_adapter, config=config) for _ in range(2))
+    for session in (asked, never):
+        session.push(as_frames(batch, 0, len(batch)))
+    video_only = asked.cache.length
+    tickets = []
+
+    class CancellingAfterTwo(DecodeBatch):
+        steps = 0
+
+        def step(self):
+            CancellingAfterTwo.steps += 1
+            if CancellingAfterTwo.steps == 2:
+                tickets[0].cancel()
+            return super().step()
+
+    scheduler = Scheduler(decode=CancellingAfterTwo(tiny_adapter))
+    future, ticket = scheduler.submit_answer("s", lambda: asked.asking(QUESTIONS[0], GenerationConfig(max_new_tokens=12)))
+    tickets.append(ticket)
+    cut = future.result(timeout=60)
+    scheduler.close()
+    assert 1 <= len(cut.token_ids) <= 3 and asked.cache.length == video_only
+    ours = asked.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=6))
+    theirs = never.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=6))
+    assert_same_answer(ours.token_ids, ours.logits, theirs.token_ids, theirs.logits)
+
+
 def test_the_turns_prefill_budget_defaults_per_device_and_is_checked(capsys):
     from vidsight.api.cli import main
     from vidsight.api.serve.config import DEFAULT_MAX_PREFILL_TOKENS, ServeConfig

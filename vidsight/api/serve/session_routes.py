@@ -74,16 +74,27 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
 
+        tickets = []
+
         async def answer(on_text=None):
             # Prefilled and generated beside other answers; the session takes no frames meanwhile.
             result = await server.run_answer(lambda: session.chat.asking(body.question, generation, on_text=on_text),
-                                             client=session.id)
+                                             tickets.append, client=session.id)
             record = result.to_dict()
             record["stats"]["frames_dropped"] = session.frames.dropped
             return record
 
+        def give_up(work) -> None:
+            """A client gone before its answer: the answer ends at the next decode step, its turn not kept."""
+            if tickets and not (work.done() and not work.cancelled()):
+                tickets[0].cancel()
+
         if not body.stream:
-            return await answer()
+            work = asyncio.ensure_future(answer())
+            try:
+                return await work
+            finally:
+                give_up(work)
         work = asyncio.ensure_future(answer(lambda text: loop.call_soon_threadsafe(pieces.put_nowait, text)))
         work.add_done_callback(lambda done: pieces.put_nowait(None))
         # Wait for the first piece (or the refusal) so a refused question gets its HTTP status.
@@ -92,11 +103,14 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
             work.result()
 
         async def events():
-            text = first
-            while text is not None:
-                yield f"event: text\ndata: {json.dumps({'content': text})}\n\n"
-                text = await pieces.get()
-            yield f"event: answer\ndata: {json.dumps(await work)}\n\n"
+            try:
+                text = first
+                while text is not None:
+                    yield f"event: text\ndata: {json.dumps({'content': text})}\n\n"
+                    text = await pieces.get()
+                yield f"event: answer\ndata: {json.dumps(await work)}\n\n"
+            finally:
+                give_up(work)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
