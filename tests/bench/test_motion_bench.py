@@ -13,7 +13,7 @@ from vidsight.ingest.dynamic import MotionPruneConfig
 @pytest.mark.slow
 def test_static_scene_report_per_rule(tmp_path):
     rules = {"max": MotionPruneConfig(rule="max"), "persistent": MotionPruneConfig()}
-    report = run_motion_bench(tmp_path, rules, duration_s=12.0)
+    report = run_motion_bench(tmp_path, rules, duration_s=8.0)
     scenes = report["scenes"]
     assert {"photo, noise 0", "photo, noise 5", "photo, drift 2/s", "texture, noise 5"} <= set(scenes)
     noisy = scenes["photo, noise 5"]["rules"]
@@ -41,7 +41,7 @@ def test_pixel_motion_on_codecs_without_vectors_keeps_what_h264_vectors_keep(tmp
     """HEVC, AV1 and VP9 export no vectors: motion estimated from their pixels keeps at most 1.25x
     the merge groups H.264's vectors keep on the same noisy static-camera scene, and every group
     the crossing object covers (scenes of a seed nothing was tuned on)."""
-    scene = static_scenes(12.0, seed=HELD_OUT_SEED)[scene_name]
+    scene = static_scenes(8.0, seed=HELD_OUT_SEED)[scene_name]
     h264 = pruning_on(record(tmp_path / "h264.mp4", scene), scene, MotionPruneConfig())
     assert h264["object_recall"] == 1.0
     for codec in ("hevc", "av1", "vp9"):
