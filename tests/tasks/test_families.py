@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from vidsight.tasks.chat import make_chat_stream
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject, shape_mask
 from vidsight.tasks.families import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
                                   probe_questions)
@@ -93,3 +94,17 @@ def test_probe_questions_are_answered_by_the_scene(family):
                 assert answer == (a if appears[a] < appears[b] else b) and abs(appears[a] - appears[b]) >= 2
             else:
                 assert question == ANOMALY_QUERY and answer == ("Yes" if anomaly_label(sample.scene, times) else "No")
+
+
+def test_probe_order_questions_do_not_name_the_earlier_shape_first_by_rule():
+    """Objects are listed as they appear: probes named in that order would always be answered by
+    the shape named first, a bias a model learns."""
+    named_first = []
+    for seed in range(40):
+        stream = make_chat_stream(seed)
+        for sample in (make_sample("order", seed), stream.sample(stream.questions[-1])):
+            for question, answer in probe_questions(sample):
+                if question.startswith("Which appeared"):
+                    named_first.append(answer == question.split(", the ")[1].split(" or the ")[0])
+    assert len(named_first) >= 30
+    assert 0.3 < sum(named_first) / len(named_first) < 0.7

@@ -240,7 +240,9 @@ def probe_questions(sample: Sample) -> list[tuple[str, str]]:
     visible_counts = {sum(o.visible(t) for o in seen) for t in times}
     if len(visible_counts) == 1 and 1 <= len(seen) <= 4:
         out.append(("How many objects are there?", str(len(seen))))
-    unique = [o for o in seen if shapes.count(o.shape) == 1]
+    # Objects are listed in the order they appear; naming a pair in that order would teach that
+    # the shape named first is the answer. Alphabetical order says nothing about time.
+    unique = sorted((o for o in seen if shapes.count(o.shape) == 1), key=lambda o: o.shape)
     for i, a in enumerate(unique):
         for b in unique[i + 1 :]:
             if abs(first_frame[id(a)] - first_frame[id(b)]) >= 2:
