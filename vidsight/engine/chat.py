@@ -22,7 +22,7 @@ from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
 from vidsight.engine.prompt import check_question, interleave, patch_rows
-from vidsight.engine.stats import ANSWER_STAGES, PATCH_STAGES, StageClock
+from vidsight.engine.stats import ChatStats, PatchStats, StageClock
 from vidsight.engine.steps import EncodeRequest, Preemptible, Stepped, drive, run_to_end
 from vidsight.errors import ConfigError, ModelError
 from vidsight.ingest.stream import SampledFrame
@@ -66,65 +66,6 @@ class ChatConfig:
 
 
 @dataclasses.dataclass
-class ChatStats:
-    """What one answer cost.
-
-    Attributes:
-        time_s: Stream time of the last frame seen when the question was asked.
-        frames_seen: Sampled frames pushed so far (a frame waiting for its temporal patch's
-            partner is not in the cache yet).
-        cached_tokens: Tokens in the cache when the question came (the video and the prompt).
-        attended_tokens: Cached tokens the question attended to, averaged over layers.
-        retrieved_tokens: Of those, tokens a retrieval chose beyond sinks and the local window.
-        ttft_s: From the question to its first answer token (the ``prefill`` stage).
-        answer_s: From the question to the whole answer.
-        stages_s: Seconds of the question's ``prefill`` and the answer's ``generate`` (timed as
-            ask's and watch's stages are, once the device's queued work is done).
-        tokens_by_tier: Cached tokens (summed over layers) on the device, host and disk after the answer.
-        bytes_moved: Bytes copied up and down between the tiers since the session began.
-        question_bytes_moved: Of those, the bytes copied while this question was answered.
-        copy_s: Seconds those copies took, up and down (copies down run beside the computation).
-        read_bytes: Bytes read up from host memory and from disk since the session began.
-        whole_read_bytes: Of those, the bytes of blocks wanted whole (every token read was
-            attended: with a cluster layout, a selected cluster is such a block).
-    """
-
-    time_s: float = 0.0
-    frames_seen: int = 0
-    cached_tokens: int = 0
-    attended_tokens: float = 0.0
-    retrieved_tokens: float = 0.0
-    ttft_s: float = 0.0
-    answer_s: float = 0.0
-    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(ANSWER_STAGES, 0.0))
-    tokens_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
-    bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
-    question_bytes_moved: dict[str, int] = dataclasses.field(default_factory=dict)
-    copy_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    read_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    whole_read_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class PatchStats:
-    """One prefill of temporal patches (``ChatConfig.batch_patches`` of them, or fewer when a
-    question flushes them): its time, per stage too, and what its layers attended (per layer)."""
-
-    latency_s: float
-    cached_tokens: int
-    attended_tokens: float
-    patches: int = 1
-    stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(PATCH_STAGES, 0.0))
-
-    @property
-    def per_patch_s(self) -> float:
-        return self.latency_s / self.patches
-
-
-@dataclasses.dataclass
 class ChatAnswer:
     """An answer, its ids and its cost; ``logits`` are the first answer token's."""
 
@@ -143,7 +84,9 @@ class ChatInProgress(AnswerInProgress):
     """A session's question that is prefilled and whose answer is being generated (`ChatSession.asking`).
 
     `finish` ends the turn: the dialogue is kept or dropped from the cache, and the stats are
-    counted. The ``generate`` stage runs from the question's prefill to `finish`.
+    counted. The ``generate`` stage runs from the question's prefill to `finish`. The session
+    makes it before the question's prefill (whose clock and step it holds) and hands it out after
+    `start`, which gives it its ``answer``.
     """
 
     def __init__(self, session: "ChatSession", question: str, generation: GenerationConfig,

@@ -86,7 +86,7 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
 
         def give_up(work) -> None:
             """A client gone before its answer: the answer ends at the next decode step, its turn not kept."""
-            if tickets and not (work.done() and not work.cancelled()):
+            if tickets and (not work.done() or work.cancelled()):
                 tickets[0].cancel()
 
         if not body.stream:
