@@ -9,6 +9,7 @@ from vidsight.api.cli import main
 from vidsight.bench.chat import format_chat_report, run_chat_bench
 from vidsight.bench.chat_accuracy import _mean_report, layer_head_lines
 from vidsight.errors import ConfigError
+from vidsight.tasks.chat import make_chat_stream
 
 
 def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
@@ -82,6 +83,17 @@ def test_the_task_model_reaches_the_suites_figures_and_losing_the_past_costs_ans
     assert all(q["correct"] for q in full if q["family"] != "order") and len(full) == 9
     assert report["accuracy"]["recent"] < report["accuracy"]["full"]
     assert report["against_first"]["recent"]["only_first"] >= 6   # most answers need the past
+    order = [q for q in full if q["family"] == "order"]
+    assert order
+    streams = {s: make_chat_stream(s, 256) for s in {q["seed"] for q in order}}
+    for q in order:
+        a, b = q["question"].rstrip("?").split(", the ")[1].split(" or the ")
+        starts = {o.shape: o.t_in for o in streams[q["seed"]].scene.objects}
+        assert q["earlier_named_first"] == (q["truth"] == a) and q["gap_s"] == round(abs(starts[a] - starts[b]), 1)
+    cells = report["order_breakdown"]["full"]
+    assert cells["earlier named first"][1] + cells["earlier named second"][1] == len(order)
+    assert cells["under 40 s apart"][1] + cells["40 s or more apart"][1] == len(order)
+    assert cells["earlier named first"][0] + cells["earlier named second"][0] == sum(q["correct"] for q in order)
 
 
 def test_with_tiers_the_bench_reports_the_devices_peak_within_budget_and_bytes_moved(tmp_path, tiny_shape):

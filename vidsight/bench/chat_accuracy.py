@@ -30,6 +30,9 @@ from vidsight.tasks.splits import split_seed, split_seeds
 CHAT_STREAMS = 20
 CHAT_STREAM_FRAMES = 512
 ANSWER_TOKENS = 2
+# Order questions are split by how far apart their two events began: under this (20 temporal
+# patches), rotary positions differ little between the two, and that is where order answers fail.
+CLOSE_PAIR_S = 40.0
 
 
 def stream_frames(stream: ChatStream) -> list[SampledFrame]:
@@ -53,6 +56,7 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "question": question.question, "truth": question.answer, "answer": answer.answer,
                          "correct": normalise(answer.answer) == question.answer,
                          "seconds_back": round(question.time_s - question.event_s, 1),
+                         **_order_traits(stream, question.question),
                          "attended_share": answer.stats.attended_tokens / answer.stats.cached_tokens,
                          "retrieved_share": answer.stats.retrieved_tokens / answer.stats.cached_tokens,
                          "ttft_s": answer.stats.ttft_s, "policy_report": chat.policy.report(),
@@ -112,6 +116,7 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
             "accuracy_interval": {n: wilson(sum(q["correct"] for q in mine(n)), len(mine(n))) for n in policies},
             "against_first": {n: _paired(mine(policies[0]), mine(n)) for n in policies[1:]},
             "by_family": {n: {f: share(mine(n, f)) for f in CHAT_FAMILIES} for n in policies},
+            "order_breakdown": {n: _order_breakdown(mine(n, "order")) for n in policies},
             "attended_share": {n: share(mine(n), "attended_share") for n in policies},
             "retrieved_share": {n: share(mine(n), "retrieved_share") for n in policies},
             "ttft_s": {n: share(mine(n), "ttft_s") for n in policies},
@@ -122,6 +127,28 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
             "question_bytes_moved": {n: share(mine(n), "question_bytes_moved") for n in policies},
             **_reads(questions, policies),
             "questions": questions}
+
+
+def _order_traits(stream: ChatStream, question: str) -> dict:
+    """For an order question: whether the earlier event is the shape named first, and how far
+    apart the two events began (nothing for other questions)."""
+    if not question.startswith("Which appeared first"):
+        return {}
+    first, second = question.rstrip("?").split(", the ")[1].split(" or the ")
+    starts = {o.shape: o.t_in for o in stream.scene.objects}
+    return {"earlier_named_first": starts[first] < starts[second],
+            "gap_s": round(abs(starts[first] - starts[second]), 1)}
+
+
+def _order_breakdown(rows: list[dict]) -> dict:
+    """``[right, asked]`` of the order questions ``rows`` by which shape was named first and by
+    how far apart the events began: where a model's order answers fail."""
+    cells = {"earlier named first": lambda q: q["earlier_named_first"],
+             "earlier named second": lambda q: not q["earlier_named_first"],
+             f"under {CLOSE_PAIR_S:.0f} s apart": lambda q: q["gap_s"] < CLOSE_PAIR_S,
+             f"{CLOSE_PAIR_S:.0f} s or more apart": lambda q: q["gap_s"] >= CLOSE_PAIR_S}
+    return {name: [sum(q["correct"] for q in rows if test(q)), sum(1 for q in rows if test(q))]
+            for name, test in cells.items()}
 
 
 def _paired(first: list[dict], other: list[dict]) -> dict:
@@ -185,6 +212,9 @@ def format_chat_accuracy(report: dict) -> str:
         lines.append(f"{name:<28} {accuracy:6.1%} [{low:5.1%}-{high:6.1%}] {families} {report['attended_share'][name]:8.1%} "
                      f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
+    for name, cells in report["order_breakdown"].items():
+        lines.append(f"{name} order questions right: " + ", ".join(f"{cell} {right}/{asked}"
+                                                                    for cell, (right, asked) in cells.items()))
     first = next(iter(report["accuracy"]))
     for name, test in report["against_first"].items():
         lines.append(f"{name} against {first} on the same questions (McNemar): right where {first} was wrong "
