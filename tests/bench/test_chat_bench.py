@@ -10,6 +10,7 @@ from vidsight.bench.chat import format_chat_report, run_chat_bench
 from vidsight.bench.chat_accuracy import _mean_report, layer_head_lines
 from vidsight.errors import ConfigError
 from vidsight.tasks.chat import make_chat_stream
+from vidsight.tasks.families import order_shapes
 
 
 def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
@@ -87,7 +88,7 @@ def test_the_task_model_reaches_the_suites_figures_and_losing_the_past_costs_ans
     assert order
     streams = {s: make_chat_stream(s, 256) for s in {q["seed"] for q in order}}
     for q in order:
-        a, b = q["question"].rstrip("?").split(", the ")[1].split(" or the ")
+        a, b = order_shapes(q["question"])
         starts = {o.shape: o.t_in for o in streams[q["seed"]].scene.objects}
         assert q["earlier_named_first"] == (q["truth"] == a) and q["gap_s"] == round(abs(starts[a] - starts[b]), 1)
     cells = report["order_breakdown"]["full"]

@@ -24,7 +24,7 @@ from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
-from vidsight.tasks.families import SAMPLE_FPS
+from vidsight.tasks.families import SAMPLE_FPS, order_shapes
 from vidsight.tasks.splits import split_seed, split_seeds
 
 CHAT_STREAMS = 20
@@ -132,9 +132,10 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
 def _order_traits(stream: ChatStream, question: str) -> dict:
     """For an order question: whether the earlier event is the shape named first, and how far
     apart the two events began (nothing for other questions)."""
-    if not question.startswith("Which appeared first"):
+    named = order_shapes(question)
+    if named is None:
         return {}
-    first, second = question.rstrip("?").split(", the ")[1].split(" or the ")
+    first, second = named
     starts = {o.shape: o.t_in for o in stream.scene.objects}
     return {"earlier_named_first": starts[first] < starts[second],
             "gap_s": round(abs(starts[first] - starts[second]), 1)}

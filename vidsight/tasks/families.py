@@ -266,6 +266,15 @@ def key_word(question: str) -> str | None:
     return None
 
 
+def order_shapes(question: str) -> tuple[str, str] | None:
+    """The two shapes an order question names, in the order it names them; None for other questions."""
+    prefix = "Which appeared first, the "
+    if not question.startswith(prefix):
+        return None
+    first, _, second = question.removeprefix(prefix).rstrip("?").partition(" or the ")
+    return first, second
+
+
 FAMILIES: dict[str, Callable] = {
     "count": count_task,
     "attribute": attribute_task,
