@@ -261,9 +261,8 @@ def key_word(question: str) -> str | None:
         return words[-1]
     if words[:2] == ["What", "shape"]:
         return words[-2]
-    if words[:3] == ["Which", "appeared", "first,"]:
-        return words[-1]
-    return None
+    shapes = order_shapes(question)
+    return shapes[1] if shapes else None
 
 
 def order_shapes(question: str) -> tuple[str, str] | None:
