@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from vidsight.tasks.chat import CHAT_FAMILIES, EVENTS, QUESTIONS, make_chat_stream
+from vidsight.tasks.chat import ADJACENT_ORDER, CHAT_FAMILIES, EVENTS, QUESTIONS, make_chat_stream
 from vidsight.tasks.families import SAMPLE_FPS
 from vidsight.tasks.scenes import COLOURS, Scene
 
@@ -62,3 +62,18 @@ def test_fresh_questions_for_training_are_about_events_already_over():
         assert q.family == family and q.frames_seen % 2 == 0 and q.frames_seen <= stream.frames
         assert len(past) >= (2 if family == "order" else 1)
         assert any(e.shape == q.answer or e.colour == q.answer for e in past)
+
+
+def test_adjacent_order_questions_name_two_events_with_no_seen_event_between_them_in_either_order():
+    rng = np.random.default_rng(1)
+    named_first_earlier = 0
+    for seed in range(20):
+        stream = make_chat_stream(seed, 512)
+        q = stream.ask(ADJACENT_ORDER, rng)
+        past = [e for e in stream.scene.objects if e.t_out <= q.time_s]
+        named = [e for e in past if e.shape in q.question]
+        early, late = sorted(named, key=lambda e: e.t_in)
+        assert q.family == "order" and q.answer == early.shape and q.event_s == early.t_in
+        assert not [e for e in past if early.t_in < e.t_in < late.t_in]
+        named_first_earlier += q.question.index(early.shape) < q.question.index(late.shape)
+    assert 5 <= named_first_earlier <= 15

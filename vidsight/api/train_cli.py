@@ -24,7 +24,7 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--chat-frames", type=int, nargs="*", default=list(TrainConfig.chat_frames), metavar="F",
                        help="train on chat-suite streams of these lengths too (every other step)")
     train.add_argument("--chat-questions", nargs="*", default=[], metavar="FAMILY",
-                       help="chat steps ask these families (colour, shape, order; repeat to weight; "
+                       help="chat steps ask these families (colour, shape, order, order-adjacent; repeat to weight; "
                             "default: the streams' own questions)")
     train.add_argument("--order-weight", type=float, default=TrainConfig.order_weight, metavar="W",
                        help="weight of the training-only probe on objects' order of appearance (default: 0, off)")

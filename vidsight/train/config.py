@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from vidsight.errors import ConfigError
+from vidsight.tasks.chat import TRAINING_FAMILIES as CHAT_TRAINING_FAMILIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,8 @@ class TrainConfig:
         chat_frames: Lengths in sampled frames of the chat-suite streams (`tasks.chat`) trained
             on, one drawn per chat step; empty for none. With any, every other step is a chat step.
         chat_questions: The question families chat steps draw from, uniformly (repeat one to weight
-            it); empty: the streams' own questions.
+            it; `tasks.chat.TRAINING_FAMILIES`: the suite's, and ``order-adjacent``, order questions
+            about two events with no other seen event between them); empty: the streams' own questions.
         eval_chat_frames: Length of the held-out chat streams evaluated (every question of each).
     """
 
@@ -75,8 +77,9 @@ class TrainConfig:
                 or self.rope_theta <= 1:
             raise ConfigError(f"mrope_section must be three positive counts summing to 16 (the task model's "
                               f"head_dim / 2) and rope_theta above 1; got {self.mrope_section}, {self.rope_theta}")
-        if not set(self.chat_questions) <= {"colour", "shape", "order"}:
-            raise ConfigError(f"chat_questions must be colour, shape or order; got {self.chat_questions}")
+        if not set(self.chat_questions) <= set(CHAT_TRAINING_FAMILIES):
+            raise ConfigError(f"chat_questions must be among {', '.join(CHAT_TRAINING_FAMILIES)}; "
+                              f"got {self.chat_questions}")
         if self.offset_patches < 0 or any(f < 64 or f % 2 for f in (*self.chat_frames, self.eval_chat_frames)):
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
