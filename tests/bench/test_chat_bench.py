@@ -91,9 +91,12 @@ def test_the_task_model_reaches_the_suites_figures_and_losing_the_past_costs_ans
         a, b = order_shapes(q["question"])
         starts = {o.shape: o.t_in for o in streams[q["seed"]].scene.objects}
         assert q["earlier_named_first"] == (q["truth"] == a) and q["gap_s"] == round(abs(starts[a] - starts[b]), 1)
+        (third,) = set(starts) - {a, b}
+        assert q["event_between"] == (min(starts[a], starts[b]) < starts[third] < max(starts[a], starts[b]))
     cells = report["order_breakdown"]["full"]
     assert cells["earlier named first"][1] + cells["earlier named second"][1] == len(order)
     assert cells["under 40 s apart"][1] + cells["40 s or more apart"][1] == len(order)
+    assert cells["an event between them"][1] + cells["none between them"][1] == len(order)
     assert cells["earlier named first"][0] + cells["earlier named second"][0] == sum(q["correct"] for q in order)
 
 

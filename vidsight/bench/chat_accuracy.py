@@ -130,24 +130,28 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
 
 
 def _order_traits(stream: ChatStream, question: str) -> dict:
-    """For an order question: whether the earlier event is the shape named first, and how far
-    apart the two events began (nothing for other questions)."""
+    """For an order question: whether the earlier event is the shape named first, how far apart
+    the two events began, and whether another event began between them (it is over by the time
+    the later one is, events being shorter than their gaps) (nothing for other questions)."""
     named = order_shapes(question)
     if named is None:
         return {}
     first, second = named
     starts = {o.shape: o.t_in for o in stream.scene.objects}
-    return {"earlier_named_first": starts[first] < starts[second],
-            "gap_s": round(abs(starts[first] - starts[second]), 1)}
+    early, late = sorted((starts[first], starts[second]))
+    return {"earlier_named_first": starts[first] < starts[second], "gap_s": round(late - early, 1),
+            "event_between": any(early < t < late for t in starts.values())}
 
 
 def _order_breakdown(rows: list[dict]) -> dict:
-    """``[right, asked]`` of the order questions ``rows`` by which shape was named first and by
-    how far apart the events began: where a model's order answers fail."""
+    """``[right, asked]`` of the order questions ``rows`` by which shape was named first, how far
+    apart the events began and whether another began between them: where a model's order answers fail."""
     cells = {"earlier named first": lambda q: q["earlier_named_first"],
              "earlier named second": lambda q: not q["earlier_named_first"],
              f"under {CLOSE_PAIR_S:.0f} s apart": lambda q: q["gap_s"] < CLOSE_PAIR_S,
-             f"{CLOSE_PAIR_S:.0f} s or more apart": lambda q: q["gap_s"] >= CLOSE_PAIR_S}
+             f"{CLOSE_PAIR_S:.0f} s or more apart": lambda q: q["gap_s"] >= CLOSE_PAIR_S,
+             "an event between them": lambda q: q["event_between"],
+             "none between them": lambda q: not q["event_between"]}
     return {name: [sum(q["correct"] for q in rows if test(q)), sum(1 for q in rows if test(q))]
             for name, test in cells.items()}
 
