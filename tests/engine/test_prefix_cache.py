@@ -2,6 +2,8 @@
 without it; what shapes the video's KV (its bytes, sampling, prefill settings) decides a hit."""
 
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -80,6 +82,77 @@ def test_a_changed_file_or_setting_misses_and_the_same_bytes_under_another_name_
         assert cache.stats().misses == misses + 1 and stats.cached_tokens == 0
     _, _, stats = answer(asker, renamed, question)
     assert stats.cached_tokens > 0
+
+
+def round_robin(works, adapter):
+    """Preemptible works advanced a step each in turn on this thread, as the server's scheduler
+    interleaves requests (a chunk a work yields is run and sent back at its next turn); their results."""
+    started, sent, results = [False] * len(works), [None] * len(works), [None] * len(works)
+    while any(result is None for result in results):
+        for k, work in enumerate(works):
+            if results[k] is not None:
+                continue
+            try:
+                request = work.send(sent[k]) if started[k] else next(work)
+            except StopIteration as stop:
+                results[k] = stop.value
+                continue
+            started[k], sent[k] = True, None if request is None else request.run(adapter)
+    return results
+
+
+def test_requests_about_one_video_at_once_prefill_it_once_and_answer_as_alone(task_adapter, make_test_video):
+    """Two questions about one video interleaved on one thread: the first prefills the video, the
+    second waits for its prefix (no second prefill) and answers as it does without the cache."""
+    path, _ = make_test_video(**VIDEO)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    prefill = PrefillConfig(group_frames=4)   # several groups: the first pauses between them
+    works = [asker.begin_steps(path, q, sampling=SAMPLING, generation=GENERATION, prefill=prefill) for q in QUESTIONS[:2]]
+    first, second = round_robin(works, task_adapter)
+    stats = asker.prefix_cache.stats()
+    assert (stats.misses, stats.hits, stats.waited) == (1, 1, 1)
+    assert first.request.clock.stats.encoded_visual_tokens > 0
+    assert second.request.clock.stats.cached_tokens > 0 and second.request.clock.stats.encoded_visual_tokens == 0
+    logits = second.answer.logits.clone()
+    ref_ids, ref_logits, _ = answer(Asker(task_adapter), path, QUESTIONS[1], prefill=prefill)
+    assert_same_answer(second.generate_alone().token_ids, logits, ref_ids, ref_logits)
+
+
+def test_a_waiting_request_prefills_the_video_itself_when_the_first_is_abandoned(task_adapter, make_test_video):
+    path, _ = make_test_video(**VIDEO)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    prefill = PrefillConfig(group_frames=4)
+    first, second = (asker.begin_steps(path, q, sampling=SAMPLING, generation=GENERATION, prefill=prefill)
+                     for q in QUESTIONS[:2])
+    assert next(first) is not None   # the first claimed the prefill and wants its first group run
+    assert next(second) is None      # the second waits for it
+    first.close()                    # its client went away
+    (waited,) = round_robin([second], task_adapter)   # resumes from its pause
+    assert asker.prefix_cache.stats().misses == 2 and waited.request.clock.stats.encoded_visual_tokens > 0
+    ref_ids, _, _ = answer(Asker(task_adapter), path, QUESTIONS[1], prefill=prefill)
+    assert waited.generate_alone().token_ids == ref_ids
+
+
+def test_a_request_on_another_thread_blocks_until_the_prefix_it_waits_for_is_kept(task_adapter, make_test_video):
+    path, _ = make_test_video(**VIDEO)
+    asker = Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    first = asker.begin_steps(path, QUESTIONS[0], sampling=SAMPLING, generation=GENERATION)
+    chunk = next(first)
+    assert chunk is not None   # the prefill is claimed, its first group wants running
+    done = []
+    other = threading.Thread(target=lambda: done.append(answer(asker, path, QUESTIONS[1])))
+    other.start()
+    time.sleep(0.5)
+    assert other.is_alive() and not done   # waiting for the first's prefix, not prefilling its own
+    try:
+        request = first.send(chunk.run(task_adapter))
+        while True:
+            request = first.send(None if request is None else request.run(task_adapter))
+    except StopIteration:
+        pass
+    other.join(timeout=60)
+    (_, _, stats), = done
+    assert stats.cached_tokens > 0 and asker.prefix_cache.stats().misses == 1
 
 
 def test_kv_pruning_is_never_cached(task_adapter, make_test_video):

@@ -16,7 +16,7 @@ from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
-from vidsight.engine.prefix_cache import PrefixCache, prefix_key
+from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
 from vidsight.engine.prompt import check_question, plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
@@ -191,13 +191,16 @@ class Asker:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
                 video, sampling, prefill, feed_config, request))
-        prefix = self.prefix_cache.get(key)
-        if prefix is None:
-            prefix = yield from self._decode_and(lambda feed, plan, fps: prefill_prefix_steps(
-                self.adapter, feed, fps, prefill, request, plan),
-                video, sampling, prefill, feed_config, request)
-            self.prefix_cache.put(key, prefix)
+        while (found := self.prefix_cache.get_or_claim(key)) is None:
+            yield None   # another request is prefilling this video: its prefix, not a second prefill
+        if isinstance(found, PrefixClaim):
+            with found:
+                prefix = yield from self._decode_and(lambda feed, plan, fps: prefill_prefix_steps(
+                    self.adapter, feed, fps, prefill, request, plan),
+                    video, sampling, prefill, feed_config, request)
+                found.fill(prefix)
         else:
+            prefix = found
             request.clock.stats.cached_tokens = prefix.tokens
         return prefill_question(self.adapter, prefix, question, max_new_tokens, request)
 

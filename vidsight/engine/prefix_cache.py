@@ -11,6 +11,10 @@ hash, not its name), the sampling, the prefill settings (motion pruning, patch d
 the decoder's resizing. Past the device's budget, prefixes wait in host memory (vLLM's swap space,
 LMCache's CPU backend) and come back up on a hit. KV pruning makes the last group's KV depend on the
 question (it is pruned with the question in the group), so pruned requests are not cached.
+
+Requests about the same video often come together (several clients, one clip): the first to miss
+claims the prefill (`PrefixCache.get_or_claim`) and the others wait for its prefix rather than
+prefilling the same video beside it, so a video is prefilled once however many ask at once.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ class PrefixCacheStats:
     """Counters since the cache began, and what it holds now on the device and in host memory.
 
     Attributes:
-        hits: Lookups that found a prefix (on the device or in host memory).
-        misses: Lookups that did not.
+        hits: Lookups that found a prefix (on the device or in host memory), including those that
+            waited for another request's prefill of it.
+        misses: Lookups that did not (and prefilled it).
+        waited: Of the hits, those that waited for another request's prefill of the same prefix.
         host_hits: Of the hits, those brought back up from host memory.
         offloads: Prefixes moved to host memory for the device budget.
         evictions: Prefixes dropped for the budgets.
@@ -77,6 +83,7 @@ class PrefixCacheStats:
 
     hits: int = 0
     misses: int = 0
+    waited: int = 0
     host_hits: int = 0
     offloads: int = 0
     evictions: int = 0
@@ -120,25 +127,29 @@ class PrefixCache:
         self._host: collections.OrderedDict[PrefixKey, VideoPrefix] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._stats = PrefixCacheStats()
+        # Prefixes being prefilled now: the claiming thread, and an event set when it is done.
+        self._filling: dict[PrefixKey, tuple[int, threading.Event]] = {}
+        self._waiting: set[PrefixKey] = set()   # keys another request waited for (their next hit is `waited`)
 
-    def get(self, key: PrefixKey) -> VideoPrefix | None:
-        """The prefix stored under ``key`` (now the most recently used, on the device), counted as a
-        hit or a miss."""
-        with self._lock:
-            prefix = self._entries.get(key)
-            if prefix is not None:
-                self._entries.move_to_end(key)
-                self._stats.hits += 1
-                return prefix
-            held = self._host.pop(key, None)
-            if held is None:
-                self._stats.misses += 1
-                return None
-            self._stats.hits += 1
-            self._stats.host_hits += 1
-            prefix = _moved(held, self.device)
-            self._keep(key, prefix)
-            return prefix
+    def get_or_claim(self, key: PrefixKey) -> VideoPrefix | PrefixClaim | None:
+        """The prefix stored under ``key`` (a hit); else, unless another request is prefilling it,
+        a `PrefixClaim` to prefill it (a miss). While another request prefills it: on another
+        thread, waits for it; on this thread (a scheduler interleaving requests), None: ask again
+        after a pause, when that request may have finished."""
+        while True:
+            with self._lock:
+                prefix = self._find(key)
+                if prefix is not None:
+                    return prefix
+                filler = self._filling.get(key)
+                if filler is None:
+                    self._stats.misses += 1
+                    self._filling[key] = (threading.get_ident(), threading.Event())
+                    return PrefixClaim(self, key)
+                self._waiting.add(key)
+                if filler[0] == threading.get_ident():
+                    return None
+            filler[1].wait()
 
     def put(self, key: PrefixKey, prefix: VideoPrefix) -> None:
         """Keep ``prefix`` on the device, moving the least recently used ones down until the budget holds."""
@@ -146,6 +157,31 @@ class PrefixCache:
             return
         with self._lock:
             self._keep(key, prefix)
+
+    def _release(self, key: PrefixKey) -> None:
+        """End a claim on ``key`` (its prefix kept or not): the requests waiting for it look again."""
+        with self._lock:
+            filler = self._filling.pop(key, None)
+        if filler is not None:
+            filler[1].set()
+
+    def _find(self, key: PrefixKey) -> VideoPrefix | None:
+        """The prefix under ``key``, on the device, counted as a hit; None when it is not held. Called holding the lock."""
+        prefix = self._entries.get(key)
+        if prefix is not None:
+            self._entries.move_to_end(key)
+        else:
+            held = self._host.pop(key, None)
+            if held is None:
+                return None
+            self._stats.host_hits += 1
+            prefix = _moved(held, self.device)
+            self._keep(key, prefix)
+        self._stats.hits += 1
+        if key in self._waiting:
+            self._stats.waited += 1
+            self._waiting.discard(key)
+        return prefix
 
     def _keep(self, key: PrefixKey, prefix: VideoPrefix) -> None:
         self._entries[key] = prefix
@@ -177,6 +213,27 @@ class PrefixCache:
                 prefix.cache.close()
             self._entries.clear()
             self._host.clear()
+
+
+class PrefixClaim:
+    """The right to prefill one video's prefix, held by the request that missed it first; other
+    requests for it wait (`PrefixCache.get_or_claim`). Used as a context manager: leaving it,
+    whether the prefill finished, failed or was abandoned, lets the waiting requests look again
+    (one of them claims it when no prefix was kept)."""
+
+    def __init__(self, cache: PrefixCache, key: PrefixKey):
+        self._cache, self._key = cache, key
+
+    def fill(self, prefix: VideoPrefix) -> None:
+        """Keep the prefilled ``prefix`` (`PrefixCache.put`) and end the claim."""
+        self._cache.put(self._key, prefix)
+        self._cache._release(self._key)
+
+    def __enter__(self) -> PrefixClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._cache._release(self._key)
 
 
 def _moved(prefix: VideoPrefix, device: torch.device) -> VideoPrefix:

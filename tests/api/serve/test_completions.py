@@ -66,7 +66,8 @@ def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expec
 
 def test_concurrent_completions_are_decoded_together_and_answer_as_alone(make_local_server, media, tiny_adapter):
     """Eight clients at once, two videos and three lengths: each answer is the one `ask` gives
-    alone, and decode steps fed several answers together."""
+    alone, decode steps fed several answers together, and each video was prefilled once (the
+    requests that came while it was being prefilled waited for its prefix)."""
     import concurrent.futures
     import re
 
@@ -88,6 +89,8 @@ def test_concurrent_completions_are_decoded_together_and_answer_as_alone(make_lo
     steps = float(re.search(r'vidsight:decode_batch_size_count\{model_name="tiny"\} (\S+)', metrics).group(1))
     fed = float(re.search(r'vidsight:decode_batch_size_sum\{model_name="tiny"\} (\S+)', metrics).group(1))
     assert fed > steps   # some steps fed several answers at once
+    assert re.search(r'vidsight:prefix_cache_misses_total\{model_name="tiny"\} 2\.0', metrics)
+    assert re.search(r'vidsight:prefix_cache_hits_total\{model_name="tiny"\} 6\.0', metrics)
 
 
 def test_a_client_that_goes_away_ends_its_answer(make_local_server, media, tiny_adapter):

@@ -70,6 +70,7 @@ class Metrics:
         for name, text in (("hits", "Completions whose video prefix was cached."),
                            ("misses", "Completions that prefilled their video prefix."),
                            ("host_hits", "Completions whose video prefix came back up from host memory."),
+                           ("waited", "Completions that waited for another's prefill of their video prefix."),
                            ("offloads", "Video prefixes moved to host memory for the device budget."),
                            ("evictions", "Video prefixes dropped for the budgets.")):
             self.follow(f"prefix_cache_{name}", text, lambda name=name: getattr(stats(), name), counter=True)
