@@ -191,7 +191,9 @@ class Asker:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
                 video, sampling, prefill, feed_config, request))
-        while (found := self.prefix_cache.get_or_claim(key)) is None:
+        waited = False
+        while (found := self.prefix_cache.get_or_claim(key, waited)) is None:
+            waited = True
             yield None   # another request is prefilling this video: its prefix, not a second prefill
         if isinstance(found, PrefixClaim):
             with found:

@@ -129,27 +129,27 @@ class PrefixCache:
         self._stats = PrefixCacheStats()
         # Prefixes being prefilled now: the claiming thread, and an event set when it is done.
         self._filling: dict[PrefixKey, tuple[int, threading.Event]] = {}
-        self._waiting: set[PrefixKey] = set()   # keys another request waited for (their next hit is `waited`)
 
-    def get_or_claim(self, key: PrefixKey) -> VideoPrefix | PrefixClaim | None:
+    def get_or_claim(self, key: PrefixKey, waited: bool = False) -> VideoPrefix | PrefixClaim | None:
         """The prefix stored under ``key`` (a hit); else, unless another request is prefilling it,
         a `PrefixClaim` to prefill it (a miss). While another request prefills it: on another
-        thread, waits for it; on this thread (a scheduler interleaving requests), None: ask again
-        after a pause, when that request may have finished."""
+        thread, waits for it; on this thread (a scheduler interleaving requests), None: the caller
+        pauses and asks again (``waited`` True), when that request may have finished."""
         while True:
             with self._lock:
                 prefix = self._find(key)
                 if prefix is not None:
+                    self._stats.waited += waited
                     return prefix
                 filler = self._filling.get(key)
                 if filler is None:
                     self._stats.misses += 1
                     self._filling[key] = (threading.get_ident(), threading.Event())
                     return PrefixClaim(self, key)
-                self._waiting.add(key)
                 if filler[0] == threading.get_ident():
                     return None
             filler[1].wait()
+            waited = True
 
     def put(self, key: PrefixKey, prefix: VideoPrefix) -> None:
         """Keep ``prefix`` on the device, moving the least recently used ones down until the budget holds."""
@@ -178,9 +178,6 @@ class PrefixCache:
             prefix = _moved(held, self.device)
             self._keep(key, prefix)
         self._stats.hits += 1
-        if key in self._waiting:
-            self._stats.waited += 1
-            self._waiting.discard(key)
         return prefix
 
     def _keep(self, key: PrefixKey, prefix: VideoPrefix) -> None:
