@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from vidsight.tasks.families import FRAME, OBJECT_SIZE, QUADRANT, SAMPLE_FPS, Sample
+from vidsight.tasks.families import FRAME, OBJECT_SIZE, QUADRANT, SAMPLE_FPS, Sample, order_question
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject
 
 CHAT_FAMILIES = ("colour", "shape", "order")
@@ -130,8 +130,7 @@ def _ask(rng, family: str, time_s: float, past: list[SceneObject]) -> ChatQuesti
         else:
             a, b = (past[int(i)] for i in rng.permutation(len(past))[:2])
         early = a if a.t_in < b.t_in else b
-        return ChatQuestion(time_s, "order", f"Which appeared first, the {a.shape} or the {b.shape}?",
-                            early.shape, early.t_in)
+        return ChatQuestion(time_s, "order", order_question(a.shape, b.shape), early.shape, early.t_in)
     event = past[int(rng.integers(len(past)))]
     if family == "colour":
         return ChatQuestion(time_s, family, f"What colour was the {event.shape}?", event.colour, event.t_in)

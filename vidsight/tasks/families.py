@@ -162,7 +162,7 @@ def order_task(rng, seed: int, frames: int) -> Sample:
         scene.objects.append(_quadrant_object(rng, int(quadrant), shape, str(rng.choice(list(COLOURS))),
                                               t_in, duration + 1))
     a, b = (first, second) if rng.random() < 0.5 else (second, first)
-    return Sample("order", seed, scene, f"Which appeared first, the {a} or the {b}?", first, frames)
+    return Sample("order", seed, scene, order_question(a, b), first, frames)
 
 
 def needle_task(rng, seed: int, frames: int) -> Sample:
@@ -247,7 +247,7 @@ def probe_questions(sample: Sample) -> list[tuple[str, str]]:
         for b in unique[i + 1 :]:
             if abs(first_frame[id(a)] - first_frame[id(b)]) >= 2:
                 early = a if first_frame[id(a)] < first_frame[id(b)] else b
-                out.append((f"Which appeared first, the {a.shape} or the {b.shape}?", early.shape))
+                out.append((order_question(a.shape, b.shape), early.shape))
     if sample.scene.zone is not None:
         out.append((ANOMALY_QUERY, "Yes" if anomaly_label(sample.scene, times) else "No"))
     return [qa for qa in out if qa != (sample.question, sample.answer)]
@@ -265,12 +265,20 @@ def key_word(question: str) -> str | None:
     return shapes[1] if shapes else None
 
 
+_ORDER_OPENING, _ORDER_JOIN = "Which appeared first, the ", " or the "
+
+
+def order_question(first: str, second: str) -> str:
+    """The order question naming shape ``first``, then ``second``."""
+    return f"{_ORDER_OPENING}{first}{_ORDER_JOIN}{second}?"
+
+
 def order_shapes(question: str) -> tuple[str, str] | None:
-    """The two shapes an order question names, in the order it names them; None for other questions."""
-    prefix = "Which appeared first, the "
-    if not question.startswith(prefix):
+    """The two shapes an order question (`order_question`) names, in the order it names them; None
+    for other questions."""
+    if not question.startswith(_ORDER_OPENING):
         return None
-    first, _, second = question.removeprefix(prefix).rstrip("?").partition(" or the ")
+    first, _, second = question.removeprefix(_ORDER_OPENING).rstrip("?").partition(_ORDER_JOIN)
     return first, second
 
 
