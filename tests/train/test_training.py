@@ -134,6 +134,34 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(start.values(), load_model(base, device="cpu").model.state_dict().values()))
 
 
+def test_a_checkpoint_grown_deeper_computes_what_it_did_until_training_moves_its_new_layers():
+    from vidsight.train.loop import model_loss
+
+    shipped = "vidsight/assets/tasks-qwen2.5-vl"
+    rope = load_model(shipped, device="cpu").model.config.text_config.rope_parameters
+    settings = dict(mrope_section=tuple(rope["mrope_section"]), rope_theta=rope["rope_theta"])
+    base = build_adapter(0, shipped, TrainConfig(**settings))
+    grown = build_adapter(1, shipped, TrainConfig(**settings, layers=6))
+    assert len(grown.model.model.language_model.layers) == 6
+    batch = make_batch([make_sample("attribute", 3), make_sample("order", 1)], base, augment=False)
+
+    def logits(adapter):
+        with torch.no_grad():
+            return adapter.model.eval()(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                        pixel_values_videos=batch.pixel_values, video_grid_thw=batch.grid_thw).logits
+
+    torch.testing.assert_close(logits(grown), logits(base), rtol=0, atol=1e-5)
+    loss = model_loss(grown.model.train(), batch)
+    loss.backward()
+    added = grown.model.model.language_model.layers[4]
+    assert added.self_attn.o_proj.weight.grad.abs().max() > 0 and added.mlp.down_proj.weight.grad.abs().max() > 0
+    assert added.self_attn.q_proj.weight.abs().max() > 0   # only the outputs start at zero
+    with pytest.raises(ConfigError, match="4 layers, more than the 2"):
+        build_adapter(0, shipped, TrainConfig(**settings, layers=2))
+    with pytest.raises(ConfigError, match="layers"):
+        TrainConfig(layers=0)
+
+
 def test_order_targets_name_the_shapes_seen_before_each_object():
     from vidsight.tasks.scenes import OBJECT_SHAPES
 

@@ -19,6 +19,9 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--warmup", type=int, default=TrainConfig.warmup, help="warm-up steps")
     train.add_argument("--init", default=None, metavar="MODEL",
                        help="fine-tune this checkpoint instead of starting from random weights")
+    train.add_argument("--layers", type=int, default=TrainConfig.layers, metavar="N",
+                       help=f"language-model layers (default: {TrainConfig.layers}); more than --init's adds "
+                            "layers after its own, each starting as the identity")
     train.add_argument("--offset-patches", type=int, default=TrainConfig.offset_patches, metavar="N",
                        help="clips start up to N temporal patches into a stream (default: 0, at the start)")
     train.add_argument("--chat-frames", type=int, nargs="*", default=list(TrainConfig.chat_frames), metavar="F",
@@ -52,7 +55,7 @@ def run_train(args) -> int:
         print(export_checkpoint(args.out, seed=args.seed))
         return 0
     config = TrainConfig(steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
-                         warmup=args.warmup, init=args.init,
+                         warmup=args.warmup, init=args.init, layers=args.layers,
                          offset_patches=args.offset_patches, chat_frames=tuple(args.chat_frames),
                          chat_questions=tuple(args.chat_questions), order_weight=args.order_weight,
                          retrieval_weight=args.retrieval_weight,

@@ -48,21 +48,41 @@ VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 
 def build_adapter(seed: int, init: str | None = None, config: TrainConfig = TrainConfig()) -> Qwen25VLAdapter:
     """The task model to train: random weights from ``seed``, or a checkpoint's with ``init``; its
-    rotary embedding as ``config`` sets it (a checkpoint's weights carry over to a new one)."""
+    rotary embedding and depth as ``config`` sets them (a checkpoint's weights carry over to a new
+    rotary embedding, and to a deeper model as its first layers)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_task_tokenizer()
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(model_config(tokenizer, config.mrope_section, config.rope_theta))
+    model = Qwen2_5_VLForConditionalGeneration(
+        model_config(tokenizer, config.mrope_section, config.rope_theta, config.layers))
     if init is not None:
         from vidsight.models.loading import load_model
 
         source = load_model(init, device="cpu", dtype=torch.float32)
         if source.tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ConfigError(f"{init}: its vocabulary is not the task tokenizer's; cannot fine-tune it")
-        model.load_state_dict(source.model.state_dict())
+        _load_grown(model, source.model, init)
     eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     return Qwen25VLAdapter("training", model, tokenizer, CHAT_TEMPLATE, VISION, eos)
+
+
+def _load_grown(model, source, init: str) -> None:
+    """``source``'s weights into ``model``, whose language model may have more layers: those come
+    after ``source``'s and start as the identity (attention and MLP outputs zero), so ``model``
+    computes what ``source`` does until training moves them."""
+    have, want = len(source.model.language_model.layers), len(model.model.language_model.layers)
+    if have > want:
+        raise ConfigError(f"{init}: its language model has {have} layers, more than the {want} asked for")
+    model.load_state_dict(source.state_dict(), strict=False)
+    loaded = source.state_dict().keys()
+    missing = [name for name in model.state_dict() if name not in loaded]
+    if any(not name.startswith("model.language_model.layers.") for name in missing):
+        raise ConfigError(f"{init}: it lacks weights the task model needs ({missing[0]}); cannot fine-tune it")
+    with torch.no_grad():
+        for layer in model.model.language_model.layers[have:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
 
 def step_schedule(config: TrainConfig) -> tuple[str, ...]:

@@ -8,7 +8,8 @@ from pathlib import Path
 from vidsight.tasks.families import FRAME
 from vidsight.models.tiny import qwen_config, save_checkpoint
 
-TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+# The language model's width; its depth is `TrainConfig.layers`.
+TEXT = dict(hidden_size=128, intermediate_size=384, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6)
 VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_hidden_size=128, patch_size=14,
               spatial_merge_size=2, temporal_patch_size=2, window_size=FRAME, fullatt_block_indexes=[3],
@@ -17,11 +18,12 @@ VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_h
 PIXELS = dict(min_pixels=56 * 56, max_pixels=FRAME * FRAME, total_pixels=FRAME * FRAME * 1024)
 
 
-def model_config(tokenizer, mrope_section: tuple[int, int, int], rope_theta: float):
+def model_config(tokenizer, mrope_section: tuple[int, int, int], rope_theta: float, layers: int):
     """The task model's configuration, with its rotary embedding's frequency pairs per temporal,
-    height and width axis and their base (`TrainConfig` holds them)."""
+    height and width axis, their base and its language model's layers (`TrainConfig` holds them)."""
     rope = {"rope_type": "default", "rope_theta": float(rope_theta), "mrope_section": list(mrope_section)}
-    return qwen_config(tokenizer, {**TEXT, "rope_parameters": rope}, VISION, pad_token="<|endoftext|>")
+    return qwen_config(tokenizer, {**TEXT, "num_hidden_layers": layers, "rope_parameters": rope}, VISION,
+                       pad_token="<|endoftext|>")
 
 
 TRAINING_RECORD = "vidsight_training.json"
