@@ -11,10 +11,10 @@ worker takes one, it also takes the stepped work waiting at the head of other cl
 ``max_batch``), runs each to the point where it needs its new frames encoded, encodes all of them in one vision call (unpruned
 ones; the encoder attends within each video, so each gets its own result), and then runs their new
 tokens (new frames and query) through the language model in one pass with the running answers'
-decode step, each over its own cache. Answers are generated together: a completion's prefill is
+decode step, each over its own cache (`stepped_turn.run_stepped`). Answers are generated together: a completion's prefill is
 preemptible work in its client's line, run one prefill group per turn, after which its answer joins
 the running answers, and between pieces of work the worker feeds one token of every running answer
-in one packed pass (`DecodeBatch`). When a completion's prefill takes its turn, the prefills at the
+in one packed pass (`answers.RunningAnswers`). When a completion's prefill takes its turn, the prefills at the
 head of other clients' lines take theirs too: each runs its next group up to the language model, and
 their chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
 tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per turn, a
@@ -43,8 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vidsight.api.serve.answers import AnswerTicket, RunningAnswers
 from vidsight.api.serve.config import DEFAULT_MAX_PREFILL_TOKENS
 from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.stepped_turn import run_stepped
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.steps import EncodeRequest, Stepped
 
@@ -61,28 +63,10 @@ class _Work:
     future: Future
     queued: float | None      # when it was queued (perf_counter); None once its wait was counted
     stepped: bool
-    ticket: "AnswerTicket | None" = None   # the work begins an answer that the decode batch finishes
+    ticket: AnswerTicket | None = None   # the work begins an answer that the decode batch finishes
     begun: bool = False       # an answer's prefill that ran part way (``work`` is then its generator)
     rest: "Chunk | None" = None   # the part of its chunk a later turn runs (the turn's budget was spent)
     parts: list = dataclasses.field(default_factory=list)   # hidden states of the chunk's parts run so far
-
-
-class AnswerTicket:
-    """A client's hold on an answer being generated: `cancel` (a client gone) ends it at the next step."""
-
-    def __init__(self):
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-@dataclasses.dataclass
-class _Generating:
-    progress: Any             # an `AnswerInProgress`
-    future: Future
-    ticket: AnswerTicket
-    client: str               # whose line waits until the answer is finished
 
 
 class Scheduler:
@@ -112,8 +96,7 @@ class Scheduler:
         self._running = 0
         self._encode, self._on_queue_time, self._on_batch = encode, on_queue_time, on_batch
         self._max_batch, self._max_prefill_tokens = max_batch, max_prefill_tokens
-        self._decode, self._on_decode_batch = decode, on_decode_batch
-        self._generating: list[_Generating] = []   # touched by the worker thread only
+        self._answers = RunningAnswers(decode, on_decode_batch) if decode is not None else None
         self._worker = threading.Thread(target=self._serve, name="vidsight-model", daemon=True)
         self._worker.start()
 
@@ -141,7 +124,7 @@ class Scheduler:
         preemptible work (`Asker.begin_steps`, `ChatSession.asking`), run a group per turn, whose
         result (an `AnswerInProgress`) is then generated beside the other answers; ``client``'s
         later work waits for the answer. The future holds its `finish`'s result."""
-        if self._decode is None:
+        if self._answers is None:
             raise TypeError("answers need a scheduler built with decode=")
         ticket = AnswerTicket()
         return self._queue(client, begin, stepped=False, ticket=ticket), ticket
@@ -176,7 +159,7 @@ class Scheduler:
         taken = []
         # A client whose answer is being generated waits for it (a session's frames would go into
         # the cache the answer is decoded over).
-        busy = {generating.client for generating in self._generating}
+        busy = self._answers.clients() if self._answers else set()
         streams = any(line[0].ticket is None for client, line in self._lines.items() if client not in busy)
         for client in list(self._lines):
             head = self._lines[client][0]
@@ -200,10 +183,10 @@ class Scheduler:
         """The next piece of work (with its batch-mates); empty when none waits but answers run;
         None once closed and idle."""
         with self._ready:
-            while not self._lines and not self._closing and not self._generating:
+            while not self._lines and not self._closing and not self._answers:
                 self._ready.wait()
             if not self._lines:
-                return [] if self._generating else None
+                return [] if self._answers else None
             items = self._take()
             if not items:   # only clients waiting for their answers
                 return []
@@ -220,7 +203,8 @@ class Scheduler:
                 item.queued = None
             stepped = False   # whether the running answers already took this turn's step
             if items and items[0].stepped:
-                stepped = self._run_stepped(items)
+                stepped = run_stepped([(item.work, item.future) for item in items], self._encode, self._answers,
+                                      self._on_batch)
             elif items and items[0].ticket is not None:
                 stepped = self._prefill_answers(items)
             elif items and items[0].future.set_running_or_notify_cancel():
@@ -230,8 +214,8 @@ class Scheduler:
                 except BaseException as exc:  # handed to the waiting client, which reports it
                     item.future.set_exception(exc)
             self._running = 0
-            if self._generating and not stepped:
-                self._step_answers()
+            if self._answers and not stepped:
+                self._answers.step()
 
     def _prefill_answers(self, items: list[_Work]) -> bool:
         """One group of each answer's prefill, their chunks packed into one pass with a decode
@@ -258,8 +242,8 @@ class Scheduler:
                 packed.append(waiting.pop(0))
                 tokens += packed[-1][1].length
             try:
-                hidden = (self._step_answers(beside=[chunk for _, chunk in packed]) if not stepped else
-                          forward_packed(self._decode.adapter, [chunk for _, chunk in packed]))
+                hidden = (self._answers.step(beside=[chunk for _, chunk in packed]) if not stepped else
+                          forward_packed(self._answers.adapter, [chunk for _, chunk in packed]))
                 stepped = True
             except BaseException as exc:   # the pass failed for every prefill in it
                 for item, _ in packed:
@@ -290,8 +274,7 @@ class Scheduler:
                 raise RequestError(499, "the client went away")
             request = resume(item.work)
         except StopIteration as done:
-            self._decode.add(done.value.answer)
-            self._generating.append(_Generating(done.value, item.future, item.ticket, item.client))
+            self._answers.add(done.value, item.future, item.ticket, item.client)
             return
         except BaseException as exc:   # handed to the waiting client, which reports it
             if item.begun:
@@ -332,110 +315,3 @@ class Scheduler:
             line = self._lines.pop(item.client, collections.deque())
             line.appendleft(item)
             self._lines[item.client] = line
-
-    def _step_answers(self, beside: list[Chunk] | None = None) -> list[torch.Tensor] | None:
-        """One token of every running answer, packed with the prefill chunks ``beside`` if given
-        (whose hidden states are returned); answers that ended hand over their results. A failed
-        pass fails every answer in it, and is raised for the chunks' prefills."""
-        for generating in self._generating:
-            if generating.ticket.cancelled:
-                generating.progress.answer.cancel()
-        fed = sum(not g.progress.answer.done for g in self._generating)
-        if self._on_decode_batch is not None and fed:
-            self._on_decode_batch(fed)
-        hidden = None
-        try:
-            if beside is None:
-                self._decode.step()
-            else:
-                hidden = self._decode.step_beside(beside)
-        except BaseException as exc:   # the pass failed for every answer in it
-            for generating in self._generating:
-                generating.progress.answer.cancel()
-                generating.progress.abandon()
-                generating.future.set_exception(exc)
-            self._decode.step()   # drops the cancelled answers
-            self._generating = []
-            if beside is not None:
-                raise
-            return None
-        for generating in [g for g in self._generating if g.progress.answer.done]:
-            self._generating.remove(generating)
-            try:
-                generating.future.set_result(generating.progress.finish())
-            except BaseException as exc:
-                generating.future.set_exception(exc)
-        return hidden
-
-    def _run_stepped(self, items: list[_Work]) -> bool:
-        """Stepped work (watch windows) run together: their encodings in one vision call, then their
-        chunks in one language-model pass with the running answers' decode step.
-
-        Returns:
-            Whether the running answers took their step.
-        """
-        waiting, chunks = [], []   # (steps, future, request) paused at their encoding, at a chunk
-        for item in items:
-            if not item.future.set_running_or_notify_cancel():
-                continue
-            try:
-                request = next(item.work)
-            except StopIteration as stop:
-                item.future.set_result(stop.value)
-                continue
-            except BaseException as exc:
-                item.future.set_exception(exc)
-                continue
-            (chunks if isinstance(request, Chunk) else waiting).append((item.work, item.future, request))
-        if waiting and self._on_batch is not None:
-            self._on_batch(len(waiting))
-        try:
-            encoded = self._encode([request for _, _, request in waiting]) if waiting else []
-        except BaseException as exc:
-            for steps, future, _ in waiting:
-                steps.close()
-                future.set_exception(exc)
-            encoded, waiting = [], []
-        for (steps, future, _), embeds in zip(waiting, encoded):
-            self._resume(steps, future, embeds, chunks)
-        return self._run_chunks(chunks)
-
-    def _resume(self, steps: Stepped, future: Future, sent, chunks: list) -> None:
-        """Run stepped work on from ``sent`` to its result, encoding any further request alone,
-        or to its next chunk (added to ``chunks``)."""
-        try:
-            request = steps.send(sent)
-            while not isinstance(request, Chunk):
-                request = steps.send(self._encode([request])[0])
-        except StopIteration as stop:
-            future.set_result(stop.value)
-            return
-        except BaseException as exc:   # handed to the waiting client, which reports it
-            future.set_exception(exc)
-            return
-        chunks.append((steps, future, request))
-
-    def _run_chunks(self, chunks: list) -> bool:
-        """Every chunk of stepped work in one pass (the first with the running answers' decode step),
-        until each has its result; whether the answers took their step."""
-        stepped = False
-        while chunks:
-            try:
-                if self._decode is None:
-                    raise TypeError("stepped work with chunks needs a scheduler built with decode=")
-                packed = [chunk for _, _, chunk in chunks]
-                if self._generating and not stepped:
-                    hidden, stepped = self._step_answers(beside=packed), True
-                elif len(packed) == 1:   # as when it runs alone, to the bit
-                    hidden = [packed[0].run(self._decode.adapter)]
-                else:
-                    hidden = forward_packed(self._decode.adapter, packed)
-            except BaseException as exc:   # the pass failed for every piece of work in it
-                for steps, future, _ in chunks:
-                    steps.close()
-                    future.set_exception(exc)
-                return stepped
-            pending, chunks = chunks, []
-            for (steps, future, _), states in zip(pending, hidden):
-                self._resume(steps, future, states, chunks)
-        return stepped
