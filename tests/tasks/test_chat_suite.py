@@ -6,7 +6,9 @@ from vidsight.tasks.families import SAMPLE_FPS
 from vidsight.tasks.scenes import COLOURS, Scene
 
 
-@pytest.mark.parametrize("seed", range(12))
+# 4005332: its first question's time was drawn after the first event had gone, but within the
+# frame of a temporal patch ending before it had (a training run met it).
+@pytest.mark.parametrize("seed", [*range(12), 4005332])
 def test_every_question_is_about_events_over_before_it_is_asked_and_its_answer_is_exact(seed):
     stream = make_chat_stream(seed, 512)
     events = stream.scene.objects

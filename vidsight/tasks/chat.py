@@ -10,6 +10,7 @@ answers are exact because no two events share a shape or a colour.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -155,7 +156,10 @@ def make_chat_stream(seed: int, frames: int = 512) -> ChatStream:
         scene.objects.append(_event(rng, str(shapes[k]), str(colours[k]), t_in))
     first_question = max(FIRST_QUESTION_AT * last_frame, scene.objects[0].t_out)
     times = [float(t) for t in np.sort(rng.uniform(first_question, last_frame, size=QUESTIONS - 1))] + [last_frame]
-    times = [_patch_end(t, frames) for t in times]
+    # A question sees the events gone by its patch's last frame, which can be up to a frame before
+    # the time drawn: none is asked before the patch in which the first event has gone.
+    first_gone = _patch_end(math.ceil(scene.objects[0].t_out * SAMPLE_FPS) / SAMPLE_FPS, frames)
+    times = [max(_patch_end(t, frames), first_gone) for t in times]
     questions = []
     for time_s in times:
         past = [o for o in scene.objects if o.t_out <= time_s]
