@@ -82,9 +82,8 @@ class ChatStream:
         after enough events are over (training draws these; the suite's own questions are ``questions``)."""
         needed = 2 if family in ("order", ADJACENT_ORDER) else 1
         earliest = sorted(o.t_out for o in self.scene.objects)[needed - 1]
-        time_s = _patch_end(float(rng.uniform(earliest, (self.frames - 1) / SAMPLE_FPS)), self.frames)
-        if time_s < earliest:  # the patch ended before the event did: ask at the next one
-            time_s = _patch_end(time_s + PATCH_FRAMES / SAMPLE_FPS, self.frames)
+        drawn = float(rng.uniform(earliest, (self.frames - 1) / SAMPLE_FPS))
+        time_s = max(_patch_end(drawn, self.frames), _seen_from(earliest, self.frames))
         return _ask(rng, family, time_s, [o for o in self.scene.objects if o.t_out <= time_s])
 
     def sample(self, question: ChatQuestion, offset_patches: int = 0) -> Sample:
@@ -97,6 +96,13 @@ def _patch_end(time_s: float, frames: int) -> float:
     """The time of the last frame of the temporal patch that ``time_s`` falls in (within the stream)."""
     index = min(int(time_s * SAMPLE_FPS) // PATCH_FRAMES * PATCH_FRAMES + PATCH_FRAMES - 1, frames - 1)
     return index / SAMPLE_FPS
+
+
+def _seen_from(time_s: float, frames: int) -> float:
+    """The end of the first temporal patch with a frame at or after ``time_s``: the first time a
+    question sees what ended at ``time_s``. A drawn time's own patch (`_patch_end`) can end up to a
+    frame before it."""
+    return _patch_end(math.ceil(time_s * SAMPLE_FPS) / SAMPLE_FPS, frames)
 
 
 def _event(rng, shape: str, colour: str, t_in: float) -> SceneObject:
@@ -156,10 +162,7 @@ def make_chat_stream(seed: int, frames: int = 512) -> ChatStream:
         scene.objects.append(_event(rng, str(shapes[k]), str(colours[k]), t_in))
     first_question = max(FIRST_QUESTION_AT * last_frame, scene.objects[0].t_out)
     times = [float(t) for t in np.sort(rng.uniform(first_question, last_frame, size=QUESTIONS - 1))] + [last_frame]
-    # A question sees the events gone by its patch's last frame, which can be up to a frame before
-    # the time drawn: none is asked before the patch in which the first event has gone.
-    first_gone = _patch_end(math.ceil(scene.objects[0].t_out * SAMPLE_FPS) / SAMPLE_FPS, frames)
-    times = [max(_patch_end(t, frames), first_gone) for t in times]
+    times = [max(_patch_end(t, frames), _seen_from(scene.objects[0].t_out, frames)) for t in times]
     questions = []
     for time_s in times:
         past = [o for o in scene.objects if o.t_out <= time_s]
