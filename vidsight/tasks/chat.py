@@ -162,7 +162,8 @@ def make_chat_stream(seed: int, frames: int = 512) -> ChatStream:
         scene.objects.append(_event(rng, str(shapes[k]), str(colours[k]), t_in))
     first_question = max(FIRST_QUESTION_AT * last_frame, scene.objects[0].t_out)
     times = [float(t) for t in np.sort(rng.uniform(first_question, last_frame, size=QUESTIONS - 1))] + [last_frame]
-    times = [max(_patch_end(t, frames), _seen_from(scene.objects[0].t_out, frames)) for t in times]
+    first_seen = _seen_from(scene.objects[0].t_out, frames)
+    times = [max(_patch_end(t, frames), first_seen) for t in times]
     questions = []
     for time_s in times:
         past = [o for o in scene.objects if o.t_out <= time_s]

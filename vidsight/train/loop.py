@@ -74,11 +74,11 @@ def _load_grown(model, source, init: str) -> None:
     have, want = len(source.model.language_model.layers), len(model.model.language_model.layers)
     if have > want:
         raise ConfigError(f"{init}: its language model has {have} layers, more than the {want} asked for")
-    model.load_state_dict(source.state_dict(), strict=False)
-    loaded = source.state_dict().keys()
-    missing = [name for name in model.state_dict() if name not in loaded]
-    if any(not name.startswith("model.language_model.layers.") for name in missing):
-        raise ConfigError(f"{init}: it lacks weights the task model needs ({missing[0]}); cannot fine-tune it")
+    loaded = model.load_state_dict(source.state_dict(), strict=False)
+    added = tuple(f"model.language_model.layers.{k}." for k in range(have, want))
+    odd = loaded.unexpected_keys + [name for name in loaded.missing_keys if not name.startswith(added)]
+    if odd:
+        raise ConfigError(f"{init}: its weights are not the task model's ({odd[0]}); cannot fine-tune it")
     with torch.no_grad():
         for layer in model.model.language_model.layers[have:]:
             layer.self_attn.o_proj.weight.zero_()
