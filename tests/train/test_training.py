@@ -112,7 +112,8 @@ def test_chat_steps_alternate_and_are_chat_suite_prefixes():
 def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
     import json
 
-    base = train(tmp_path / "base", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2), progress=False)
+    base = train(tmp_path / "base", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2, layers=2),
+                 progress=False)
     # Two steps: the second is a chat step, with both training-only chat losses.
     tuned = train(tmp_path / "tuned", TrainConfig(steps=2, eval_every=2, eval_per_family=1, batch=2, init=str(base),
                                                    chat_frames=(64,), offset_patches=8, mrope_section=(8, 4, 4),
@@ -124,10 +125,12 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_keeps_its_record(tmp_path):
     last = json.loads((tmp_path / "tuned" / "log.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and math.isfinite(last["loss"])
     assert "chat" in record["held_out_accuracy"]
-    # The fine-tune's rotary embedding is the one asked for, in the checkpoint and in its re-export.
+    # The fine-tune's rotary embedding is the one asked for and its depth its base's, in the checkpoint
+    # and in its re-export.
     for directory in (tuned, export_checkpoint(tmp_path / "tuned")):
-        rope = load_model(directory, device="cpu").model.config.text_config.rope_parameters
-        assert rope["mrope_section"] == [8, 4, 4] and rope["rope_theta"] == 1e6
+        text = load_model(directory, device="cpu").model.config.text_config
+        assert text.rope_parameters["mrope_section"] == [8, 4, 4] and text.rope_parameters["rope_theta"] == 1e6
+        assert text.num_hidden_layers == 2
     with pytest.raises(ConfigError, match="mrope_section"):
         TrainConfig(mrope_section=(4, 4, 4))
     start = build_adapter(0, str(base)).model.state_dict()
@@ -138,11 +141,14 @@ def test_a_checkpoint_grown_deeper_computes_what_it_did_until_training_moves_its
     from vidsight.train.loop import model_loss
 
     shipped = "vidsight/assets/tasks-qwen2.5-vl"
-    rope = load_model(shipped, device="cpu").model.config.text_config.rope_parameters
-    settings = dict(mrope_section=tuple(rope["mrope_section"]), rope_theta=rope["rope_theta"])
-    base = build_adapter(0, shipped, TrainConfig(**settings))
-    grown = build_adapter(1, shipped, TrainConfig(**settings, layers=6))
-    assert len(grown.model.model.language_model.layers) == 6
+    text = load_model(shipped, device="cpu").model.config.text_config
+    settings = dict(mrope_section=tuple(text.rope_parameters["mrope_section"]),
+                    rope_theta=text.rope_parameters["rope_theta"])
+    depth = text.num_hidden_layers
+    base = build_adapter(0, shipped, TrainConfig(**settings))   # the checkpoint's own depth
+    assert len(base.model.model.language_model.layers) == depth
+    grown = build_adapter(1, shipped, TrainConfig(**settings, layers=depth + 2))
+    assert len(grown.model.model.language_model.layers) == depth + 2
     batch = make_batch([make_sample("attribute", 3), make_sample("order", 1)], base, augment=False)
 
     def logits(adapter):
@@ -153,10 +159,10 @@ def test_a_checkpoint_grown_deeper_computes_what_it_did_until_training_moves_its
     torch.testing.assert_close(logits(grown), logits(base), rtol=0, atol=1e-5)
     loss = model_loss(grown.model.train(), batch)
     loss.backward()
-    added = grown.model.model.language_model.layers[4]
+    added = grown.model.model.language_model.layers[depth]
     assert added.self_attn.o_proj.weight.grad.abs().max() > 0 and added.mlp.down_proj.weight.grad.abs().max() > 0
     assert added.self_attn.q_proj.weight.abs().max() > 0   # only the outputs start at zero
-    with pytest.raises(ConfigError, match="4 layers, more than the 2"):
+    with pytest.raises(ConfigError, match=f"{depth} layers, more than the 2"):
         build_adapter(0, shipped, TrainConfig(**settings, layers=2))
     with pytest.raises(ConfigError, match="layers"):
         TrainConfig(layers=0)

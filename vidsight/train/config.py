@@ -36,9 +36,10 @@ class TrainConfig:
         rope_theta: The rotary embedding's base: with it the section sets the temporal axis's longest
             period, and so how far apart two moments can be told in order by position alone.
         init: A checkpoint directory to start from (fine-tuning) instead of random weights.
-        layers: The language model's layers. Above ``init``'s, the checkpoint's layers come first and
-            each added one starts as the identity (its output projections zero), so the grown model
-            answers as the checkpoint did until training moves them.
+        layers: The language model's layers; None: ``init``'s, or `recipe.LAYERS` from scratch. Above
+            ``init``'s, the checkpoint's layers come first and each added one starts as the identity
+            (its output projections zero), so the grown model answers as the checkpoint did until
+            training moves them.
         offset_patches: Clips start up to this many temporal patches into a stream (positions
             shifted, frames the same; drawn per clip, half of them at 0), so the model reads
             late stream positions without long sequences. 0 keeps every clip at the start.
@@ -67,7 +68,7 @@ class TrainConfig:
     mrope_section: tuple[int, int, int] = (4, 6, 6)
     rope_theta: float = 10000.0
     init: str | None = None
-    layers: int = 4
+    layers: int | None = None
     offset_patches: int = 0
     chat_frames: tuple[int, ...] = ()
     chat_questions: tuple[str, ...] = ()
@@ -86,7 +87,7 @@ class TrainConfig:
                               f"got {self.chat_questions}")
         if self.offset_patches < 0 or any(f < 64 or f % 2 for f in (*self.chat_frames, self.eval_chat_frames)):
             raise ConfigError("offset_patches must be non-negative and chat stream lengths even, at least 64")
-        if self.layers < 1:
+        if self.layers is not None and self.layers < 1:
             raise ConfigError(f"layers must be at least 1, got {self.layers}")
         if self.steps < 1 or self.eval_every < 1 or self.eval_per_family < 1 or self.batch < 2:
             raise ConfigError("steps, eval_every and eval_per_family must be positive and batch at least 2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -49,19 +50,22 @@ VISION = VisionSpec.of(recipe.VISION, CLIP_MEAN, CLIP_STD, **recipe.PIXELS)
 def build_adapter(seed: int, init: str | None = None, config: TrainConfig = TrainConfig()) -> Qwen25VLAdapter:
     """The task model to train: random weights from ``seed``, or a checkpoint's with ``init``; its
     rotary embedding and depth as ``config`` sets them (a checkpoint's weights carry over to a new
-    rotary embedding, and to a deeper model as its first layers)."""
+    rotary embedding, and to a deeper model as its first layers; its depth unless ``config`` sets one)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_task_tokenizer()
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(
-        model_config(tokenizer, config.mrope_section, config.rope_theta, config.layers))
+    source = None
     if init is not None:
         from vidsight.models.loading import load_model
 
         source = load_model(init, device="cpu", dtype=torch.float32)
         if source.tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ConfigError(f"{init}: its vocabulary is not the task tokenizer's; cannot fine-tune it")
+    layers = config.layers or (len(source.model.model.language_model.layers) if source else recipe.LAYERS)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(
+        model_config(tokenizer, config.mrope_section, config.rope_theta, layers))
+    if source is not None:
         _load_grown(model, source.model, init)
     eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     return Qwen25VLAdapter("training", model, tokenizer, CHAT_TEMPLATE, VISION, eos)
@@ -235,6 +239,8 @@ def train(out: str | Path, config: TrainConfig = TrainConfig(), resume: bool = F
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     adapter = build_adapter(config.seed, config.init, config)
+    # The depth built is recorded, so the checkpoint exports without ``init`` at hand.
+    config = dataclasses.replace(config, layers=len(adapter.model.model.language_model.layers))
     model = adapter.model.to(resolve_device(device)).train()
     heads = TrainingHeads(model)
     optimizer = torch.optim.AdamW([*model.parameters(), *heads.parameters()], lr=config.lr,
