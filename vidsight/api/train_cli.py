@@ -8,8 +8,7 @@ import sys
 
 
 def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
-    from vidsight.train.config import TrainConfig
-    from vidsight.train.recipe import LAYERS
+    from vidsight.train.config import SCRATCH_LAYERS, TrainConfig
 
     train = commands.add_parser("train", parents=parents, help="train the small task model on generated videos")
     train.add_argument("--out", default="out/train", help="checkpoints, logs, plots and the model (default: out/train)")
@@ -21,7 +20,7 @@ def add_train_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     train.add_argument("--init", default=None, metavar="MODEL",
                        help="fine-tune this checkpoint instead of starting from random weights")
     train.add_argument("--layers", type=int, default=None, metavar="N",
-                       help=f"language-model layers (default: --init's, or {LAYERS} from scratch); more than "
+                       help=f"language-model layers (default: --init's, or {SCRATCH_LAYERS} from scratch); more than "
                             "--init's adds layers after its own, each starting as the identity")
     train.add_argument("--offset-patches", type=int, default=TrainConfig.offset_patches, metavar="N",
                        help="clips start up to N temporal patches into a stream (default: 0, at the start)")

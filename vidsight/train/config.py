@@ -7,6 +7,9 @@ import dataclasses
 from vidsight.errors import ConfigError
 from vidsight.tasks.chat import TRAINING_FAMILIES as CHAT_TRAINING_FAMILIES
 
+# The language model's depth when training from scratch (a fine-tune keeps its checkpoint's).
+SCRATCH_LAYERS = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -36,7 +39,7 @@ class TrainConfig:
         rope_theta: The rotary embedding's base: with it the section sets the temporal axis's longest
             period, and so how far apart two moments can be told in order by position alone.
         init: A checkpoint directory to start from (fine-tuning) instead of random weights.
-        layers: The language model's layers; None: ``init``'s, or `recipe.LAYERS` from scratch. Above
+        layers: The language model's layers; None: ``init``'s, or `SCRATCH_LAYERS` from scratch. Above
             ``init``'s, the checkpoint's layers come first and each added one starts as the identity
             (its output projections zero), so the grown model answers as the checkpoint did until
             training moves them.

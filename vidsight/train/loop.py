@@ -22,7 +22,7 @@ from vidsight.models.qwen2_5_vl import Qwen25VLAdapter
 from vidsight.models.tiny import CHAT_TEMPLATE
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES
 from vidsight.train.batches import IGNORE, Batch, make_batch
-from vidsight.train.config import TrainConfig
+from vidsight.train.config import SCRATCH_LAYERS, TrainConfig
 from vidsight.train import recipe
 from vidsight.train.recipe import TRAINING_RECORD, model_config, write_checkpoint
 from vidsight.train.attention import RotaryTap, attention_loss, key_word_rows
@@ -61,7 +61,7 @@ def build_adapter(seed: int, init: str | None = None, config: TrainConfig = Trai
         source = load_model(init, device="cpu", dtype=torch.float32)
         if source.tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ConfigError(f"{init}: its vocabulary is not the task tokenizer's; cannot fine-tune it")
-    layers = config.layers or (len(source.model.model.language_model.layers) if source else recipe.LAYERS)
+    layers = config.layers or (len(source.model.model.language_model.layers) if source else SCRATCH_LAYERS)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(
         model_config(tokenizer, config.mrope_section, config.rope_theta, layers))

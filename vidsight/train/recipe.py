@@ -8,8 +8,7 @@ from pathlib import Path
 from vidsight.tasks.families import FRAME
 from vidsight.models.tiny import qwen_config, save_checkpoint
 
-# The language model's width; its depth is `TrainConfig.layers`, LAYERS for a model trained from scratch.
-LAYERS = 4
+# The language model's width; its depth is `TrainConfig.layers`.
 TEXT = dict(hidden_size=128, intermediate_size=384, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6)
 VISION = dict(depth=4, hidden_size=96, intermediate_size=192, num_heads=4, out_hidden_size=128, patch_size=14,
