@@ -8,15 +8,16 @@ watch by at most itself, and a hundred queued requests delay it by one each, not
 
 What is batched: watch windows and session frames are stepped work (`engine.steps`): when the
 worker takes one, it also takes the stepped work waiting at the head of other clients' lines (up to
-``max_batch``), runs each to the point where it needs its new frames encoded, encodes all of them in one vision call (unpruned
-ones; the encoder attends within each video, so each gets its own result), and then runs their new
+``max_batch``), runs each to the point where it needs its new frames encoded, encodes all of them
+in one vision call (unpruned ones; the encoder attends within each video, so each gets its own
+result), and then runs their new
 tokens (new frames and query) through the language model in one pass with the running answers'
 decode step, each over its own cache (`stepped_turn.run_stepped`). Answers are generated together:
 a completion's prefill is preemptible work in its client's line, run one prefill group per turn,
 after which its answer joins the running answers, and between pieces of work the worker feeds one
 token of every running answer in one packed pass (`answers.RunningAnswers`). When a completion's
-prefill takes its turn, the prefills at the head of other clients' lines take theirs too: each runs its next group up to the language model, and
-their chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
+prefill takes its turn, the prefills at the head of other clients' lines take theirs too: each
+runs its next group up to the language model, and their chunks go through the model in one pass with the answers' step (chunked prefill: the answers'
 tokens ride with the chunks, `DecodeBatch.step_beside`; at most ``max_prefill_tokens`` per turn, a
 longer group split there and its rest run in its client's next turn, `Chunk.split`), except where KV
 pruning must see a group alone. A chat session's question is an answer too (`ChatSession.asking`):
