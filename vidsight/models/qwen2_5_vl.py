@@ -7,6 +7,7 @@ import torch
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.decoder import Qwen2DecoderAdapter
 from vidsight.models.positions import video_grid_positions
+from vidsight.models.vision_attention import run_tower
 
 # qwen-vl-utils' video defaults: per-frame pixel bounds and a budget for the whole video.
 VIDEO_MIN_PIXELS = 128 * 28 * 28
@@ -56,13 +57,13 @@ class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
         grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
         pixels = pixel_values.to(device=self.device, dtype=self._visual.dtype)
         if keep is None or bool(keep.all()):
-            return self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype)
+            return run_tower(self._visual, pixels, grid_thw=grid).pooler_output.to(self.dtype)
         if not bool(keep.any()):
             return self._no_tokens()
         subset = self._kept_patches(grid, keep.to(self.device).reshape(-1))
         unit = self.vision.merge_size ** 2
         pixels = pixels.view(-1, unit, pixels.shape[-1])[subset.pop("units")].reshape(-1, pixels.shape[-1])
-        return self._visual(pixels, grid_thw=grid, **subset).pooler_output.to(self.dtype)
+        return run_tower(self._visual, pixels, grid_thw=grid, **subset).pooler_output.to(self.dtype)
 
     def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
         """Several videos through the encoder in one call (each attends within itself, as alone).
@@ -76,7 +77,7 @@ class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
         grid = torch.tensor([g for _, g in videos], dtype=torch.long, device=self.device)
         pixels = torch.cat([p for p, _ in videos]).to(device=self.device, dtype=self._visual.dtype)
         tokens = [t * h * w // self.vision.merge_size ** 2 for _, (t, h, w) in videos]
-        return list(self._visual(pixels, grid_thw=grid).pooler_output.to(self.dtype).split(tokens))
+        return list(run_tower(self._visual, pixels, grid_thw=grid).pooler_output.to(self.dtype).split(tokens))
 
     def _kept_patches(self, grid: torch.Tensor, keep: torch.Tensor) -> dict:
         """Positions and attention boundaries of the encoder restricted to the kept merge groups."""

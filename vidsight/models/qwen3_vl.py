@@ -19,6 +19,7 @@ import torch
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.decoder import Qwen2DecoderAdapter, apply_rotary
 from vidsight.models.positions import video_grid_positions
+from vidsight.models.vision_attention import run_tower
 
 # qwen-vl-utils' video defaults for 16-pixel patches (a 32-pixel merge factor): per-frame bounds
 # of 128 to 768 tokens and a budget for the whole video (its MODEL_SEQ_LEN of 128000 tokens, 90 %).
@@ -91,21 +92,21 @@ class Qwen3VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
         grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
         pixels = pixel_values.to(device=self.device, dtype=self._visual.dtype)
         if keep is None or bool(keep.all()):
-            return self._levels(self._visual(pixels, grid_thw=grid))
+            return self._levels(run_tower(self._visual, pixels, grid_thw=grid))
         if not bool(keep.any()):
             return self._no_tokens()
         units = torch.nonzero(keep.to(self.device).reshape(-1)).flatten()
         subset = self._kept_patches(grid, keep.to(self.device))
         unit = self.vision.merge_size ** 2
         pixels = pixels.view(-1, unit, pixels.shape[-1])[units].reshape(-1, pixels.shape[-1])
-        return self._levels(self._visual(pixels, grid_thw=grid, **subset))
+        return self._levels(run_tower(self._visual, pixels, grid_thw=grid, **subset))
 
     def encode_videos(self, videos: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
         """Several videos through the encoder in one call (each temporal patch attends within itself)."""
         grid = torch.tensor([g for _, g in videos], dtype=torch.long, device=self.device)
         pixels = torch.cat([p for p, _ in videos]).to(device=self.device, dtype=self._visual.dtype)
         tokens = [t * h * w // self.vision.merge_size ** 2 for _, (t, h, w) in videos]
-        return list(self._levels(self._visual(pixels, grid_thw=grid)).split(tokens))
+        return list(self._levels(run_tower(self._visual, pixels, grid_thw=grid)).split(tokens))
 
     def _levels(self, output) -> torch.Tensor:
         """The merger's tokens and the DeepStack features, stacked: ``(tokens, levels, hidden)``."""
