@@ -199,7 +199,9 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
 @pytest.mark.parametrize("flags,message", [(["--window", "0.1"], "fewer than 2 frames"), (["--stride", "2"], "stride"),
                                            (["--alert-after", "0"], "alert_after"), (["--prune-tau", "-1"], "tau"),
                                            (["--prune-tau", "0.25", "--prune-alpha", "-1"], "alpha"),
-                                           (["--window", "8", "--refresh", "anchors"], "whole temporal patches")])
+                                           (["--window", "8", "--refresh", "anchors"], "whole temporal patches"),
+                                           (["--refresh", "anchors", "--refresh-share", "0.3"], "deviation refresh only"),
+                                           (["--refresh", "deviation", "--refresh-share", "1.5"], "(0, 1]")])
 def test_watch_rejects_bad_flags(make_test_video, tiny_model_dir, capsys, flags, message):
     path, _ = make_test_video(duration_s=1.0)
     code = main(["watch", str(path), "--query", "Yes?", "--model", str(tiny_model_dir), *flags])

@@ -79,12 +79,24 @@ def test_two_consecutive_yes_windows_raise_one_alert(tiny_adapter, stream_video)
     assert alerts == [False, False, True, False, False, False]
 
 
-@pytest.mark.parametrize("bad", [dict(refresh="sometimes"), dict(alert_after=0), dict(deviation_ratio=0)])
+@pytest.mark.parametrize("bad", [dict(refresh="sometimes"), dict(alert_after=0),
+                                 dict(refresh="deviation", deviation_ratio=0), dict(refresh="anchors", deviation_ratio=0.3)])
 def test_watch_config_rejects_bad_values(bad):
     from vidsight.errors import ConfigError
 
     with pytest.raises(ConfigError):
         WatchConfig(**bad)
+
+
+def test_the_refresh_share_sets_how_many_reused_tokens_deviation_recomputes(tiny_adapter, stream_video):
+    def refreshed(share):
+        config = WatchConfig(WINDOWS, refresh="deviation", deviation_ratio=share)
+        return [(v.refreshed_tokens, v.reused_tokens) for v in Watcher(tiny_adapter, QUERY, config).watch(
+            StreamSource(stream_video, 2.0))][1:]
+
+    default = refreshed(None)   # CacheBlend's 15 %
+    assert default and all(count == max(1, round(0.15 * reused)) for count, reused in default)
+    assert all(count == max(1, round(0.5 * reused)) for count, reused in refreshed(0.5))
 
 
 def test_motion_pruning_drops_static_patches_and_keeps_the_moving_square(tiny_adapter, make_test_video):

@@ -27,6 +27,9 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             "(CodecSight's; KV is reused only when the shift is whole temporal patches)")
     watch.add_argument("--refresh", default="full-comp", choices=REFRESH_MODES,
                        help="KV reuse between windows (default: full-comp, exact; anchors is CodecSight's)")
+    watch.add_argument("--refresh-share", type=_float, default=None, metavar="S",
+                       help="with --refresh deviation: the share of reused tokens recomputed each window "
+                            "(default: 0.15, CacheBlend's; deeper models lose less to reuse with more)")
     watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
                        help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")

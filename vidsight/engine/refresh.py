@@ -80,12 +80,16 @@ class Anchors(RefreshPolicy):
         return overlap.patch_offsets(sorted({k // overlap.temporal_patch for k in anchor_frames}))
 
 
+# CacheBlend's share of reused tokens recomputed.
+DEVIATION_RATIO = 0.15
+
+
 @dataclasses.dataclass
 class Deviation(RefreshAll):
     """CacheBlend: recompute everything for one layer, then only the ``ratio`` of tokens whose values
     moved most from the reused ones."""
 
-    ratio: float
+    ratio: float = DEVIATION_RATIO
     narrow_layer: int = 1
 
     def narrow(self, new_values, reused_values):
@@ -93,9 +97,9 @@ class Deviation(RefreshAll):
         return torch.topk(drift, max(1, round(self.ratio * drift.shape[0]))).indices.sort().values
 
 
-def refresh_policy(mode: str, deviation_ratio: float) -> RefreshPolicy:
+def refresh_policy(mode: str, deviation_ratio: float | None = None) -> RefreshPolicy:
     """The policy of a refresh mode named in `config.REFRESH_MODES` (the names the command line reads
-    without torch)."""
+    without torch); ``deviation_ratio`` None is CacheBlend's."""
     policies = {"full-comp": FullComp(), "reuse": Reuse(), "all": RefreshAll(), "anchors": Anchors(),
-                "deviation": Deviation(deviation_ratio)}
+                "deviation": Deviation(DEVIATION_RATIO if deviation_ratio is None else deviation_ratio)}
     return policies[mode]

@@ -44,7 +44,8 @@ class WatchConfig:
     Attributes:
         windows: Window length, stride and sampling rate (CodecSight's defaults).
         refresh: One of ``REFRESH_MODES``; ``full-comp`` is exact.
-        deviation_ratio: Share of reused tokens the ``deviation`` mode recomputes (CacheBlend's 15 %).
+        deviation_ratio: Share of reused tokens the ``deviation`` mode recomputes (None: CacheBlend's
+            15 %); a deeper model loses less to reuse with more (docs/benchmarks.md, "Refresh and depth").
         alert_after: Consecutive Yes windows that raise an alert (CodecSight's rule: 2).
         prune: Motion-vector patch pruning before the encoder (off when None; lossy).
         reuse_in_place: With KV reuse, update the previous window's cache where it lies (CodecSight:
@@ -54,7 +55,7 @@ class WatchConfig:
 
     windows: WindowConfig = WindowConfig()
     refresh: str = "full-comp"
-    deviation_ratio: float = 0.15
+    deviation_ratio: float | None = None
     alert_after: int = ALERT_AFTER
     prune: MotionPruneConfig | None = None
     reuse_in_place: bool = True
@@ -62,8 +63,12 @@ class WatchConfig:
     def __post_init__(self):
         if self.refresh not in REFRESH_MODES:
             raise ConfigError(f"unknown refresh mode {self.refresh!r}; choose one of {', '.join(REFRESH_MODES)}")
-        if not 0 < self.deviation_ratio <= 1:
-            raise ConfigError(f"deviation_ratio must be in (0, 1], got {self.deviation_ratio}")
+        if self.deviation_ratio is not None:
+            if self.refresh != "deviation":
+                raise ConfigError(f"a refresh share (deviation_ratio {self.deviation_ratio:g}) applies to the "
+                                  f"deviation refresh only, not {self.refresh!r}")
+            if not 0 < self.deviation_ratio <= 1:
+                raise ConfigError(f"the refresh share (deviation_ratio) must be in (0, 1], got {self.deviation_ratio:g}")
         if self.alert_after < 1:
             raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
 

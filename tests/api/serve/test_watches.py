@@ -57,6 +57,9 @@ def test_sse_events_equal_the_cli_and_resume_from_last_event_id(make_server, med
         refused = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS,
                                                         "prune_rule": "median"})
         assert refused.status_code == 422 and "motion rule" in refused.text
+        refused = httpx.post(f"{url}/v1/watches", json={"source": "clip.mp4", "query": QUERY, **SETTINGS,
+                                                        "refresh": "anchors", "refresh_share": 0.3})
+        assert refused.status_code == 422 and "deviation refresh only" in refused.text
 
 
 def test_a_restart_mid_file_resumes_and_stores_what_an_uninterrupted_run_does(make_local_server, twelve_second_video,

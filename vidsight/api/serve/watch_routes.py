@@ -31,6 +31,7 @@ class WatchRequest(BaseModel):
     fps: float = Field(default=2.0, gt=0)
     align_windows: bool | None = None       # None: the config's default, as for the two below
     refresh: str = "full-comp"
+    refresh_share: float | None = Field(default=None, gt=0, le=1)
     prune_tau: float | None = Field(default=None, ge=0)
     prune_alpha: float | None = Field(default=None, ge=0)
     prune_rule: str | None = None
