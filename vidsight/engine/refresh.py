@@ -89,7 +89,7 @@ class Deviation(RefreshAll):
     """CacheBlend: recompute everything for one layer, then only the ``ratio`` of tokens whose values
     moved most from the reused ones."""
 
-    ratio: float = DEVIATION_RATIO
+    ratio: float
     narrow_layer: int = 1
 
     def narrow(self, new_values, reused_values):

@@ -46,7 +46,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     starts = cu_seqlens[:-1].long()
     lengths = cu_seqlens[1:].long() - starts
     out = torch.empty_like(query)
-    for length in lengths.unique().tolist():   # one host sync per layer
+    for length in lengths.unique().tolist():   # host syncs: one here, one per length below (its count)
         if length == 0:
             continue
         for chosen in starts[lengths == length].split(MAX_SEQUENCES):
