@@ -59,7 +59,7 @@ def check_stages(out: Path, dry_run: bool) -> list[Stage]:
     vidsight = ("-m", "vidsight")
     device = "cpu" if dry_run else "cuda"
     shape = "tiny" if dry_run else SHAPE
-    # The dry run times the shipped 1.5 M-parameter task model where a bench takes a checkpoint.
+    # The dry run times the shipped task model (2.3 M parameters) where a bench takes a checkpoint.
     model = str(TASK_MODEL) if dry_run else f"shape:{SHAPE}"
     # The dry run: two of the tests, from their files only (collecting all ten took most of its time).
     tests = (("tests/engine/test_ask_exact.py", "tests/kv/test_tiers.py",
