@@ -74,11 +74,21 @@ def encode(adapter, keep_share=None, seed=0):
 def test_the_tower_encodes_as_transformers_own_forward(family, keep_share, request, monkeypatch):
     adapter = request.getfixturevalue(family)
     tower = adapter._visual
+    layers = sum(type(m).__name__ in vision_attention._ATTENTION_CLASSES for m in tower.modules())
+    forwards, grouped_forward = [], vision_attention._forward
+
+    def counted(self, *args, **kwargs):
+        forwards.append(self)
+        return grouped_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(vision_attention, "_forward", counted)
     grouped, video, keep = encode(adapter, keep_share)
+    assert layers and len(forwards) == layers   # every attention layer ran the grouped forward
     # transformers' forward: the same encoding with the grouping taken out.
     monkeypatch.setattr(vision_attention, "_ATTENTION_CLASSES", ())
     with torch.inference_mode():
         stock = adapter.encode_video(video.pixel_values, video.grid_thw, keep)
+    assert len(forwards) == layers
     torch.testing.assert_close(grouped, stock, rtol=0, atol=1e-6)
     assert not any("forward" in vars(m) for m in tower.modules())   # nothing left patched
 
