@@ -21,6 +21,10 @@ def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
     assert all(r["patch_prefill_s"] > 0 and r["question_ttft_s"] > 0 for r in rows)
     full = [r for r in rows if r["policy"] == "full"]
     assert all(r["question_attended_tokens"] > r["history_tokens"] for r in full)  # history + the timed patch
+    # The policy's choosing is timed inside the step: part of it, and more for a policy that retrieves.
+    assert all(0 <= r["patch_policy_s"] < r["patch_prefill_s"] and 0 <= r["question_policy_s"] < r["question_ttft_s"]
+               for r in rows)
+    assert min(r["patch_policy_s"] for r in rows if r["policy"] == "rekv") > max(r["patch_policy_s"] for r in full)
     assert set(report["growth"]) == {"full", "recent", "rekv"} and "ms/patch" in format_chat_report(report)
 
 

@@ -114,6 +114,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 "history_tokens": session.cache.length, "policy": name,
                 "patch_prefill_s": float(np.median([p.per_patch_s for p in timed_steps])),
                 "patch_attended_tokens": float(np.mean([p.attended_tokens for p in timed_steps])),
+                "patch_policy_s": float(np.median([p.policy_s / p.patches for p in timed_steps])),
+                "question_policy_s": answer.stats.policy_s,
                 "question_ttft_s": answer.stats.ttft_s, "question_attended_tokens": answer.stats.attended_tokens,
                 "question_retrieved_tokens": answer.stats.retrieved_tokens,
                 "cache_bytes": fork.cache.nbytes,
@@ -158,13 +160,15 @@ def format_chat_report(report: dict) -> str:
     lines = [f"{_timed(report)} ({report['dtype']}), {report['tokens_per_patch']} tokens per temporal patch, "
              f"{report['timed_patches']} patches timed per point (median), {report['cpu_count']} CPUs; "
              f"policy settings: {changed}", "",
-             f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'attended':>9} {'TTFT ms':>8} {'q attended':>10} "
+             f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'choosing':>8} {'attended':>9} {'TTFT ms':>8} "
+             f"{'choosing':>8} {'q attended':>10} "
              f"{'retrieved':>9} {'device MiB':>10} {'peak tok':>9} {'moved MiB':>9}"
              + (f" {'whole':>7}" if report["tiers"] else "")]
     for r in report["rows"]:
         peak = "" if r["device_peak_tokens"] is None else r["device_peak_tokens"]
         lines.append(f"{r['history_tokens']:>8} {r['policy']:<7} {r['patch_prefill_s'] * 1000:9.0f} "
-                     f"{r['patch_attended_tokens']:9.0f} {r['question_ttft_s'] * 1000:8.0f} "
+                     f"{r['patch_policy_s'] * 1000:8.1f} {r['patch_attended_tokens']:9.0f} "
+                     f"{r['question_ttft_s'] * 1000:8.0f} {r['question_policy_s'] * 1000:8.1f} "
                      f"{r['question_attended_tokens']:10.0f} {r['question_retrieved_tokens']:9.0f} "
                      f"{r['cache_bytes'] / 2**20:10.1f} {peak:>9} {sum(r['bytes_moved'].values()) / 2**20:9.1f}"
                      + (f" {_whole_share(r):>7}" if report["tiers"] else ""))
@@ -172,6 +176,7 @@ def format_chat_report(report: dict) -> str:
         lines.insert(1, f"KV tiers: {report['tiers']} (device MiB: the device tier after the question; peak tok: "
                         "the most tokens, summed over layers, on the device at any moment of the timed work; "
                         "whole: the share of bytes read up from host and disk in blocks wanted whole)")
+    lines.insert(1, "choosing: of the ms before it, the policy's own upkeep and choice (its select calls)")
     lines.append("")
     lines += [f"{name}: per-patch latency at the longest history / the shortest = {g:.2f}x"
               for name, g in report["growth"].items()]

@@ -156,7 +156,8 @@ def _chat_headline(report: dict) -> list[str]:
         lines.append(f"{policy}: per-patch prefill {1000 * first['patch_prefill_s']:.1f} ms at "
                      f"{first['history_tokens']} cached tokens, {1000 * last['patch_prefill_s']:.1f} ms at "
                      f"{last['history_tokens']} ({last['patch_prefill_s'] / first['patch_prefill_s']:.2f}x; "
-                     f"{1000 * last['patch_prefill_s'] / frames_per_patch:.1f} ms per frame), question "
+                     f"{1000 * last['patch_prefill_s'] / frames_per_patch:.1f} ms per frame, "
+                     f"the policy choosing {1000 * last['patch_policy_s']:.1f} ms a patch), question "
                      f"{1000 * last['question_ttft_s']:.0f} ms; tiers {last['tokens_by_tier']}")
     return lines
 

@@ -129,6 +129,7 @@ class ChatInProgress(AnswerInProgress):
         stats.answer_s = self.clock.elapsed()
         stats.attended_tokens = self.question_step.attended / max(self.question_step.layers, 1)
         stats.retrieved_tokens = self.question_step.retrieved / max(self.question_step.layers, 1)
+        stats.policy_s = self.question_step.policy_s
         traffic = traffic_of(session.cache)
         stats.tokens_by_tier, stats.bytes_moved = session.cache.tokens_by_tier(), traffic.bytes_moved
         stats.question_bytes_moved = traffic.since(self.traffic_before).bytes_moved
@@ -236,6 +237,7 @@ class ChatSession:
         self._patches += video.grid_thw[0]
         self._next_position = int(chunk.positions.max()) + 1
         timing.latency_s, timing.attended_tokens = clock.elapsed(), chunk.step.attended / chunk.step.layers
+        timing.policy_s = chunk.step.policy_s
         self.patches.append(timing)
 
     @torch.inference_mode()

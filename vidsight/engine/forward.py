@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
@@ -100,7 +102,10 @@ def attend_cached(layer: int, cache: KVStore, q: torch.Tensor, k: torch.Tensor, 
         ``(1, heads, L, head_dim)`` attention output of the chunk's queries ``q``.
     """
     past = cache.filled[layer]
+    started = time.perf_counter()
     chosen = policy.select(layer, cache, q, step) if policy is not None else None
+    if step is not None:
+        step.policy_s += time.perf_counter() - started
     summary = chosen if isinstance(chosen, Selection) else None
     if summary is not None:
         chosen = summary.slots

@@ -104,6 +104,7 @@ class ChatStats:
         cached_tokens: Tokens in the cache when the question came (the video and the prompt).
         attended_tokens: Cached tokens the question attended to, averaged over layers.
         retrieved_tokens: Of those, tokens a retrieval chose beyond sinks and the local window.
+        policy_s: Of ``ttft_s``, the seconds the retrieval policy took choosing (`Step.policy_s`).
         ttft_s: From the question to its first answer token (the ``prefill`` stage).
         answer_s: From the question to the whole answer.
         stages_s: Seconds of the question's ``prefill`` and the answer's ``generate`` (timed as
@@ -122,6 +123,7 @@ class ChatStats:
     cached_tokens: int = 0
     attended_tokens: float = 0.0
     retrieved_tokens: float = 0.0
+    policy_s: float = 0.0
     ttft_s: float = 0.0
     answer_s: float = 0.0
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(ANSWER_STAGES, 0.0))
@@ -139,12 +141,14 @@ class ChatStats:
 @dataclasses.dataclass
 class PatchStats:
     """One prefill of temporal patches (``ChatConfig.batch_patches`` of them, or fewer when a
-    question flushes them): its time, per stage too, and what its layers attended (per layer)."""
+    question flushes them): its time, per stage too, what its layers attended (per layer), and the
+    seconds the retrieval policy took choosing it (`Step.policy_s`)."""
 
     latency_s: float
     cached_tokens: int
     attended_tokens: float
     patches: int = 1
+    policy_s: float = 0.0
     stages_s: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(PATCH_STAGES, 0.0))
 
     @property

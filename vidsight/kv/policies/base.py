@@ -33,6 +33,8 @@ class Step:
             ``(tokens, hidden)`` (the vision tower's merged output), for policies that organise
             memory by what frames look like.
         summaries: Summary entries attended beside the cached tokens (see `Selection`).
+        policy_s: Seconds the policy took choosing (its `KVPolicy.select` calls; on a GPU these
+            include waiting for the layer's queued work where a policy reads tensors to the host).
         positions: ``(3, L)`` rotary positions of the step's own tokens (set by the forward pass).
         unrotate: Set by the forward pass: takes ``(1, heads, n, head_dim)`` queries or keys rotated
             at ``(3, n)`` positions back to position 0 (what they were before the rotary embedding),
@@ -46,6 +48,7 @@ class Step:
     layers: int = 0
     patches: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)
     summaries: int = 0
+    policy_s: float = 0.0
     positions: torch.Tensor | None = None
     unrotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 

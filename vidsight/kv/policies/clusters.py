@@ -37,12 +37,14 @@ def split_in_two(units: torch.Tensor) -> torch.Tensor | None:
         return None
     first = units[(units @ units.mean(dim=0)).argmin()]
     second = units[(units @ first).argmin()]
-    centres = torch.stack([first, second])
+    centres, before = torch.stack([first, second]), None
     for _ in range(SPLIT_ITERATIONS):
         side = (units @ centres.T).argmax(dim=1).bool()
         if side.all() or not side.any():
             return None
-        centres = unit(torch.stack([units[~side].mean(dim=0), units[side].mean(dim=0)]))
+        if before is not None and torch.equal(side, before):
+            return side   # the centres would come out as they went in: every later iteration repeats this one
+        centres, before = unit(torch.stack([units[~side].mean(dim=0), units[side].mean(dim=0)])), side
     return side
 
 
@@ -101,6 +103,13 @@ class ClusterTable:
         self.count[cluster] += len(units)
         if slots is not None:
             self.owner[slots] = cluster
+
+    def extend_rows(self, owners: torch.Tensor, slots, units, scores, keys, values) -> None:
+        """Add each row to the cluster ``owners`` names for it (`extend`, for many clusters at once)."""
+        for name, rows in zip(self.SUMS, (units, scores, keys, values)):
+            getattr(self, name).index_add_(0, owners, rows.float())
+        self.count.index_add_(0, owners, torch.ones(len(owners)))
+        self.owner[slots] = owners
 
     def variance(self, cluster: int) -> float:
         return float(cosine_variance(self.unit_sum[cluster], self.count[cluster]))

@@ -25,7 +25,7 @@ import math
 import torch
 
 from vidsight.kv.policies.base import Selection, Step
-from vidsight.kv.policies.clusters import ClusterTable, split_in_two, unit
+from vidsight.kv.policies.clusters import ClusterTable, cosine_variance, split_in_two, unit
 from vidsight.kv.policies.common import NewVideo, QuestionChoice, sink_mask, video_mask, window_mask
 from vidsight.kv.policies.configs import MosaicConfig
 from vidsight.kv.store import KVStore
@@ -228,14 +228,24 @@ class MosaicPolicy:
             table.extend(int(candidates[0]), slots, units, scores, keys, values)
             return
         best = candidates[(units @ unit(table.unit_sum[candidates]).T).argmax(dim=1)]
-        for cluster in torch.unique(best).tolist():
-            mine = best == cluster
+        clusters, groups = torch.unique(best, return_inverse=True)
+        sizes = table.count[clusters] + torch.bincount(groups, minlength=len(clusters))
+        fits = cosine_variance(table.unit_sum[clusters].index_add(0, groups, units), sizes) \
+            <= size_threshold(sizes, self.config)
+        # Most clusters take their newcomers and stay cohesive: those are extended together (a loop over
+        # clusters was most of a frame step's upkeep). A split in the loop below only fills the
+        # partition towards its cap, which can make a cluster unsplittable, never splittable.
+        full = len(candidates) >= self.config.max_clusters
+        settled = (fits | (sizes < self.config.min_split_size) | full) & ~table.lazy[clusters]
+        joining = settled[groups]
+        table.extend_rows(best[joining], slots[joining], units[joining], scores[joining], keys[joining],
+                          values[joining])
+        for index in torch.nonzero(~settled).flatten().tolist():   # ascending cluster ids, as they were made
+            cluster, mine = int(clusters[index]), groups == index
             if table.lazy[cluster]:   # already waiting for its split: newcomers wait beside it
                 self._wait(table, cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 continue
-            size = int(table.count[cluster]) + int(mine.sum())
-            cohesive = not self._splittable(table, cluster, size) or table.variance_with(
-                cluster, units[mine]) <= size_threshold(size, self.config)
+            cohesive = bool(fits[index]) or not self._splittable(table, cluster, int(sizes[index]))
             if cohesive or self.config.split == "eager" or self._resident(cache, layer, table.members(cluster)):
                 table.extend(cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 if not cohesive:
