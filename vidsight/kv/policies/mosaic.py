@@ -231,12 +231,11 @@ class MosaicPolicy:
         clusters, groups = torch.unique(best, return_inverse=True)
         sizes = table.count[clusters] + torch.bincount(groups, minlength=len(clusters))
         fits = cosine_variance(table.unit_sum[clusters].index_add(0, groups, units), sizes) \
-            <= size_threshold(sizes, self.config)
+            <= size_threshold(sizes.double(), self.config)   # in double, as the threshold of one size is
         # Most clusters take their newcomers and stay cohesive: those are extended together (a loop over
         # clusters was most of a frame step's upkeep). A split in the loop below only fills the
         # partition towards its cap, which can make a cluster unsplittable, never splittable.
-        full = len(candidates) >= self.config.max_clusters
-        settled = (fits | (sizes < self.config.min_split_size) | full) & ~table.lazy[clusters]
+        settled = (fits | ~self._splittable(table, group, sizes)) & ~table.lazy[clusters]
         joining = settled[groups]
         table.extend_rows(best[joining], slots[joining], units[joining], scores[joining], keys[joining],
                           values[joining])
@@ -245,7 +244,7 @@ class MosaicPolicy:
             if table.lazy[cluster]:   # already waiting for its split: newcomers wait beside it
                 self._wait(table, cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 continue
-            cohesive = bool(fits[index]) or not self._splittable(table, cluster, int(sizes[index]))
+            cohesive = bool(fits[index] | ~self._splittable(table, group, sizes[index]))
             if cohesive or self.config.split == "eager" or self._resident(cache, layer, table.members(cluster)):
                 table.extend(cluster, slots[mine], units[mine], scores[mine], keys[mine], values[mine])
                 if not cohesive:
@@ -260,14 +259,15 @@ class MosaicPolicy:
         table.owner[slots] = table.add(units, scores, keys, values, visual=int(table.visual[parent]), first=int(slots[0]),
                                        parent=parent)
 
-    def _splittable(self, table: ClusterTable, cluster: int, size: int) -> bool:
-        """Large enough to split, and its partition below its cluster cap (both bound the upkeep)."""
-        return size >= self.config.min_split_size and len(table.candidates(int(table.visual[cluster]))) \
-            < self.config.max_clusters
+    def _splittable(self, table: ClusterTable, visual: int, sizes: torch.Tensor) -> torch.Tensor:
+        """Per size (of a cluster of partition ``visual``), large enough to split, with the partition
+        below its cluster cap (both bound the upkeep)."""
+        return (sizes >= self.config.min_split_size) & (len(table.candidates(visual)) < self.config.max_clusters)
 
     def _check(self, layer: int, table: ClusterTable, cluster: int, cache: KVStore) -> None:
-        size = int(table.count[cluster])
-        if self._splittable(table, cluster, size) and table.variance(cluster) > size_threshold(size, self.config):
+        size = table.count[cluster]
+        if bool(self._splittable(table, int(table.visual[cluster]), size)) \
+                and table.variance(cluster) > size_threshold(int(size), self.config):
             self._split(layer, table, cluster, cache, fetched=False)
 
     def _split(self, layer: int, table: ClusterTable, cluster: int, cache: KVStore, fetched: bool) -> None:
