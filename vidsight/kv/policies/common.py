@@ -31,9 +31,7 @@ def window_mask(filled: int, tokens: int) -> torch.Tensor:
 
 def video_mask(cache: KVStore, layer: int) -> torch.Tensor:
     """``(filled,)`` bool: the slots of ``layer`` that hold video."""
-    mask = torch.zeros(cache.filled[layer], dtype=torch.bool)
-    mask[cache.video_slots(layer)] = True
-    return mask
+    return cache.tokens.kind[cache.rows(layer)] == VIDEO
 
 
 class NewVideo:
