@@ -21,7 +21,8 @@ def body(url: str, question: str = "What colour is the square?") -> dict:
 
 @pytest.fixture
 def slow_http(media):
-    """A local HTTP server: /slow answers a byte a second, /big declares more than any cap, /clip.mp4 serves."""
+    """A local HTTP server: /slow answers a byte a second, /big declares no length and sends more than
+    any cap, /NAME serves the media directory's file NAME."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -45,7 +46,7 @@ def slow_http(media):
                 except OSError:
                     return
             else:
-                send_file(self, media / "clip.mp4")
+                send_file(self, media / self.path.rsplit("/", 1)[-1])
 
         def log_message(self, *args):
             pass
@@ -74,8 +75,11 @@ def serving(handler, host: str = "127.0.0.1"):
         server.shutdown()
 
 
-# One server for the key test and both fetch tests (on Ray, one deployment: each takes seconds).
-FETCHING = {"api_key": "sesame", "fetch_timeout_s": 1.0, "allowed_media_domains": ("127.0.0.1",)}
+# One server for the key test, the caps and both fetch tests (on Ray, one deployment: each takes
+# 12 s). The cap lets clip.mp4 (45 kB) in and keeps long.mp4 (240 kB) out.
+CAP_BYTES = 2**16
+FETCHING = {"api_key": "sesame", "fetch_timeout_s": 1.0, "allowed_media_domains": ("127.0.0.1",),
+            "max_video_bytes": CAP_BYTES}
 KEY = {"Authorization": "Bearer sesame"}
 
 
@@ -113,14 +117,14 @@ def test_without_an_allow_list_no_local_path_is_served(make_local_server, media)
         assert answer.status_code == 403 and "--allowed-local-media-path" in answer.json()["error"]["message"]
 
 
-def test_videos_and_bodies_over_the_cap_get_413(make_server, media, slow_http, scratch):
-    size = (media / "clip.mp4").stat().st_size
-    with make_server(max_video_bytes=size - 1, allowed_media_domains=("127.0.0.1",)) as (url, _):
-        for source in (str(media / "clip.mp4"), f"{slow_http}/clip.mp4", f"{slow_http}/big"):
-            answer = httpx.post(f"{url}/v1/chat/completions", json=body(source), timeout=60)
+def test_videos_and_bodies_over_the_cap_get_413(make_server, media, long_video, slow_http, scratch):
+    assert (media / "clip.mp4").stat().st_size <= CAP_BYTES < long_video.stat().st_size
+    with make_server(**FETCHING) as (url, _):
+        for source in (str(long_video), f"{slow_http}/{long_video.name}", f"{slow_http}/big"):
+            answer = httpx.post(f"{url}/v1/chat/completions", json=body(source), headers=KEY, timeout=60)
             assert answer.status_code == 413, source
-        huge = httpx.post(f"{url}/v1/chat/completions", content=b"{" + b" " * (size * 2 + 2**20) + b"}",
-                          headers={"Content-Type": "application/json"}, timeout=60)
+        huge = httpx.post(f"{url}/v1/chat/completions", content=b"{" + b" " * (CAP_BYTES * 2 + 2**20) + b"}",
+                          headers={**KEY, "Content-Type": "application/json"}, timeout=60)
         assert huge.status_code == 413
     assert not os.listdir(scratch)
 
