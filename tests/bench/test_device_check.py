@@ -2,10 +2,12 @@
 no GPU is at hand; and the real run's plan fits the lease."""
 
 import json
+import time
 from pathlib import Path
 
 from vidsight.bench.device import run_device_check
 from vidsight.bench.device_stages import PARTS, TEST_FILES, check_stages
+from vidsight.bench.forked import StageForker
 
 STAGES = ["tests-float32", "tests-bfloat16", "ask", "decode", "watch", "chat", "serve"]
 
@@ -52,3 +54,28 @@ def test_the_named_test_files_hold_every_device_check_test():
     marked = {path.relative_to(tests.parent).as_posix() for path in tests.rglob("test_*.py")
               if path != Path(__file__) and "pytest.mark.device_check" in path.read_text()}
     assert marked == set(TEST_FILES)
+
+
+PROBE = """import os, sys, time
+print(os.environ.get("PROBE"), os.getcwd(), "wave" in sys.modules, *sys.argv[1:])
+print("on stderr", file=sys.stderr)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_forked_stage_runs_as_its_command_would_and_is_killed_past_its_limit(tmp_path):
+    (tmp_path / "probe_stage.py").write_text(PROBE)
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with StageForker(tmp_path, preload=("wave",)) as forker:   # a module nothing else imports
+        assert forker.run(("-m", "probe_stage", "3", "x"), {"PROBE": "set"}, tmp_path, 30, out, err) == 3
+        # Its own environment and working directory, the preloaded module imported, its own output files.
+        assert out.read_text().split() == ["set", str(tmp_path), "True", "3", "x"]
+        assert err.read_text() == "on stderr\n"
+        started = time.monotonic()
+        assert forker.run(("-m", "probe_stage", "sleep"), {}, tmp_path, 1, out, err) is None
+        assert time.monotonic() - started < 10
+        # The forker goes on after a kill, and a stage's environment was its own.
+        assert forker.run(("-m", "probe_stage", "0"), {}, tmp_path, 30, out, err) == 0
+        assert out.read_text().split()[0] == "None"

@@ -15,6 +15,7 @@ from vidsight.api.serve_cli import add_serve_parser
 from vidsight.api.tools_cli import add_model_parser, add_probe_parser
 from vidsight.api.train_cli import add_train_parser
 from vidsight.api.watch import add_watch_parser
+from vidsight._libraries import quiet_libraries
 from vidsight.errors import VidsightError
 
 EXIT_BAD_INPUT = 2
@@ -35,25 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_libraries() -> None:
-    """Silence transformers' load bars and FFmpeg's decoder chatter: vidsight reports losses itself."""
-    import av
-
-    # Read by transformers and huggingface_hub when (and if) a command imports them.
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # FFmpeg's own level, not PyAV's callback: that callback takes the GIL from decoder threads
-    # and deadlocks when a frame-threaded decoder is freed.
-    av.logging.set_libav_level(av.logging.PANIC)
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
-        _quiet_libraries()
+        quiet_libraries()
     try:
         return args.run(args)
     except VidsightError as exc:

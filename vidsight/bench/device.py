@@ -2,9 +2,10 @@
 seeds' headline workloads on the 7B shape within a GPU lease (DEVELOPERS.md: about 15 minutes a
 session, start included, at most 10 minutes a command).
 
-Stages run in this order, each a subprocess of its own with a time limit, so a hang or a crash
-costs one stage, not the rest; the JSON and the markdown summary are rewritten after every stage,
-so a run cut off early still reports what it finished:
+Stages run in this order, each a process of its own with a time limit, so a hang or a crash
+costs one stage, not the rest (forked from one that imported torch and transformers once,
+`bench/forked.py`); the JSON and the markdown summary are rewritten after every stage, so a run
+cut off early still reports what it finished; each stage's whole output is in ``out/logs/``:
 
 1. ``tests-float32`` and ``tests-bfloat16``: the exactness tests (``-m device_check``) on the device
    through the tests' one switch (``VIDSIGHT_TEST_DEVICE``, ``VIDSIGHT_TEST_DTYPE``);
@@ -19,7 +20,7 @@ so a run cut off early still reports what it finished:
 6. ``serve``: completions per second at 1, 8 and 32 clients against a server on loopback.
 
 ``dry_run`` runs the same stages on the CPU with the ``small`` shape, short videos and a few
-tests, in about a minute, so the check cannot rot while no GPU is at hand (the test suite runs it).
+tests, in about half a minute, so the check cannot rot while no GPU is at hand (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ import dataclasses
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from vidsight.bench.device_stages import Stage, check_stages
+from vidsight.bench.forked import StageForker
 
 TAIL_CHARS = 4000
 
@@ -48,11 +48,12 @@ def run_device_check(out: str | Path, dry_run: bool = False, only: tuple[str, ..
     report = {"dry_run": dry_run, "machine": _machine(), "stages": {}}
     stages = [dataclasses.replace(s, timeout_s=(limits or {}).get(s.name, s.timeout_s))
               for s in check_stages(out, dry_run) if not only or s.name in only]
-    for stage in stages:
-        progress(f"{stage.name}: up to {stage.timeout_s:.0f} s")
-        report["stages"][stage.name] = result = _run_stage(stage, out)
-        progress(f"{stage.name}: {result['status']} in {result['seconds']:.1f} s")
-        _write(report, out)
+    with StageForker(_repository_root()) as forker:
+        for stage in stages:
+            progress(f"{stage.name}: up to {stage.timeout_s:.0f} s")
+            report["stages"][stage.name] = result = _run_stage(stage, out, forker)
+            progress(f"{stage.name}: {result['status']} in {result['seconds']:.1f} s")
+            _write(report, out)
     return report
 
 
@@ -73,20 +74,21 @@ def _machine() -> dict:
     return info
 
 
-def _run_stage(stage: Stage, out: Path) -> dict:
+def _run_stage(stage: Stage, out: Path, forker: StageForker) -> dict:
     for stale in (stage.report, stage.junit):   # an earlier run's files must not pass for this one's
         if stale is not None:
             stale.unlink(missing_ok=True)
-    env = {**os.environ, **stage.env}
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    stdout_path, stderr_path = logs / f"{stage.name}.out", logs / f"{stage.name}.err"
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, *stage.args], capture_output=True, text=True, env=env,
-                              timeout=stage.timeout_s, cwd=_repository_root())
-        status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
-        stdout, stderr = done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        status = f"timed out after {stage.timeout_s:.0f} s"
-        stdout, stderr = _text(exc.stdout), _text(exc.stderr)
+        code = forker.run(stage.args, stage.env, _repository_root(), stage.timeout_s, stdout_path, stderr_path)
+        status = (f"timed out after {stage.timeout_s:.0f} s" if code is None else
+                  "ok" if code == 0 else f"failed (exit {code})")
+    except RuntimeError as exc:
+        status = f"failed ({exc})"
+    stdout, stderr = (path.read_text(errors="replace") if path.exists() else "" for path in (stdout_path, stderr_path))
     result = {"status": status, "seconds": time.perf_counter() - start, "command": " ".join(stage.args),
               "output": stdout[-TAIL_CHARS:], "errors": stderr[-TAIL_CHARS:]}
     if stage.junit is not None and stage.junit.exists():
@@ -95,10 +97,6 @@ def _run_stage(stage: Stage, out: Path) -> dict:
         result["report"] = json.loads(stage.report.read_text())
         result["headline"] = HEADLINES[stage.name](result["report"])
     return result
-
-
-def _text(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
 
 
 def _repository_root() -> Path:
