@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vidsight.bench.device import run_device_check
 from vidsight.bench.device_stages import PARTS, TEST_FILES, check_stages
-from vidsight.bench.forked import StageForker
+from vidsight.bench.forked import StageForker, run_in_subprocess
 
 STAGES = ["tests-float32", "tests-bfloat16", "ask", "decode", "watch", "chat", "serve"]
 
@@ -29,7 +29,8 @@ def test_the_dry_run_passes_every_stage_and_writes_both_summaries(tmp_path):
     assert all(row["tokens_by_tier"]["disk"] > 0 for row in chat)  # the tiers really moved blocks down
     assert [level["concurrency"] for level in report["stages"]["serve"]["report"]["completions"]] == [1, 2]
     assert all(stage["headline"] for name, stage in report["stages"].items() if not name.startswith("tests"))
-    assert json.loads((tmp_path / "device-check.json").read_text())["dry_run"] is True
+    written = json.loads((tmp_path / "device-check.json").read_text())
+    assert written["dry_run"] is True and written["stages_forked"] is True
     markdown = (tmp_path / "device-check.md").read_text()
     assert all(f"## {name}: ok" in markdown for name in STAGES)
 
@@ -67,15 +68,25 @@ sys.exit(int(sys.argv[1]))
 
 def test_a_forked_stage_runs_as_its_command_would_and_is_killed_past_its_limit(tmp_path):
     (tmp_path / "probe_stage.py").write_text(PROBE)
-    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with StageForker(tmp_path, preload=("wave",)) as forker:   # a module nothing else imports
-        assert forker.run(("-m", "probe_stage", "3", "x"), {"PROBE": "set"}, tmp_path, 30, out, err) == 3
-        # Its own environment and working directory, the preloaded module imported, its own output files.
-        assert out.read_text().split() == ["set", str(tmp_path), "True", "3", "x"]
-        assert err.read_text() == "on stderr\n"
-        started = time.monotonic()
-        assert forker.run(("-m", "probe_stage", "sleep"), {}, tmp_path, 1, out, err) is None
-        assert time.monotonic() - started < 10
-        # The forker goes on after a kill, and a stage's environment was its own.
-        assert forker.run(("-m", "probe_stage", "0"), {}, tmp_path, 30, out, err) == 0
-        assert out.read_text().split()[0] == "None"
+        assert forker.forks   # no CUDA here, so nothing a fork could lose
+        _check_launcher(forker.run, tmp_path, preloaded=True)
+
+
+def test_without_the_forker_a_stage_runs_as_a_fresh_process_alike(tmp_path):
+    (tmp_path / "probe_stage.py").write_text(PROBE)
+    _check_launcher(run_in_subprocess, tmp_path, preloaded=False)
+
+
+def _check_launcher(run, tmp_path, preloaded: bool) -> None:
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    assert run(("-m", "probe_stage", "3", "x"), {"PROBE": "set"}, tmp_path, 30, out, err) == 3
+    # Its own environment and working directory, its own output files.
+    assert out.read_text().split() == ["set", str(tmp_path), str(preloaded), "3", "x"]
+    assert err.read_text() == "on stderr\n"
+    started = time.monotonic()
+    assert run(("-m", "probe_stage", "sleep"), {}, tmp_path, 1, out, err) is None
+    assert time.monotonic() - started < 10
+    # It goes on after a kill, and a stage's environment was its own.
+    assert run(("-m", "probe_stage", "0"), {}, tmp_path, 30, out, err) == 0
+    assert out.read_text().split()[0] == "None"

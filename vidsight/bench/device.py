@@ -49,6 +49,7 @@ def run_device_check(out: str | Path, dry_run: bool = False, only: tuple[str, ..
     stages = [dataclasses.replace(s, timeout_s=(limits or {}).get(s.name, s.timeout_s))
               for s in check_stages(out, dry_run) if not only or s.name in only]
     with StageForker(_repository_root()) as forker:
+        report["stages_forked"] = forker.forks
         for stage in stages:
             progress(f"{stage.name}: up to {stage.timeout_s:.0f} s")
             report["stages"][stage.name] = result = _run_stage(stage, out, forker)
@@ -179,6 +180,8 @@ def format_device_report(report: dict) -> str:
     machine = report["machine"]
     lines = [f"# vidsight device check{' (dry run)' if report['dry_run'] else ''}", "",
              ", ".join(f"{k} {v}" for k, v in machine.items()), ""]
+    if report.get("stages_forked") is False:
+        lines += ["Stages ran as fresh processes: a child forked after the imports could not use CUDA.", ""]
     for name, stage in report["stages"].items():
         lines += [f"## {name}: {stage['status']}, {stage['seconds']:.1f} s", "", f"`{stage['command']}`", ""]
         if "tests" in stage:

@@ -29,16 +29,26 @@ PRELOAD = ("vidsight.api.cli", "vidsight.api.bench", "vidsight.models", "vidsigh
 
 
 class StageForker:
-    """A process holding the imports that forks one child per `run` (a context manager)."""
+    """A process holding the imports that forks one child per `run` (a context manager).
+
+    Should the imports have touched CUDA in a way a forked child cannot use (no import here
+    does so today, and no GPU is at hand where this is written), its first child finds out and
+    every stage runs as a fresh process instead (`forks` is then False): slower, never broken.
+    """
 
     def __init__(self, cwd: Path, preload: tuple[str, ...] = PRELOAD):
         self._cwd, self._preload = cwd, preload
+        self.forks = True
         self._start()
 
     def _start(self) -> None:
         self._server = subprocess.Popen([sys.executable, "-c", "import sys; from vidsight.bench.forked import serve; "
                                          "serve(sys.argv[1:])", *self._preload],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=self._cwd, text=True)
+        ready = self._server.stdout.readline()
+        self.forks = bool(ready) and json.loads(ready)["cuda_after_fork"]
+        if not self.forks:
+            self.__exit__()
 
     def __enter__(self) -> StageForker:
         return self
@@ -56,8 +66,11 @@ class StageForker:
         its exit status, or None when it ran past ``timeout_s`` and was killed."""
         if args[0] != "-m":
             raise ValueError(f"a forked stage runs a module (-m), got {args[0]!r}")
+        if not self.forks:
+            return run_in_subprocess(args, env, cwd, timeout_s, stdout, stderr)
         if self._server.poll() is not None:   # an earlier stage took it down: the next starts afresh
             self._start()
+            return self.run(args, env, cwd, timeout_s, stdout, stderr)
         request = {"module": args[1], "argv": list(args[2:]), "env": env, "cwd": str(cwd),
                    "timeout_s": timeout_s, "stdout": str(stdout), "stderr": str(stderr)}
         try:
@@ -69,6 +82,33 @@ class StageForker:
         if not answer:
             raise RuntimeError(f"the stage forker stopped (exit {self._server.wait()})")
         return json.loads(answer)["status"]
+
+
+def run_in_subprocess(args: tuple[str, ...], env: dict, cwd: Path, timeout_s: float, stdout: Path,
+                      stderr: Path) -> int | None:
+    """`StageForker.run` without the forker: ``python *args`` as a fresh process."""
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        try:
+            return subprocess.run([sys.executable, *args], env={**os.environ, **env}, cwd=cwd, stdout=out, stderr=err,
+                                  stdin=subprocess.DEVNULL, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _cuda_after_fork() -> bool:
+    """Whether a child forked now can use CUDA (True where there is none: nothing to lose)."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.zeros(1, device="cuda").add_(1).cpu()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
 
 
 def serve(preload: list[str]) -> None:
@@ -85,6 +125,8 @@ def serve(preload: list[str]) -> None:
         except ImportError:   # another transformers lays its modules out otherwise: the child imports them
             pass
     answers = sys.stdout
+    answers.write(json.dumps({"cuda_after_fork": _cuda_after_fork()}) + "\n")
+    answers.flush()
     for line in sys.stdin:
         request = json.loads(line)
         child = os.fork()
