@@ -44,26 +44,27 @@ def wicsum(scores: torch.Tensor, counts: torch.Tensor, ratio: float, attention: 
     if ratio >= 1 or scores.shape[1] == 0:
         return torch.ones(scores.shape[1], dtype=torch.bool)
     if attention:
-        weights = (scores - scores.max(dim=1, keepdim=True).values).exp() * counts[None]
+        weights = (scores - scores.max(dim=1, keepdim=True).values).exp_().mul_(counts)
     else:
-        weights = scores.clamp(min=0) * counts[None]
+        weights = scores.clamp(min=0).mul_(counts)
     need = ratio * weights.sum(dim=1)
     chosen = torch.zeros(scores.shape[1], dtype=torch.bool)
-    rows, k = torch.arange(len(scores)), min(EARLY_EXIT_CLUSTERS, scores.shape[1])
-    # V-Rex's early exit: rank only the best k per row, and rank further only rows not yet past the threshold.
-    while len(rows):
-        order = torch.topk(scores[rows], k, dim=1).indices
-        ranked = torch.gather(weights[rows], 1, order)
+    k = min(EARLY_EXIT_CLUSTERS, scores.shape[1])
+    # V-Rex's early exit: rank only the best k per row, and rank further only rows not yet past the
+    # threshold (kept as they shrink: every row at first, so the first ranking copies nothing).
+    while True:
+        order = torch.topk(scores, k, dim=1).indices
+        ranked = torch.gather(weights, 1, order)
         reached = ranked.cumsum(dim=1)
-        before = reached - ranked
         # The minimal prefix: clusters before the one whose weight carries the sum past the threshold, and it.
-        take = (before < need[rows, None]) | (torch.arange(k) == 0)
+        take = reached - ranked < need[:, None]
+        take[:, 0] = True
         chosen[order[take]] = True
-        if k == scores.shape[1]:
-            break
-        rows = rows[reached[:, -1] < need[rows]]
+        short = reached[:, -1] < need
+        if k == scores.shape[1] or not short.any():
+            return chosen
+        scores, weights, need = scores[short], weights[short], need[short]
         k = min(4 * k, scores.shape[1])
-    return chosen
 
 
 def row_scores(queries: torch.Tensor, keys: torch.Tensor, rows: str) -> torch.Tensor:
