@@ -68,7 +68,8 @@ sys.exit(int(sys.argv[1]))
 
 def test_a_forked_stage_runs_as_its_command_would_and_is_killed_past_its_limit(tmp_path):
     (tmp_path / "probe_stage.py").write_text(PROBE)
-    with StageForker(tmp_path, preload=("wave",)) as forker:   # a module nothing else imports
+    (tmp_path / "noisy_import.py").write_text('print("a banner on stdout")\n')   # not taken for an answer
+    with StageForker(tmp_path, preload=("wave", "noisy_import")) as forker:   # wave: nothing else imports it
         assert forker.forks   # no CUDA here, so nothing a fork could lose
         _check_launcher(forker.run, tmp_path, preloaded=True)
 

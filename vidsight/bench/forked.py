@@ -118,13 +118,15 @@ def serve(preload: list[str]) -> None:
     verbosity at import; so the pytest stages' transformers logs only errors too."""
     from vidsight._libraries import quiet_libraries
 
+    # Answers go on a channel of their own: whatever an import prints goes to stderr, not into them.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     quiet_libraries()
     for module in preload:
         try:
             __import__(module)
         except ImportError:   # another transformers lays its modules out otherwise: the child imports them
             pass
-    answers = sys.stdout
     answers.write(json.dumps({"cuda_after_fork": _cuda_after_fork()}) + "\n")
     answers.flush()
     for line in sys.stdin:
