@@ -6,6 +6,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from vidsight.kv import KVCache, LayerHook, TokenTable
 from vidsight.kv.policies import KVPolicy, Selection, Step
@@ -57,9 +58,6 @@ def attend_chunk_after_past(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     (they take no mask), which then materialises heads x chunk x keys scores, gigabytes per layer
     at QuickVideo's groups over a long video; as the lower-right causal bias those kernels run it.
     That path has no grouped-query support, so key heads are repeated to the query heads."""
-    # Imported here: the module loads torch's compiler (about 3 s), which no CPU path needs.
-    from torch.nn.attention.bias import causal_lower_right
-
     group = q.shape[1] // keys.shape[1]
     bias = causal_lower_right(q.shape[2], keys.shape[2])
     return F.scaled_dot_product_attention(q, keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1),
