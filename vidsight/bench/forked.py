@@ -38,7 +38,6 @@ class StageForker:
 
     def __init__(self, cwd: Path, preload: tuple[str, ...] = PRELOAD):
         self._cwd, self._preload = cwd, preload
-        self.forks = True
         self._start()
 
     def _start(self) -> None:
