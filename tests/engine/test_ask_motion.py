@@ -65,6 +65,7 @@ def test_a_static_camera_encodes_fewer_patches_the_same_way_whatever_decodes_it(
     assert stats.kept_visual_tokens == stats.encoded_visual_tokens
     assert (stats.encoded_visual_tokens, result.token_ids) == (reference.stats.encoded_visual_tokens,
                                                                reference.token_ids)
+    assert stats.motion_source == "codec"   # H.264's vectors, under auto
 
 
 def test_kv_pruning_chooses_among_the_patches_motion_kept(tiny_adapter, static_camera):
@@ -85,6 +86,7 @@ def test_the_codecs_vectors_only_where_it_exports_none_encodes_every_patch(tiny_
     result = Asker(tiny_adapter).ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
                                      prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig(source="codec")))
     assert result.stats.encoded_visual_tokens == result.stats.visual_tokens
+    assert result.stats.motion_source is None
     assert "no motion vectors" in caplog.text
 
 
@@ -101,6 +103,7 @@ def test_a_codec_without_motion_vectors_is_pruned_by_its_pixels(tiny_adapter, tm
     whole = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GENERATION,
                       prefill=PrefillConfig(group_frames=4))
     assert "no motion vectors" not in caplog.text
+    assert (pruned.stats.motion_source, whole.stats.motion_source) == ("pixels", None)
     assert pruned.stats.visual_tokens == whole.stats.visual_tokens
     assert whole.stats.encoded_visual_tokens // 4 < pruned.stats.encoded_visual_tokens < whole.stats.visual_tokens // 2
 

@@ -54,8 +54,8 @@ def test_questions_after_a_cached_prefix_answer_as_without_the_cache(task_adapte
         ref_ids, ref_logits, ref_stats = answer(plain, path, question, prefill=prefill)
         assert_same_answer(ids, logits, ref_ids, ref_logits)
         assert stats.prompt_tokens == ref_stats.prompt_tokens
-        assert (stats.frames, stats.visual_tokens, stats.kept_visual_tokens) == (
-            ref_stats.frames, ref_stats.visual_tokens, ref_stats.kept_visual_tokens)
+        assert (stats.frames, stats.visual_tokens, stats.kept_visual_tokens, stats.motion_source) == (
+            ref_stats.frames, ref_stats.visual_tokens, ref_stats.kept_visual_tokens, ref_stats.motion_source)
         # The first question prefilled the video; the later ones only their own text.
         assert (stats.cached_tokens > 0) == (n > 0)
         assert stats.encoded_visual_tokens == (ref_stats.encoded_visual_tokens if n == 0 else 0)

@@ -90,6 +90,28 @@ def test_growth_while_a_pass_decodes_is_not_missed(tmp_path):
     assert len(list(source)) == 8 and source.frames_decoded == 32
 
 
+@pytest.mark.parametrize("codec, suffix, source, expected", [
+    ("h264", ".mp4", "auto", "codec"), ("h264", ".mp4", "pixels", "pixels"), ("hevc", ".mp4", "auto", "pixels"),
+    ("vp9", ".webm", "auto", "pixels"), ("h264", ".mp4", None, None)])
+def test_a_source_says_where_its_motion_comes_from_once_open(make_test_video, codec, suffix, source, expected):
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    path, _ = make_test_video(suffix, width=128, height=96, duration_s=1.0, codec=codec)
+    stream = StreamSource(path, fps=4.0, motion=None if source is None else MotionPruneConfig(source=source))
+    assert stream.motion_source is None   # not open yet: the codec is unknown
+    assert len(list(stream)) == 4
+    assert (stream.codec, stream.motion_source) == (codec, expected)
+
+
+def test_a_codec_without_vectors_refuses_a_watch_asking_for_them(make_test_video):
+    from vidsight.errors import ConfigError
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    path, _ = make_test_video(".mp4", width=128, height=96, duration_s=1.0, codec="hevc")
+    with pytest.raises(ConfigError, match="hevc carries no motion vectors"):
+        list(StreamSource(path, fps=4.0, motion=MotionPruneConfig(source="codec")))
+
+
 @pytest.mark.parametrize("idle", [0.0, -1.0])
 def test_a_follow_time_that_is_not_positive_is_refused(make_test_video, idle):
     from vidsight.errors import ConfigError

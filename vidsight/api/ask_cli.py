@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from vidsight.api.options import _float, add_feed_options, add_prefill_options
+from vidsight.api.options import _float, add_feed_options, add_prefill_options, motion_note
 from vidsight.api.settings import ask_configs, feed_config
 
 
@@ -55,7 +55,8 @@ def run_ask(args) -> int:
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
         encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""
         cached = f", {s.cached_tokens} prompt tokens from the video's cached prefix" if s.cached_tokens else ""
-        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept), "
+        motion = f", {motion_note(s.motion_source)}" if s.motion_source else ""
+        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept{motion}), "
               f"{s.generated_tokens} generated{cached}; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
     return 0

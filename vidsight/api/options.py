@@ -58,6 +58,11 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._
     return group
 
 
+def motion_note(source: str) -> str:
+    """How a run's motion was judged, for its summary line (``source``: `judge.motion_source`'s)."""
+    return {"codec": "motion from the codec's vectors", "pixels": "motion from the decoded pixels"}[source]
+
+
 def add_feed_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (QuickCodec)")
     group.add_argument("--decode-workers", type=int, default=None,

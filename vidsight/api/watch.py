@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vidsight.api.options import _float, add_motion_options
+from vidsight.api.options import _float, add_motion_options, motion_note
 from vidsight.api.settings import watch_config
 
 
@@ -49,8 +49,10 @@ def verdict_records(verdict, query: str) -> list[dict]:
     return records
 
 
-def end_record(frames_decoded: int) -> dict:
-    return {"type": "end", "frames_decoded": frames_decoded}
+def end_record(source) -> dict:
+    """A watch's last record: what its source (`StreamSource`) decoded, and how its motion was judged."""
+    return {"type": "end", "frames_decoded": source.frames_decoded, "codec": source.codec,
+            "motion_source": source.motion_source}
 
 
 def run_watch(args) -> int:
@@ -70,6 +72,7 @@ def run_watch(args) -> int:
                       f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens})", flush=True)
             else:
                 print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
-    print(json.dumps(end_record(source.frames_decoded)) if args.json else
-          f"[{source.frames_decoded} frames decoded]", flush=True)
+    motion = f"; {motion_note(source.motion_source)}" if source.motion_source else ""
+    print(json.dumps(end_record(source)) if args.json else
+          f"[{source.frames_decoded} frames of {source.codec} decoded{motion}]", flush=True)
     return 0

@@ -24,6 +24,7 @@ from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
+from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
 from vidsight.vision import resize_frames
 
@@ -215,6 +216,7 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
+        stats.motion_source = motion_source(prefill.motion, info.codec)
         cpus = os.cpu_count() or 1
         workers = feed_config.workers
         if workers is not None and workers > cpus:

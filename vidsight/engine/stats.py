@@ -50,6 +50,9 @@ class AskStats:
         kept_visual_tokens: Video tokens the last layer's KV cache kept after pruning.
         groups: Prefill groups.
         decode_strategy: ``sequential``, ``intervals`` or ``seek``.
+        motion_source: Where motion pruning's motion came from: ``codec`` (the vectors the codec
+            exports), ``pixels`` (estimated from the decoded frames), or None (no motion pruning,
+            or a codec without vectors where only its vectors were asked for: nothing pruned).
         decode_workers: Concurrent decoders (0: one decoder with FFmpeg's own threads).
         overlap: Whether prefill ran while decoding continued; the ``decode`` stage is then
             only the time spent waiting for frames, and ``decode_busy_s`` how long decoding took.
@@ -77,6 +80,7 @@ class AskStats:
     kept_visual_tokens: int = 0
     groups: int = 0
     decode_strategy: str = "sequential"
+    motion_source: str | None = None
     decode_workers: int = 0
     overlap: bool = False
     decode_busy_s: float = 0.0

@@ -128,6 +128,12 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
         self.codec: str | None = None   # the video stream's codec, once opened
 
+    @property
+    def motion_source(self) -> str | None:
+        """Where the judged motion comes from (`judge.motion_source`): ``codec`` or ``pixels``; None
+        before the stream is open or when motion is not judged."""
+        return motion_source(self.motion, self.codec) if self.codec is not None else None
+
     def __iter__(self) -> Iterator[SampledFrame]:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
         origin = None  # the first frame's time: streams rarely start at 0
@@ -192,7 +198,7 @@ class StreamSource:
         judge = None
         for item in decoded:
             if judge is None:   # the codec is known once the stream is open
-                source = motion_source(self.motion, self.codec)
+                source = self.motion_source
                 if source is None:
                     raise ConfigError(f"{self.source}: {self.codec} carries no motion vectors to prune by; "
                                       "--motion-source auto or pixels estimates them from the decoded pixels")
@@ -220,7 +226,7 @@ class StreamSource:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
             self.codec = stream.codec_context.name
-            configure_decoder(stream, motion_source(self.motion, self.codec) == "codec", "AUTO")
+            configure_decoder(stream, self.motion_source == "codec", "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
             for frame in container.decode(stream):

@@ -157,7 +157,7 @@ class WatchManager:
                     break
             else:
                 self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
-                self.store.append(watch_id, "end", None, end_record(source.frames_decoded))
+                self.store.append(watch_id, "end", None, end_record(source))
                 self.store.set_state(watch_id, DONE)
         except VidsightError as exc:
             if stop.is_set():   # the server shut down while the window waited for the model

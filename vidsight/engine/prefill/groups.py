@@ -112,7 +112,8 @@ def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: floa
         cache, _ = yield from _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
     done = request.clock.stats
     stats = AskStats(frames=len(feed), frames_lost=feed.frames_lost, visual_tokens=done.visual_tokens,
-                     kept_visual_tokens=done.kept_visual_tokens, decode_strategy=feed.strategy)
+                     kept_visual_tokens=done.kept_visual_tokens, decode_strategy=feed.strategy,
+                     motion_source=done.motion_source)
     return VideoPrefix(cache, plan, feed.indices, feed.pts_s, sampled_fps, prompt.ids[:prompt.video_end], stats)
 
 
@@ -124,7 +125,7 @@ def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str, ma
     end, stats = prefix.tokens, request.clock.stats
     if not torch.equal(prompt.ids[:end], prefix.ids):
         raise ConfigError(f"{adapter.name}'s prompt puts text that depends on the question before the video")
-    for name in ("frames", "frames_lost", "visual_tokens", "kept_visual_tokens", "decode_strategy"):
+    for name in ("frames", "frames_lost", "visual_tokens", "kept_visual_tokens", "decode_strategy", "motion_source"):
         setattr(stats, name, getattr(prefix.stats, name))
     stats.prompt_tokens = len(prompt.ids)
     with request.clock.memory(), request.clock.stage("prefill"), torch.inference_mode():
