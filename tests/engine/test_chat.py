@@ -18,7 +18,7 @@ from vidsight.ingest.types import CodecInfo
 from vidsight.kv import VIDEO
 from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
 
-from tests.settings import assert_input_matters, assert_same_answer
+from tests.settings import assert_input_matters, assert_same_answer, logits_error
 from tests.variants import fast_first
 
 QUESTIONS = ["What colour is the square?", "Where is the square now?", "How many squares?"]
@@ -68,7 +68,7 @@ def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter
         assert_same_answer(answer.token_ids, answer.logits, ids, logits)
         assert answer.stats.attended_tokens == answer.stats.cached_tokens  # full attends to everything
         if earlier is not None:   # more frames and another question: the comparison could fail
-            assert_input_matters(logits, earlier)
+            assert_input_matters(logits, earlier, logits_error(answer.logits, logits))
         earlier = logits
 
 

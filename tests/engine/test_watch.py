@@ -7,7 +7,8 @@ from vidsight.engine.steps import drive, encode_together
 from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 
-from tests.settings import assert_input_matters, assert_logits_close, assert_same_answer, exact_answers
+from tests.settings import (assert_input_matters, assert_logits_close, assert_same_answer, exact_answers,
+                            logits_error)
 
 QUERY = "Is there a red object in the zone? Answer Yes or No."
 WINDOWS = WindowConfig(window_s=4.0, stride_fraction=0.25, fps=2.0)  # 8 frames, stride 2
@@ -49,8 +50,13 @@ def test_refreshing_every_token_equals_full_comp(family_adapter, stream_video):
         assert_same_answer([a.answer], a.logits, [b.answer], b.logits)
         if exact_answers():
             assert a.p_yes == pytest.approx(b.p_yes, abs=1e-5)
-    for window, next_window in zip(full, full[1:]):   # another window's frames: the comparison could fail
-        assert_input_matters(window.logits, next_window.logits)
+    error = max(logits_error(a.logits, b.logits) for a, b in zip(every, full))
+    # A window sharing none of its frames could fail the comparison (in bfloat16, the tiny models'
+    # logits for windows sharing six of eight frames differ by about the tolerance).
+    apart = round(1 / WINDOWS.stride_fraction)
+    assert len(full) > apart
+    for window, other in zip(full, full[apart:]):
+        assert_input_matters(window.logits, other.logits, error)
 
 
 @pytest.mark.parametrize("mode", ["anchors", "reuse", "deviation"])
