@@ -38,6 +38,17 @@ def tiny_adapter(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def packed_tiny_adapter(tiny_model_dir):
+    """The tiny model with its linear weights in oneDNN's blocked layout, as a CPU server runs it
+    (`models.packed_linear`; left plain where it cannot be packed: CUDA, bfloat16)."""
+    from vidsight.models.packed_linear import pack_linear_weights
+
+    adapter = load_model(tiny_model_dir, DEVICE, DTYPE)
+    pack_linear_weights(adapter.model)
+    return adapter
+
+
+@pytest.fixture(scope="session")
 def llava_adapter(tmp_path_factory):
     directory = tmp_path_factory.mktemp("models") / "tiny-llava-onevision"
     return load_model(write_tiny_model(directory, seed=0, family="llava_onevision"), DEVICE, DTYPE)

@@ -51,7 +51,9 @@ def answers(adapter, make_test_video):
 
 
 @pytest.mark.device_check
-def test_answers_decoded_together_equal_each_decoded_alone(tiny_adapter, make_test_video):
+@pytest.mark.parametrize("weights", ["tiny_adapter", "packed_tiny_adapter"])
+def test_answers_decoded_together_equal_each_decoded_alone(request, make_test_video, weights):
+    tiny_adapter = request.getfixturevalue(weights)
     together, alone = answers(tiny_adapter, make_test_video), answers(tiny_adapter, make_test_video)
     batch, singles = DecodeBatch(tiny_adapter), [DecodeBatch(tiny_adapter) for _ in alone]
     for answer, single in zip(together, singles):

@@ -37,7 +37,10 @@ def add_bench_serve_parser(bench_commands, common) -> None:
     serve.add_argument("--fps", type=_float, default=2.0, help="watch sampling rate (default: 2)")
     serve.add_argument("--unbatched", action="store_true",
                        help="without --url: also load a second server that runs each completion whole in its turn "
-                            "(--no-answer-batching), the same levels, for the comparison")
+                            "(--no-answer-batching, with --plain-weights: one answer at a time decodes faster so), "
+                            "the same levels, for the comparison")
+    serve.add_argument("--plain-weights", action="store_true",
+                       help="without --url: the server's --plain-weights (row-major linear weights on a CPU)")
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="the in-process server's video prefix cache (0: off, so every completion prefills "
                             f"its video; default: the server's {DEFAULT_PREFIX_CACHE_BYTES})")
@@ -87,6 +90,8 @@ def run_bench_serve(args) -> int:
         if args.unbatched:
             report["unbatched"] = _unbatched_levels(args)
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
+    if args.url is None:
+        report["settings"]["weights"] = "plain" if args.plain_weights else "packed (on a CPU, in float32)"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
     return 0
@@ -200,7 +205,8 @@ def _served_video(args, batch_answers: bool = True):
         yield ServeConfig(model=model, device=args.device, allowed_local_media_path=video.resolve().parent,
                           db=Path(scratch) / "serve.db", max_concurrent=max(64, 4 * max(args.concurrency)),
                           batch_answers=batch_answers, prefix_cache_bytes=args.prefix_cache_bytes,
-                          max_prefill_tokens=args.max_prefill_tokens), video.name
+                          max_prefill_tokens=args.max_prefill_tokens,
+                          packed_weights=batch_answers and not args.plain_weights), video.name
 
 
 @contextlib.contextmanager

@@ -51,6 +51,10 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     serve.add_argument("--no-answer-batching", action="store_true",
                        help="run each completion and session question whole in its turn instead of generating "
                             "concurrent answers together")
+    serve.add_argument("--plain-weights", action="store_true",
+                       help="on a CPU, keep the linear weights row-major instead of reordering them into oneDNN's "
+                            "blocked layout, which decodes several answers together about 1.5x faster and one "
+                            "answer about 20 %% slower")
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="KV bytes of videos kept so a later completion about the same video (same bytes, "
                             "sampling and prefill settings, no KV pruning) prefills only its question; 0 turns it "
@@ -111,7 +115,7 @@ def serve_config(args):
                        kv_disk=Path(args.kv_disk).resolve() if args.kv_disk else None,
                        batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes,
                        prefix_cache_host_bytes=args.prefix_cache_host_bytes,
-                       max_prefill_tokens=args.max_prefill_tokens)
+                       max_prefill_tokens=args.max_prefill_tokens, packed_weights=not args.plain_weights)
 
 
 def ray_config(args):

@@ -254,7 +254,7 @@ def format_serve_report(report: dict) -> str:
     for level in [*report["completions"], {**report["mixed"]["completions"], "concurrency": "mixed"}]:
         lines.append(_level_line(level))
     if report.get("unbatched"):
-        lines.append("unbatched server (each request whole in its turn), same load:")
+        lines.append("unbatched server (each request whole in its turn, plain weights), same load:")
         lines += [_level_line(level) for level in report["unbatched"]]
     lines.append("")
     lines.append("watch  windows  errors  real-time factor  lag p50/p99 s")

@@ -82,6 +82,10 @@ class ServeConfig:
         max_prefill_tokens: Prompt tokens of prefill chunks in one model turn, a longer group going
             in parts over later turns (`Scheduler`); 0: one whole group a turn (None:
             ``DEFAULT_MAX_PREFILL_TOKENS`` for the device).
+        packed_weights: On a CPU in float32, reorder the loaded model's linear weights once into
+            oneDNN's blocked layout (`models.packed_linear`): decode steps of several answers about
+            1.5x faster, one answer's about 20 % slower. Ignored elsewhere, and for a model handed
+            to the server already loaded.
     """
 
     model: str
@@ -104,6 +108,7 @@ class ServeConfig:
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
     prefix_cache_host_bytes: int | None = None
     max_prefill_tokens: int | None = None
+    packed_weights: bool = True
 
     def __post_init__(self):
         if self.source_retries < 0 or not self.source_retry_window_s > 0:

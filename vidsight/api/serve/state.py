@@ -28,7 +28,8 @@ class Server:
 
     Args:
         config: The server's settings.
-        adapter: An already loaded model (default: load ``config.model`` at start).
+        adapter: An already loaded model, served as it is (default: load ``config.model`` at start,
+            its weights packed where ``config.packed_weights`` says so).
         owner: This server's name when several share the store (a Ray Serve replica's id); such a
             server resumes no watch by itself: the replicas' supervisor hands them out.
     """
@@ -50,9 +51,12 @@ class Server:
         from vidsight.engine.prefix_cache import PrefixCache
         from vidsight.engine.stats import peak_memory_bytes
         from vidsight.models import load_model
+        from vidsight.models.packed_linear import pack_linear_weights
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device)
+            if self.config.packed_weights:
+                pack_linear_weights(self.adapter.model)
         device = self.adapter.device
         prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
                         if self.config.prefix_cache_bytes else None)
