@@ -1,6 +1,9 @@
 """Linear weights in oneDNN's blocked layout (`models.packed_linear`): the same products up to
 float32 rounding, the same answers, and a server packs only the model it loads itself."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -40,6 +43,31 @@ def test_a_packed_model_answers_as_the_plain_one(tiny_adapter, packed_tiny_adapt
     assert packed.ask(path, question, **options).token_ids == plain.ask(path, question, **options).token_ids
     assert_logits_close(packed.prefill_logits(path, question, sampling=options["sampling"]),
                         plain.prefill_logits(path, question, sampling=options["sampling"]))
+
+
+@needs_packing
+def test_each_original_weight_is_freed_as_its_layer_is_packed(tiny_model_dir, monkeypatch):
+    """Packing never holds two layers' original weights: the weights' memory does not double while
+    a 7B is packed. The embedding's matrix, which a tied output head shares, stays for the lookup."""
+    import vidsight.models.packed_linear as packing
+
+    adapter = load_model(tiny_model_dir, "cpu", torch.float32)
+    originals = [weakref.ref(m.weight) for m in adapter.model.modules() if isinstance(m, torch.nn.Linear)]
+    embedding = adapter.model.get_input_embeddings().weight
+    alive_at_each_layer = []
+
+    class Counting(PackedLinear):
+        def __init__(self, linear):
+            gc.collect()
+            alive_at_each_layer.append(sum(ref() is not None and ref() is not embedding for ref in originals))
+            super().__init__(linear)
+
+    monkeypatch.setattr(packing, "PackedLinear", Counting)
+    assert pack_linear_weights(adapter.model) == len(originals) == len(alive_at_each_layer)
+    # Those not packed yet (this one included) and at most one more: not every original to the end.
+    assert all(alive <= len(originals) - k + 1 for k, alive in enumerate(alive_at_each_layer))
+    gc.collect()
+    assert {id(ref()) for ref in originals if ref() is not None} <= {id(embedding)}
 
 
 def test_weights_that_cannot_be_packed_are_left_as_they_are(tiny_model_dir):

@@ -64,11 +64,15 @@ def pack_linear_weights(model: nn.Module) -> int:
         How many layers were packed (0 where `can_pack` says no).
     """
     packed = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and can_pack(child.weight.device, child.weight.dtype):
-                setattr(module, name, PackedLinear(child))
-                packed += 1
+    # Holding no list of the linear layers themselves, so each original weight is freed once its
+    # reordered copy is in place (a list of every module kept them all to the end: twice the memory).
+    parents = [module for module in model.modules() if not isinstance(module, nn.Linear)]
+    for parent in parents:
+        names = [name for name, child in parent.named_children() if isinstance(child, nn.Linear)
+                 and can_pack(child.weight.device, child.weight.dtype)]
+        for name in names:
+            setattr(parent, name, PackedLinear(getattr(parent, name)))
+        packed += len(names)
     if packed:
         log.info("%d linear layers' weights reordered into oneDNN's blocked layout", packed)
     return packed
