@@ -92,3 +92,12 @@ def test_a_server_packs_the_model_it_loads_but_not_one_handed_to_it(tiny_model_d
             assert packed == (packed_weights and server.adapter is not tiny_adapter)
         finally:
             server.stop()
+
+
+def test_the_server_packs_by_default_and_plain_weights_turns_it_off():
+    from vidsight.api.cli import build_parser
+    from vidsight.api.serve_cli import serve_config
+
+    parse = build_parser().parse_args
+    assert serve_config(parse(["serve", "--model", "tiny"])).packed_weights
+    assert not serve_config(parse(["serve", "--model", "tiny", "--plain-weights"])).packed_weights
