@@ -72,7 +72,8 @@ def run_watch(args) -> int:
                       f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens})", flush=True)
             else:
                 print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
+    codec = f" of {source.codec}" if source.codec else ""
     motion = f"; {motion_note(source.motion_source)}" if source.motion_source else ""
     print(json.dumps(end_record(source)) if args.json else
-          f"[{source.frames_decoded} frames of {source.codec} decoded{motion}]", flush=True)
+          f"[{source.frames_decoded} frames{codec} decoded{motion}]", flush=True)
     return 0
