@@ -41,11 +41,7 @@ def tiny_adapter(tiny_model_dir):
 def packed_tiny_adapter(tiny_model_dir):
     """The tiny model with its linear weights in oneDNN's blocked layout, as a CPU server runs it
     (`models.packed_linear`; left plain where it cannot be packed: CUDA, bfloat16)."""
-    from vidsight.models.packed_linear import pack_linear_weights
-
-    adapter = load_model(tiny_model_dir, DEVICE, DTYPE)
-    pack_linear_weights(adapter.model)
-    return adapter
+    return load_model(tiny_model_dir, DEVICE, DTYPE, packed_weights=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from safetensors import SafetensorError
 from vidsight.errors import ConfigError, ModelError
 from vidsight.models.internvl import InternVLAdapter
 from vidsight.models.llava_onevision import LlavaOnevisionAdapter
+from vidsight.models.packed_linear import pack_linear_weights
 from vidsight.models.qwen2_5_vl import (CLIP_MEAN, CLIP_STD, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,  # noqa: F401
                                         VIDEO_TOTAL_PIXELS, Qwen25VLAdapter)
 from vidsight.models.qwen3_vl import Qwen3VLAdapter
@@ -74,7 +75,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 SHAPE_PREFIX = "shape:"
 
 
-def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+               packed_weights: bool = False):
     """Load a supported VLM and wrap it in its family's adapter.
 
     Args:
@@ -82,11 +84,21 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
             random-weight model of a benchmark shape.
         device: Where to run; CUDA when available, else CPU.
         dtype: Weight dtype; bfloat16 on CUDA, float32 on CPU by default.
+        packed_weights: On a CPU in float32, reorder the linear weights into oneDNN's blocked
+            layout (`packed_linear`: for decode steps of several answers, as a server runs them);
+            elsewhere nothing changes.
 
     Raises:
         ModelError: the directory is missing or not a checkpoint, the id cannot be fetched, or the
             model family is not supported.
     """
+    adapter = _load(name, device, dtype)
+    if packed_weights:
+        pack_linear_weights(adapter.model)
+    return adapter
+
+
+def _load(name: str | Path, device: str | torch.device | None, dtype: torch.dtype | None):
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
 
     source = str(name)

@@ -51,12 +51,10 @@ class Server:
         from vidsight.engine.prefix_cache import PrefixCache
         from vidsight.engine.stats import peak_memory_bytes
         from vidsight.models import load_model
-        from vidsight.models.packed_linear import pack_linear_weights
 
         if self.adapter is None:
-            self.adapter = load_model(self.config.model, device=self.config.device)
-            if self.config.packed_weights:
-                pack_linear_weights(self.adapter.model)
+            self.adapter = load_model(self.config.model, device=self.config.device,
+                                      packed_weights=self.config.packed_weights)
         device = self.adapter.device
         prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
                         if self.config.prefix_cache_bytes else None)
