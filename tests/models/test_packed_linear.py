@@ -63,7 +63,7 @@ def test_each_original_weight_is_freed_as_its_layer_is_packed(tiny_model_dir, mo
             super().__init__(linear)
 
     monkeypatch.setattr(packing, "PackedLinear", Counting)
-    assert pack_linear_weights(adapter.model) == len(originals) == len(alive_at_each_layer)
+    assert pack_linear_weights(adapter.model, min_elements=0) == len(originals) == len(alive_at_each_layer)
     # Those not packed yet (this one included) and at most one more: not every original to the end.
     assert all(alive <= len(originals) - k + 1 for k, alive in enumerate(alive_at_each_layer))
     gc.collect()
@@ -72,16 +72,28 @@ def test_each_original_weight_is_freed_as_its_layer_is_packed(tiny_model_dir, mo
 
 def test_weights_that_cannot_be_packed_are_left_as_they_are(tiny_model_dir):
     adapter = load_model(tiny_model_dir, "cpu", torch.bfloat16)
-    assert pack_linear_weights(adapter.model) == 0
+    assert pack_linear_weights(adapter.model, min_elements=0) == 0
     assert not any(isinstance(m, PackedLinear) for m in adapter.model.modules())
+
+
+@needs_packing
+def test_only_large_weights_are_packed():
+    from vidsight.models.packed_linear import MIN_PACKED_ELEMENTS
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, MIN_PACKED_ELEMENTS // 1024), torch.nn.Linear(1024, 64))
+    assert pack_linear_weights(model) == 1
+    assert [type(m) for m in model] == [PackedLinear, torch.nn.Linear]
 
 
 @needs_packing
 @pytest.mark.parametrize("packed_weights", [True, False])
 def test_a_server_packs_the_model_it_loads_but_not_one_handed_to_it(tiny_model_dir, tiny_adapter, tmp_path,
-                                                                     packed_weights):
+                                                                     packed_weights, monkeypatch):
+    import vidsight.models.packed_linear as packing
     from vidsight.api.serve import ServeConfig
     from vidsight.api.serve.state import Server
+
+    monkeypatch.setattr(packing, "MIN_PACKED_ELEMENTS", 0)   # the tiny model's layers are all small
 
     config = ServeConfig(model=str(tiny_model_dir), device="cpu", db=tmp_path / "serve.db",
                          packed_weights=packed_weights)
