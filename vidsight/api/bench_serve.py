@@ -91,7 +91,7 @@ def run_bench_serve(args) -> int:
             report["unbatched"] = _unbatched_levels(args)
     report["settings"]["server"] = args.url or f"in-process, model {args.model}"
     if args.url is None:
-        report["settings"]["weights"] = "plain" if args.plain_weights else "packed (on a CPU, in float32)"
+        report["settings"]["weights"] = "plain" if args.plain_weights else "packed (large weights, on a CPU, in float32)"
     json_path, png_path = write_serve_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_serve_report(report)}\n\n{json_path}\n{png_path}")
     return 0

@@ -5,12 +5,12 @@ default for float32 products) packs a row-major weight into its own blocks on ev
 or more rows, so a step of 8 answers of the `small` shape cost 2.7x one answer's
 (docs/benchmarks.md, "Many clients"). oneDNN reorders each weight into its blocked layout once,
 at load; a product of 8 rows then reads the weight about as a single row does. Only weights of
-`MIN_PACKED_ELEMENTS` or more are reordered (the MLPs and the output head of a 0.5 B model and up). Measured on that
-step (2 cores): 8 answers 0.234 -> 0.152 s, 16 answers 0.270 -> 0.178 s, one answer 0.086 ->
-0.103 s (a single row is read a little slower from blocks), prefill unchanged. The reordered
-weight replaces the original, so the weights' memory stays the same, except where the output
-head shares the input embedding's matrix (tied weights): the lookup keeps the dense matrix and
-the head gets its own blocked copy.
+`MIN_PACKED_ELEMENTS` or more are reordered (the MLPs and the output head of a 0.5 B model and
+up). Measured on that step (2 cores): 8 answers 0.232 -> 0.141 s, 16 answers 0.269 -> 0.184 s,
+one answer 0.085 -> 0.096 s (a single row is read a little slower from blocks), prefill about
+the same. The reordered weight replaces the original, so the weights' memory stays the same,
+except where the output head shares the input embedding's matrix (tied weights): the lookup
+keeps the dense matrix and the head gets its own blocked copy.
 
 The products are the same up to float32 rounding (another summation order, as another BLAS
 would give): first-token logits within 1e-4 of the plain model's (tested).
