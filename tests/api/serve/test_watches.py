@@ -31,17 +31,6 @@ def without_timing(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "stages_s"}
 
 
-def assert_same_windows_as_packed(served: list[dict], expected: list[dict]) -> None:
-    """Windows of a server that loaded its model itself, so packed its CPU weights
-    (`models.packed_linear`), against the CLI's (row-major): every field equal but the timings, and
-    p(yes) within float32 rounding."""
-    def rest(record):
-        return {k: v for k, v in without_timing(record).items() if k != "p_yes"}
-
-    assert [rest(r) for r in served] == [rest(r) for r in expected]
-    assert [r["p_yes"] for r in served] == pytest.approx([r["p_yes"] for r in expected], abs=1e-6)
-
-
 def cli_lines(capsys, source, tiny_model_dir) -> list[dict]:
     code = main(["watch", str(source), "--query", QUERY, "--model", str(tiny_model_dir), "--window", "4",
                  "--stride", "0.25", "--fps", "2", "--alert-after", "1", "--prune-tau", "0.25", "--prune-alpha", "0.004",
