@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 # the same layout (one row 20 % slower than MKL's, thousands of prefill rows as fast).
 PACKED_FOR_ROWS = 8
 # Smaller weights stay row-major: MKL's packing of them costs little, and oneDNN's call costs more
-# (896x896 at 8 rows 0.13 -> 0.08 ms but at one row 0.04 -> 0.05; 128x896 slower at both; the
-# 2.3 M-parameter task model, every layer small, served 20 % fewer completions with all packed).
+# (896x896 at 8 rows 0.10 -> 0.07 ms but at one row 0.034 -> 0.045; 128x896 slower at both; the
+# 2.3 M-parameter task model, every layer small, served 20 % fewer completions with all packed;
+# docs/benchmarks.md, "Weights in oneDNN's blocked layout").
 MIN_PACKED_ELEMENTS = 1 << 20
 
 
