@@ -63,3 +63,35 @@ def test_motion_map_assigns_vectors_by_destination():
     expected_future[8:10, 0:2] = 2.0
     np.testing.assert_array_equal(out[1], expected_future)
     assert not motion_map(None, 48, 48).any()
+
+
+def test_destination_blocks_and_motion_map_follow_their_definition_on_clipped_and_overlapping_partitions():
+    from vidsight.ingest.motion import destination_blocks
+    from vidsight.ingest.pixel_motion import VECTOR_DTYPE
+
+    rng = np.random.default_rng(5)
+    for case in range(300):
+        rows, cols = (int(n) for n in rng.integers(1, 12, 2))
+        count = int(rng.integers(1, 60))
+        vectors = np.zeros(count, VECTOR_DTYPE)
+        vectors["w"], vectors["h"] = rng.choice([4, 8, 16], (2, count))
+        vectors["dst_x"] = rng.integers(-8, cols * BLOCK + 8, count)   # partitions past every side of the frame
+        vectors["dst_y"] = rng.integers(-8, rows * BLOCK + 8, count)
+        vectors["motion_x"], vectors["motion_y"] = rng.integers(-40, 41, (2, count))
+        vectors["motion_scale"], vectors["source"] = 4, rng.choice([-1, 1], count)
+        # The definition: each vector's blocks row by row inside its partition, clamped to the grid;
+        # a block's value is the largest magnitude of its direction's vectors landing on it.
+        expected_cover, expected_map = [], np.zeros((2, rows, cols), np.float32)
+        for k, vector in enumerate(vectors):
+            top = (int(vector["dst_y"]) - int(vector["h"]) // 2) // BLOCK
+            left = (int(vector["dst_x"]) - int(vector["w"]) // 2) // BLOCK
+            magnitude = np.float32(np.hypot(vector["motion_x"], vector["motion_y"]) / 4)
+            for dy in range(int(vector["h"]) // BLOCK):
+                for dx in range(int(vector["w"]) // BLOCK):
+                    r, c = min(max(top + dy, 0), rows - 1), min(max(left + dx, 0), cols - 1)
+                    expected_cover.append((k, r, c))
+                    plane = int(vector["source"] > 0)
+                    expected_map[plane, r, c] = max(expected_map[plane, r, c], magnitude)
+        which, r, c = destination_blocks(vectors, rows, cols)
+        assert list(zip(which.tolist(), r.tolist(), c.tolist())) == expected_cover, case
+        np.testing.assert_array_equal(motion_map(vectors, rows * BLOCK, cols * BLOCK), expected_map)

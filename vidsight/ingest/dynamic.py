@@ -197,7 +197,8 @@ def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int) -> float:
     which = cover[0]
     if 2 * len(which) <= blocks:
         return 0.0
-    weights = np.append(np.bincount(which, minlength=len(vectors)) * (vectors["source"] < 0), 0)
+    covered = np.diff(np.searchsorted(which, np.arange(len(vectors) + 1)))   # blocks per vector (`which` ascends)
+    weights = np.append(covered * (vectors["source"] < 0), 0)
     weights[-1] = max(blocks - weights.sum(), 0)   # the still blocks, at 0
     if 2 * weights[-1] >= blocks:
         return 0.0
@@ -212,10 +213,11 @@ def _camera_motion(vectors: np.ndarray, cover: Cover, blocks: int) -> float:
 
 
 def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, int], block: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(rows, cols, source rows, source cols)`` of the blocks a past-reference vector brings from
-    another block (most blocks of a frame come from where they are); None when no vector does.
-    Worked out per vector, then for the blocks of those that step (not on whole-frame maps)."""
+             ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(blocks, source blocks)``, flat indices into a ``shape`` map, of the blocks a past-reference
+    vector brings from another block (most blocks of a frame come from where they are); None when
+    no vector does. Worked out per vector, then for the blocks of those that step (not on
+    whole-frame maps)."""
     if vectors is None or len(vectors) == 0:
         return None
     rows, cols = shape
@@ -225,9 +227,11 @@ def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, 
     step_r = np.rint((vectors["motion_y"] / scale).astype(np.float32) / block).astype(np.int64)
     step_c = np.rint((vectors["motion_x"] / scale).astype(np.float32) / block).astype(np.int64)
     steps = (vectors["source"] < 0) & ((step_r != 0) | (step_c != 0))
+    if not steps.any():
+        return None
     chosen = steps[which]
     which, r, c = which[chosen], r[chosen], c[chosen]
-    return r, c, clamp(r + step_r[which], rows - 1), clamp(c + step_c[which], cols - 1)
+    return r * cols + c, clamp(r + step_r[which], rows - 1) * cols + clamp(c + step_c[which], cols - 1)
 
 
 def _at_source(previous: np.ndarray, came_from) -> np.ndarray:
@@ -235,9 +239,10 @@ def _at_source(previous: np.ndarray, came_from) -> np.ndarray:
     the block its past-reference vector comes from (`_sources`)."""
     if came_from is None:
         return previous
-    r, c, source_r, source_c = came_from
+    blocks, sources = came_from
     out = previous.copy()
-    out[r, c] = np.maximum(previous[r, c], previous[source_r, source_c])
+    flat, before = out.reshape(-1), previous.reshape(-1)   # flat indices: a third of (row, column) pairs' cost
+    flat[blocks] = np.maximum(before[blocks], before[sources])
     return out
 
 
