@@ -91,8 +91,7 @@ def destination_blocks(vectors: np.ndarray, rows: int, cols: int, block: int = B
     destination covers."""
     top = (vectors["dst_y"].astype(np.int64) - vectors["h"] // 2) // block
     left = (vectors["dst_x"].astype(np.int64) - vectors["w"] // 2) // block
-    high = np.maximum(1, vectors["h"].astype(np.int64) // block)
-    wide = np.maximum(1, vectors["w"].astype(np.int64) // block)
+    high, wide = partition_blocks(vectors, block)
     if high.max() == 1 and wide.max() == 1:   # one block each, as estimated vectors on their own grid
         return np.arange(len(vectors)), clamp(top, rows - 1), clamp(left, cols - 1)
     # One entry per covered block (a hot path: every decoded frame of an H.264 stream, up to 57,600
@@ -108,6 +107,12 @@ def destination_blocks(vectors: np.ndarray, rows: int, cols: int, block: int = B
     if left.min() < 0 or (left + wide).max() > cols:    # a partition clipped at the frame's side
         c = clamp(c, cols - 1)
     return which, r, c
+
+
+def partition_blocks(vectors: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, columns)`` of ``block``-pixel squares each vector's partition spans, at least one
+    each: `destination_blocks` gives each vector ``rows * columns`` entries."""
+    return np.maximum(1, vectors["h"].astype(np.int64) // block), np.maximum(1, vectors["w"].astype(np.int64) // block)
 
 
 def clamp(values: np.ndarray, high: int) -> np.ndarray:
