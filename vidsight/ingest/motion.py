@@ -42,10 +42,15 @@ def motion_map(vectors: np.ndarray | None, height: int, width: int, cover: Cover
     out = np.zeros((2, rows, cols), dtype=np.float32)
     if vectors is None or len(vectors) == 0:
         return out
-    magnitude = np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
-    direction = (vectors["source"] > 0).astype(np.int64)
+    magnitude = (np.hypot(vectors["motion_x"], vectors["motion_y"]) / np.maximum(vectors["motion_scale"], 1)
+                 ).astype(np.float32)
     which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
-    flat, values = (direction[which] * rows + r) * cols + c, magnitude[which].astype(np.float32)
+    flat = r * cols
+    flat += c
+    future = vectors["source"] > 0
+    if future.any():   # a B-frame's vectors from a future frame, on the second plane (P-frames have none)
+        flat += (future * (rows * cols))[which]
+    values = magnitude[which]
     # Partitions of one direction do not overlap, so most blocks get one vector: assign them all
     # (ufunc.at on every block is the hot path's slowest step); a block covered twice (a partition
     # clipped at the frame's edge) holds its last vector's value, and only the values above that
