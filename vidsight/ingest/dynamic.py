@@ -226,7 +226,6 @@ def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, 
     if vectors is None or len(vectors) == 0:
         return None
     rows, cols = shape
-    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
     # The pixels each vector's source lies away, as `displacement` gives them, in blocks.
     scale = np.maximum(vectors["motion_scale"], 1).astype(np.float32)
     step_r = np.rint((vectors["motion_y"] / scale).astype(np.float32) / block).astype(np.int64)
@@ -234,6 +233,7 @@ def _sources(vectors: np.ndarray | None, cover: Cover | None, shape: tuple[int, 
     steps = (vectors["source"] < 0) & ((step_r != 0) | (step_c != 0))
     if not steps.any():
         return None
+    which, r, c = cover if cover is not None else destination_blocks(vectors, rows, cols, block)
     chosen = steps[which]
     which, r, c = which[chosen], r[chosen], c[chosen]
     return r * cols + c, clamp(r + step_r[which], rows - 1) * cols + clamp(c + step_c[which], cols - 1)

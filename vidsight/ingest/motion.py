@@ -12,8 +12,7 @@ import numpy as np
 BLOCK = 4  # H.264's smallest partition; every macroblock partition is a whole number of these.
 
 
-# `destination_blocks`' result, computed once per frame: (vector index, ascending; block row; block column).
-Cover = tuple[np.ndarray, np.ndarray, np.ndarray]
+Cover = tuple[np.ndarray, np.ndarray, np.ndarray]  # `destination_blocks`' result, computed once per frame
 
 
 def grid_shape(height: int, width: int, block: int = BLOCK) -> tuple[int, int]:
