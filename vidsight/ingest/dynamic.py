@@ -246,7 +246,7 @@ def _at_source(previous: np.ndarray, came_from) -> np.ndarray:
         return previous
     blocks, sources = came_from
     out = previous.copy()
-    flat, before = out.reshape(-1), previous.reshape(-1)   # flat indices: a third of (row, column) pairs' cost
+    flat, before = out.reshape(-1), previous.reshape(-1)   # flat indices: half the cost of (row, column) pairs
     flat[blocks] = np.maximum(before[blocks], before[sources])
     return out
 
