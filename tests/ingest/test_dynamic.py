@@ -18,10 +18,11 @@ def vectors(*moves, source=-1):
     return out
 
 
-def judge(rule: BlockMotion, kind: str, records, luma=None):
-    """The rule's verdict on one frame of ``H`` x ``W`` with these vector records, on the 4x4 grid."""
+def judge(rule: BlockMotion, kind: str, records, luma=None, frames=1):
+    """The rule's verdict on one frame of ``H`` x ``W`` with these vector records (motion over
+    ``frames`` frames), on the 4x4 grid."""
     intra = intra_blocks(records, H, W) if kind != "I" else None
-    verdict = rule.update(kind, records, motion_map(records, H, W), intra, luma)
+    verdict = rule.update(kind, records, motion_map(records, H, W), intra, luma, frames=frames)
     return None if verdict is None else verdict.blocks()
 
 
@@ -45,6 +46,23 @@ def test_by_default_motion_must_last_three_frames_so_a_macroblock_of_noise_twice
     assert not judge(rule, "P", vectors(*noise, *walk)).any()            # two frames: not yet
     walk = [(2, 2, -4.0, 0.0)]
     assert np.argwhere(judge(rule, "P", vectors(*walk))).tolist() == [[2, 2]]  # the third frame of the walk
+
+
+def test_motion_over_several_frames_is_weighed_per_frame_and_must_last_as_many_judgements():
+    rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))   # tau 0.25, three frames
+    judge(rule, "I", None)
+    for _ in range(3):   # 0.4 pixels over two frames: 0.2 a frame, under tau however long it lasts
+        assert not judge(rule, "P", vectors((2, 2, 0.4, 0.0)), frames=2).any()
+    judge(rule, "I", None)
+    for _ in range(2):   # moving in two estimates two frames apart: not yet
+        assert not judge(rule, "P", vectors((2, 2, 1.0, 0.0)), frames=2).any()
+    assert np.argwhere(judge(rule, "P", vectors((2, 2, 1.0, 0.0)), frames=2)).tolist() == [[2, 2]]
+    rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))
+    judge(rule, "I", None)
+    for _ in range(2):   # one frame a step: two are not three
+        assert not judge(rule, "P", vectors((2, 2, 0.5, 0.0))).any()
+    pan = [(r, c, 0.4, 0.0) for r in range(8) for c in range(8)]   # a camera 0.2 pixels a frame: no pan
+    assert not judge(rule, "P", vectors(*pan), frames=2).any()
 
 
 def test_a_moving_camera_moves_every_block_even_where_its_encoder_coded_one_still():

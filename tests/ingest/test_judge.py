@@ -89,12 +89,13 @@ def test_still_vectors_change_no_verdict_so_the_judge_leaves_them_out(tmp_path):
         assert still > 0 and dynamic > 0
 
 
-def test_pixel_motion_estimated_in_batches_judges_each_frame_as_alone(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fps", [12, 30])
+def test_pixel_motion_estimated_in_batches_judges_each_frame_as_alone(tmp_path, monkeypatch, fps):
     crossing = SceneObject("square", "red", 30, 0.0, 10.0, (10.0, 60.0), (40.0, 0.0))
-    path = _write(tmp_path / "static.mp4", Scene(224, 168, 4.0, seed=2, noise=3.0, objects=[crossing]))
+    path = _write(tmp_path / "static.mp4", Scene(224, 168, 4.0, seed=2, noise=3.0, objects=[crossing]), fps=fps)
 
     def verdicts():
-        judge, out = FrameJudge(MotionPruneConfig(source="pixels"), "pixels"), {}
+        judge, out = FrameJudge(MotionPruneConfig(source="pixels"), "pixels", probe(path).average_fps), {}
         with av.open(str(path)) as container:
             for index, frame in enumerate(container.decode(video=0)):
                 out.update(judge.push(frame, frame_type(frame), index))
@@ -105,6 +106,9 @@ def test_pixel_motion_estimated_in_batches_judges_each_frame_as_alone(tmp_path, 
     batched = verdicts()
     monkeypatch.setattr(judging, "PIXEL_BATCH", 1)
     alone = verdicts()
-    assert len(batched) == len(alone) == 48
+    assert len(batched) == len(alone) == 4 * fps
     assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(batched, alone))
     assert 0 < sum(int(b.sum()) for b in batched if b is not None) < 0.5 * sum(b.size for b in batched if b is not None)
+    # 24-frame GOPs: at 30 fps motion is estimated from every second frame; at 12, from each.
+    judged = [k % 24 for k, verdict in enumerate(batched) if verdict is not None]
+    assert set(judged) == (set(range(2, 24, 2)) if fps == 30 else set(range(1, 24)))

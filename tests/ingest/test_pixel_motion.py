@@ -1,9 +1,11 @@
 """Motion estimated from pixels: a moving camera moves every block; a still one, none."""
 
+import av
 import numpy as np
 import pytest
 
-from vidsight.ingest.pixel_motion import CAMERA_MOTION_PX, estimate_vectors
+from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, Between, PixelMotion, estimate_vectors, frame_step,
+                                          reduced_luma, reduction)
 
 ROWS, COLS = 88, 160   # a reduced picture: 22 x 40 blocks of 4 x 4
 SCALE = 4              # as a 640x360 frame's
@@ -46,3 +48,45 @@ def test_an_object_moving_on_a_still_camera_moves_its_blocks_only():
     (vectors, (_, rows, cols)), = estimate_vectors(now[None], before[None], SCALE)
     assert 0 < len(vectors) <= 16
     assert rows.min() >= 9 and rows.max() <= 13 and cols.min() >= 14 and cols.max() <= 18
+
+
+def test_motion_over_two_frames_moves_the_camera_by_its_motion_per_frame():
+    # 0.1 reduced pixels over two frames: 0.2 frame pixels a frame, under CodecSight's tau.
+    assert 0.1 * SCALE / 2 < CAMERA_MOTION_PX < 0.1 * SCALE
+    (vectors, _), = estimate_vectors(picture(0.1, 1)[None], picture(0.0, 2)[None], SCALE, frames=2)
+    assert len(vectors) == 0
+    (vectors, _), = estimate_vectors(picture(0.3, 1)[None], picture(0.0, 2)[None], SCALE, frames=2)
+    assert len(vectors) == (ROWS // 4) * (COLS // 4)
+    # The vectors give the whole move since the earlier picture: the rule divides by the frames.
+    assert np.median(vectors["motion_x"] / vectors["motion_scale"]) == pytest.approx(-0.3 * SCALE, abs=0.15)
+
+
+def _frame(shift: float, seed: int) -> av.VideoFrame:
+    """A 640x352 frame whose `reduced_luma` is ``picture(shift, seed)`` (to within rounding)."""
+    levels = (picture(shift, seed) / 4).clip(0, 255).astype(np.uint8)
+    return av.VideoFrame.from_ndarray(np.repeat(np.repeat(levels, SCALE, 0), SCALE, 1), format="gray")
+
+
+def test_every_second_frame_of_a_gop_is_estimated_from_the_one_two_before_whenever_taken():
+    kinds = ["I", "P", "P", "P", "P", "I", "P", "P"]
+    frames = [_frame(0.4 * k, k) for k in range(len(kinds))]   # a pan of 1.6 frame pixels a frame
+    assert reduction(frames[0].width) == SCALE
+    at_once, in_threes = PixelMotion(step=2), PixelMotion(step=2)
+    taken_in_threes = []
+    for k, (frame, kind) in enumerate(zip(frames, kinds)):
+        at_once.add(frame, kind)
+        in_threes.add(frame, kind)
+        if k % 3 == 2:
+            taken_in_threes += in_threes.take()
+    taken, taken_in_threes = at_once.take(), taken_in_threes + in_threes.take()
+    assert [t is None for t in taken] == [True, False, False, False, False, True, False, False]
+    assert [t is Between for t in taken] == [False, True, False, True, False, False, True, False]
+    for k in (2, 4, 7):   # 7: two after the second I-frame
+        (expected, _), = estimate_vectors(reduced_luma(frames[k])[None], reduced_luma(frames[k - 2])[None], SCALE,
+                                          frames=2)
+        assert len(expected) > 0
+        assert np.array_equal(taken[k][0], expected) and np.array_equal(taken_in_threes[k][0], expected)
+
+
+def test_pictures_about_a_fifteenth_of_a_second_apart_are_compared():
+    assert [frame_step(fps) for fps in (0, 4, 12, 15, 20, 24, 25, 30, 50, 60)] == [1, 1, 1, 1, 1, 2, 2, 2, 3, 4]

@@ -26,7 +26,7 @@ from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_type, motion_source
-from vidsight.ingest.probe import probe
+from vidsight.ingest.probe import declared_fps, probe
 from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
 from vidsight.ingest.writer import write_video
 from vidsight.models.base import VisionSpec
@@ -231,7 +231,7 @@ def _judging_ms(path: Path, source: str) -> tuple[float, float]:
     vectors exported when judging by them): no decoder thread competes with it for a core, as
     FFmpeg's would on a machine with two. Also the mean share of an inter frame's 4x4 blocks it
     finds dynamic (worked out untimed)."""
-    judge, spent, frames, shares = FrameJudge(MotionPruneConfig(source=source), source), 0.0, 0, []
+    spent, frames, shares = 0.0, 0, []
 
     def note(judged):
         shares.extend(float(signals[2].blocks().mean()) for _, signals in judged if signals[2] is not None)
@@ -239,6 +239,7 @@ def _judging_ms(path: Path, source: str) -> tuple[float, float]:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         configure_decoder(stream, with_motion=source == "codec", threads="NONE")
+        judge = FrameJudge(MotionPruneConfig(source=source), source, declared_fps(stream))
         for frame in container.decode(stream):
             kind = frame_type(frame)
             started = time.perf_counter()

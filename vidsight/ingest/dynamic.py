@@ -55,7 +55,8 @@ class MotionPruneConfig:
             ``persist_frames`` consecutive frames, or ``alpha`` times the residual above that in a cluster of blocks;
             ``paper``: eqs. 3-4 as written, ``V + alpha * R > tau`` on each block; ``max``: the
             first rule vidsight shipped, any vector above tau or any intra-coded block.
-        persist_frames: For ``persistent``: consecutive frames a block's motion must last. Noise
+        persist_frames: For ``persistent``: consecutive frames a block's motion must last (judged
+            frames: for motion estimated from pixels, estimates about 1/15 s apart). Noise
             vectors seldom last two frames, but H.264 codes each for a whole macroblock, and on a
             coarse token grid one such macroblock in a GOP keeps a token: three frames keep a
             static noisy camera's tokens static there too (a moving object's blocks move for
@@ -119,7 +120,7 @@ class BlockMotion:
 
     def update(self, kind: str, vectors: np.ndarray | None, motion: np.ndarray, intra: np.ndarray | None,
                luma: np.ndarray | None = None, future: np.ndarray | None = None, cover: Cover | None = None,
-               fine_shape: tuple[int, int] | None = None) -> Verdict | None:
+               fine_shape: tuple[int, int] | None = None, frames: int = 1) -> Verdict | None:
         """This frame's dynamic blocks (`Verdict.blocks`: ``(ceil(H/4), ceil(W/4))`` bool); None for
         an I-frame (kept whole).
 
@@ -132,6 +133,9 @@ class BlockMotion:
             future: The next reference frame's luma (B-frames), likewise.
             cover: The vectors' `destination_blocks`, when the caller has them already.
             fine_shape: The frame's 4x4 grid (`grid_shape`), for a rule on a coarser grid.
+            frames: The frames the vectors' motion spans (estimated motion's `frame_step`): the
+                rule weighs motion per frame. A run of moving frames counts judged frames: noise
+                is as likely to stand out between pictures two frames apart as one apart.
         """
         config = self.config
         past = self._reference
@@ -140,7 +144,7 @@ class BlockMotion:
         if kind == "I":
             self._previous, self._streak, self._floors = None, None, []
             return None
-        magnitude = motion.max(axis=0)
+        magnitude = motion.max(axis=0) / frames
         residual = None
         if config.residuals:
             if luma is None:
@@ -154,16 +158,16 @@ class BlockMotion:
         if config.rule == "max":
             dynamic = (magnitude > config.tau) | intra
         else:
-            dynamic = self._persistent(magnitude, residual, vectors, cover)
+            dynamic = self._persistent(magnitude, residual, vectors, cover, frames)
         # Widened on the 4x4 grid: the slack is for an edge that clips a block, whatever the grid.
         return Verdict(dynamic, factor, fine_shape, config.dilate_blocks)
 
     def _persistent(self, magnitude: np.ndarray, residual: np.ndarray | None, vectors: np.ndarray | None,
-                    cover: Cover | None) -> np.ndarray:
+                    cover: Cover | None, frames: int) -> np.ndarray:
         tau = self.config.tau
         # A moving camera moves every block, and its vectors' unevenness (a flat block coded still,
         # an edge's larger vector) is not noise: it neither raises the floor nor breaks a streak.
-        camera = _camera_motion(vectors, magnitude.size, self.block)
+        camera = _camera_motion(vectors, magnitude.size, self.block) / frames   # per frame, as magnitude is
         if camera > tau:
             magnitude = np.maximum(magnitude, camera)
         previous, self._previous = self._previous, magnitude

@@ -15,15 +15,16 @@ import numpy as np
 
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig, Verdict
 from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
-from vidsight.ingest.pixel_motion import PixelMotion, vector_side
+from vidsight.ingest.pixel_motion import Between, PixelMotion, frame_step, vector_side
 
 # (motion, intra, dynamic): block maps, each None when absent; dynamic is the rule's `Verdict` until a sample takes it.
 Signals = tuple
 NO_SIGNALS: Signals = (None, None, None)
 _FRAME_TYPES = {1: "I", 2: "P", 3: "B"}
-# Frames whose motion is estimated from pixels at once (`estimate_vectors`): numpy's per-call
-# overhead is most of one frame's estimate; a frame's signals come out at most this many frames
-# after it is decoded (so a saturated GOP's rule stops up to this many frames later).
+# Frames whose motion is estimated from pixels at once (`estimate_vectors`, on every
+# `frame_step`-th of them): numpy's per-call overhead is most of one frame's estimate; a frame's
+# signals come out at most this many frames after it is decoded (so a saturated GOP's rule stops
+# up to this many frames later).
 PIXEL_BATCH = 8
 # Codecs whose FFmpeg decoder honours export_mvs (MPEG-4 part 2 and MPEG-1/2 in 16x16 and 8x8 blocks).
 MOTION_VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg2video", "mpeg1video"})
@@ -63,15 +64,22 @@ class FrameJudge:
     next reference frame (its future reference: out of the decoder later, though decoded
     earlier), and estimated motion is worked out for `PIXEL_BATCH` frames at once. Frames come
     back in the order they went in; `finish` judges those still held.
+
+    Args:
+        motion: The rule.
+        source: Where motion comes from (`motion_source`): ``codec`` or ``pixels``.
+        fps: The stream's frame rate, which sets how far apart the pictures motion is estimated
+            from lie (`frame_step`; 0 when unknown: every frame).
     """
 
-    def __init__(self, motion: MotionPruneConfig, source: str = "codec"):
+    def __init__(self, motion: MotionPruneConfig, source: str, fps: float):
         self._motion = motion
         self._rule: BlockMotion | None = None  # made for the first frame's grid
         self._residuals = motion.residuals
         self._intra = motion.reads_intra
         # Estimated vectors cover only the blocks that moved: no block of theirs is intra-coded.
-        self._pixels = PixelMotion() if source == "pixels" else None
+        # The residual term is every frame's own: with it, motion is estimated on every frame too.
+        self._pixels = PixelMotion(1 if self._residuals else frame_step(fps)) if source == "pixels" else None
         self._batch = PIXEL_BATCH if self._pixels is not None and not self._residuals else 1
         self._held: list[tuple[av.VideoFrame, str, Any, np.ndarray | None]] = []
 
@@ -119,6 +127,8 @@ class FrameJudge:
         """The frame's signals; estimated vectors (``estimate``, `PixelMotion.take`'s) are the
         rule's own input, not the codec's, so only its verdict is reported for them
         (`CodecInfo.motion` and ``intra`` stay None)."""
+        if estimate is Between:
+            return NO_SIGNALS   # the next estimate carries this frame's motion
         height, width = frame.height, frame.width
         block = self._grid(width)
         cover = None
@@ -142,7 +152,9 @@ class FrameJudge:
         if self._intra and kind in ("P", "B"):
             intra = (np.zeros((rows, cols), dtype=bool) if self._pixels is not None
                      else intra_blocks(vectors, height, width, cover))
-        dynamic = self._rule.update(kind, vectors, motion, intra, luma, future, cover, grid_shape(height, width))
+        frames = self._pixels.step if self._pixels is not None else 1
+        dynamic = self._rule.update(kind, vectors, motion, intra, luma, future, cover, grid_shape(height, width),
+                                    frames)
         return (None, None, dynamic) if self._pixels is not None else (motion, intra, dynamic)
 
 

@@ -8,7 +8,8 @@ block of a 640x360 frame, 32x32 of a 1280x720 one) the change against the previo
 block whose change stands out from the frame's own (the median block's, which on a static camera
 is sensor noise and coding noise), or any changed block where the whole picture changed (a pan),
 gets a vector from Lucas-Kanade's least-squares flow over the block; every other block is still,
-as a codec's skipped block is. Frames are estimated several at a time (`estimate_vectors`).
+as a codec's skipped block is. Motion is estimated between pictures about 1/15 s apart
+(`frame_step`), several pairs at a time (`estimate_vectors`).
 The vectors come out as FFmpeg's ``AVMotionVector`` records, so the same rules (`BlockMotion`:
 ``persistent``, ``paper``, ``max``) and noise floor judge them as they judge H.264's.
 """
@@ -45,6 +46,16 @@ FLAT_DETERMINANT = 1e-3
 # A camera moving this many frame pixels a frame (the whole picture's flow; CodecSight's tau) moves
 # every block with it.
 CAMERA_MOTION_PX = 0.25
+# Pictures a second motion is estimated between: the rate the thresholds above were chosen at
+# (`bench motion`'s cameras record 15 fps). A faster camera is estimated every `frame_step`-th
+# frame of a GOP (frames 0 to 2, 2 to 4, ... at 25-30 fps): the same time between the pictures
+# compared, so an object moves as far from one to the next, and the rule's run of `persist_frames`
+# estimates lasts as long (noise stands out between two pictures as often whatever lies between
+# them); and the frames between cost nothing (the floor of this path's cost is per picture). The rule
+# weighs the motion per frame (`BlockMotion.update`'s ``frames``); a frame between two estimated
+# ones reports nothing of its own (the next estimate carries its motion), and a GOP's last frames,
+# when they end between two, are not judged.
+ESTIMATES_PER_SECOND = 15
 _EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
@@ -58,6 +69,12 @@ _NO_VECTORS = (np.zeros(0, VECTOR_DTYPE), (np.zeros(0, np.int64),) * 3)
 def reduction(width: int) -> int:
     """The factor a ``width``-pixel-wide frame's luma is reduced by per side."""
     return max(2, width // REDUCED_WIDTH)
+
+
+def frame_step(fps: float) -> int:
+    """Frames from one picture motion is estimated from to the next, on a camera recording ``fps``
+    (1 where the rate is unknown)."""
+    return max(1, int(fps / ESTIMATES_PER_SECOND + 0.5))
 
 
 def vector_side(width: int) -> int:
@@ -83,17 +100,20 @@ def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
     return out
 
 
-def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int) -> list[tuple[np.ndarray, Cover]]:
+def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int, frames: int = 1
+                     ) -> list[tuple[np.ndarray, Cover]]:
     """Vectors of the blocks of each picture of ``currents`` that moved since the picture of
-    ``previouses`` at its index (``(pictures, H, W)``, `reduced_luma`, reduced ``scale`` times).
+    ``previouses`` at its index (``(pictures, H, W)``, `reduced_luma`, reduced ``scale`` times),
+    ``frames`` frames before.
 
     Several pairs at once: each step is one numpy call over all of them, whose overhead is most
     of a step's cost on one pair; each pair's vectors are what it gives alone.
 
     Returns:
         Per pair, an ``AVMotionVector`` array in the full frame's pixels (``source`` -1: from the
-        past, ``motion`` pointing from the block to where its content was), one record per moving
-        block, and its `destination_blocks` on the grid of `vector_side` squares (known here already).
+        past, ``motion`` pointing from the block to where its content was ``frames`` frames
+        before), one record per moving block, and its `destination_blocks` on the grid of
+        `vector_side` squares (known here already).
     """
     pairs, rows, cols = len(currents), currents.shape[1] // BLOCK, currents.shape[2] // BLOCK
     if rows == 0 or cols == 0:
@@ -110,7 +130,7 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int) -
     # A moving camera moves every block, including those whose change is too small to stand out
     # (a slow pan changes a textured block little a frame, a flat one not at all): they move with it.
     camera = _camera_flow(gradients, moved)                                # (2, pairs)
-    panning = np.hypot(*camera) * scale > CAMERA_MOTION_PX
+    panning = np.hypot(*camera) * scale > CAMERA_MOTION_PX * frames
     still = ~moved & panning[:, None, None]
     flow = np.where(still, camera[:, :, None, None], flow)
     moved_p, moved_r, moved_c = np.nonzero(moved | still)
@@ -214,29 +234,50 @@ def _block_sum(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 class PixelMotion:
     """Vectors of each frame of one stream from its pixels: frames added in presentation order
-    (each reduced at once, while its pixels are at hand), their vectors estimated together when taken."""
+    (those an estimate reads reduced at once, while their pixels are at hand), their vectors
+    estimated together when taken.
 
-    def __init__(self):
+    Args:
+        step: Frames between the two pictures of an estimate (`frame_step`; 1: every frame).
+    """
+
+    def __init__(self, step: int = 1):
+        self.step = step
         self._previous: np.ndarray | None = None
+        self._since_key: int | None = None   # frames since the GOP's I-frame (or the stream's first frame)
         self._added = 0
+        self._between: list[int] = []        # places of frames whose motion the next estimate carries
         # Per frame with a previous picture to compare: (its place among those added, scale) -> pictures.
         self._pairs: dict[tuple[tuple[int, int], int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
     def add(self, frame: av.VideoFrame, kind: str) -> None:
-        current = reduced_luma(frame)
-        previous, self._previous = self._previous, current
-        if kind != "I" and previous is not None and previous.shape == current.shape:
-            self._pairs.setdefault((current.shape, reduction(frame.width)), []).append((self._added, current, previous))
+        start = kind == "I" or self._since_key is None
+        self._since_key = 0 if start else self._since_key + 1
+        if self._since_key % self.step:
+            self._between.append(self._added)
+        else:
+            current = reduced_luma(frame)
+            previous, self._previous = self._previous, current
+            if not start and previous is not None and previous.shape == current.shape:
+                key = (current.shape, reduction(frame.width))
+                self._pairs.setdefault(key, []).append((self._added, current, previous))
         self._added += 1
 
-    def take(self) -> list[tuple[np.ndarray, Cover] | None]:
-        """Per frame added since the last take, in order, its `estimate_vectors`; None for an
-        I-frame, as a codec gives none (so a decoder that starts at a keyframe sees what one that
-        ran into it sees), and for a stream's first frame."""
-        estimates: list[tuple[np.ndarray, Cover] | None] = [None] * self._added
+    def take(self) -> list[tuple[np.ndarray, Cover] | None | type[Between]]:
+        """Per frame added since the last take, in order: its `estimate_vectors`; `Between` for a
+        frame between two estimated ones; None for an I-frame, as a codec gives none (so a decoder
+        that starts at a keyframe sees what one that ran into it sees), and a stream's first frame."""
+        estimates: list = [None] * self._added
+        for place in self._between:
+            estimates[place] = Between
         for (_, scale), pairs in self._pairs.items():   # one group unless the frame size changed
             places, currents, previouses = zip(*pairs)
-            for place, estimate in zip(places, estimate_vectors(np.stack(currents), np.stack(previouses), scale)):
+            for place, estimate in zip(places, estimate_vectors(np.stack(currents), np.stack(previouses), scale,
+                                                                self.step)):
                 estimates[place] = estimate
-        self._added, self._pairs = 0, {}
+        self._added, self._between, self._pairs = 0, [], {}
         return estimates
+
+
+class Between:
+    """`PixelMotion.take`'s mark for a frame between two estimated ones: the next estimate carries its motion."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import av
 import numpy as np
 
 from vidsight.errors import VideoError
@@ -58,7 +59,7 @@ def probe(path: str | Path) -> VideoInfo:
         pts_s = pts_sorted.astype(np.float64) * float(time_base)
         keyframe_indices = np.flatnonzero(is_key)
         gop_sizes = np.diff(np.append(keyframe_indices, len(pts_s)))
-        rate = float(stream.average_rate or stream.guessed_rate or 0)
+        rate = declared_fps(stream)
         if len(pts_s) > 1:
             frame_step = float(np.median(np.diff(pts_s)))
         else:  # one frame (a still image, a one-frame clip): it lasts one frame at the declared rate
@@ -81,3 +82,8 @@ def probe(path: str | Path) -> VideoInfo:
             gop_sizes=gop_sizes,
             decode_pts=decode_order_pts,
         )
+
+
+def declared_fps(stream: av.video.stream.VideoStream) -> float:
+    """The frame rate a video stream declares (its average rate, else FFmpeg's guess); 0 if none."""
+    return float(stream.average_rate or stream.guessed_rate or 0)

@@ -26,6 +26,7 @@ from vidsight.ingest.container import check_readable, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
+from vidsight.ingest.probe import declared_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -127,6 +128,7 @@ class StreamSource:
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
         self.codec: str | None = None   # the video stream's codec, once opened
+        self.frame_rate = 0.0           # and the frame rate it declares
 
     @property
     def motion_source(self) -> str | None:
@@ -202,7 +204,7 @@ class StreamSource:
                 if source is None:
                     raise ConfigError(f"{self.source}: {self.codec} carries no motion vectors to prune by; "
                                       "--motion-source auto or pixels estimates them from the decoded pixels")
-                judge = FrameJudge(self.motion, source)
+                judge = FrameJudge(self.motion, source, self.frame_rate)
             yield from judge.push(item[0], item[3], item, since.saturated)
         if judge is not None:
             yield from judge.finish()
@@ -225,7 +227,7 @@ class StreamSource:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
-            self.codec = stream.codec_context.name
+            self.codec, self.frame_rate = stream.codec_context.name, declared_fps(stream)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
