@@ -65,5 +65,5 @@ def test_the_cost_table_times_judging_by_pixels_everywhere_and_by_vectors_where_
         assert row["judging by pixels / decode"] == row["judging by pixels"] / row["decode"]
         assert 0 < row["dynamic by pixels"] <= 1   # the test video's square moves
     text = format_motion_report({"scenes": {"none": {"rules": {}, "decode_ms_per_frame_without_vectors": 0}},
-                                 "tokens_per_frame": 0, "cost_1280x720": rows})
+                                 "tokens_per_frame": 0, "camera_fps": 15, "cost_1280x720": rows})
     assert "by codec" in text.splitlines()[-2] and "by codec" not in text.splitlines()[-1]

@@ -105,6 +105,12 @@ def test_an_unknown_sweep_axis_is_refused(tmp_path, capsys):
     assert code == 2 and "unknown sweep axis colour" in err and "Traceback" not in err
 
 
+def test_a_camera_rate_out_of_range_is_refused(tmp_path, capsys):
+    code = main(["bench", "watch", "--videos", "1", "--root", str(tmp_path), "--static-scenes", "--camera-fps", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--camera-fps must be in [1, 120], got 0" in err and "Traceback" not in err
+
+
 def test_configurations_a_family_refuses_are_left_out_with_the_reason(tmp_path, llava_adapter):
     import pytest
 

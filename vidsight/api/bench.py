@@ -121,6 +121,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              help="also measure the motion rules on noisy static-camera scenes (kept share, recall) "
                                   "encoded with each CODEC (h264 by its vectors; hevc, av1, vp9 ... by pixels; none "
                                   "named: h264), and judging's cost per codec at 1280x720")
+    bench_watch.add_argument("--camera-fps", type=_float, default=None, metavar="FPS",
+                             help="with --static-scenes: the scenes' frame rate (default: 15, the rate the pixel "
+                                  "path's thresholds were chosen at)")
     bench_watch.add_argument("--cost-video", default=None, metavar="FILE",
                              help="with --static-scenes: time judging on this 1280x720 video's frames re-encoded by "
                                   "each codec (real footage; default: a generated noisy static camera)")
@@ -265,6 +268,9 @@ def _run_bench_watch(args) -> int:
     unknown = set(axes) - set(SWEEP_AXES)
     if unknown:
         raise ConfigError(f"unknown sweep axis {', '.join(sorted(unknown))}; choose from {', '.join(SWEEP_AXES)}")
+    if args.camera_fps is not None and not 1 <= args.camera_fps <= 120:
+        raise ConfigError(f"--camera-fps must be in [1, 120], got {args.camera_fps:g}")
+    rate = {} if args.camera_fps is None else {"camera_fps": args.camera_fps}
     if args.folder:
         if not args.labels or not args.query:
             raise ConfigError("--folder needs --labels and --query")
@@ -297,7 +303,7 @@ def _run_bench_watch(args) -> int:
     report = run_watch_bench(adapter, videos, args.tau, axes, args.root, static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
-                             windows=windows, flop_videos=args.flop_videos, cost_video=args.cost_video)
+                             windows=windows, flop_videos=args.flop_videos, cost_video=args.cost_video, **rate)
     report["codec"], report["split"] = (None, None) if args.folder else (args.codec, args.suite_split)
     json_path, png_path = write_watch_report(report, args.out)
     print(json.dumps(report, default=str) if args.json else f"{format_watch_report(report)}\n\n{json_path}\n{png_path}")

@@ -77,11 +77,11 @@ def static_scenes(duration_s: float = 30.0, seed: int = 1) -> dict[str, Scene]:
     return scenes
 
 
-def record(path: str | Path, scene: Scene, codec: str = "h264") -> Path:
-    """``scene`` encoded as a camera would: CRF 23 (x264's default preset; the other encoders' own
-    presets at the same quality), 10-s GOPs."""
-    times = np.arange(int(scene.duration_s * CAMERA_FPS)) / CAMERA_FPS
-    return write_video(path, (scene.render(t) for t in times), times, CAMERA_FPS, gop=int(GOP_S * CAMERA_FPS), crf=23,
+def record(path: str | Path, scene: Scene, codec: str = "h264", fps: float = CAMERA_FPS) -> Path:
+    """``scene`` encoded as a camera would: ``fps`` frames a second, CRF 23 (x264's default preset;
+    the other encoders' own presets at the same quality), 10-s GOPs."""
+    times = np.arange(int(scene.duration_s * fps)) / fps
+    return write_video(path, (scene.render(t) for t in times), times, fps, gop=int(GOP_S * fps), crf=23,
                        preset="medium" if codec == "h264" else None, codec=codec)
 
 
@@ -125,22 +125,24 @@ def pruning_on(path: str | Path, scene: Scene, prune: MotionPruneConfig, spec: V
 
 def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RULES, duration_s: float = 30.0,
                      spec: VisionSpec = QWEN_VIDEO, codecs: tuple[str, ...] = ("h264",),
-                     cost_codecs: tuple[str, ...] = (), cost_video: str | Path | None = None) -> dict:
-    """Every rule on every static scene encoded with each of ``codecs`` (H.264 judged by its
-    vectors, the others by their pixels; with other codecs, H.264 by its pixels too, side by side),
-    decoding without judging as the cost baseline; and for ``cost_codecs`` what judging costs at
-    1280x720 (`judging_cost`)."""
+                     cost_codecs: tuple[str, ...] = (), cost_video: str | Path | None = None,
+                     camera_fps: float = CAMERA_FPS) -> dict:
+    """Every rule on every static scene recorded at ``camera_fps`` and encoded with each of
+    ``codecs`` (H.264 judged by its vectors, the others by their pixels; with other codecs, H.264
+    by its pixels too, side by side), decoding without judging as the cost baseline; and for
+    ``cost_codecs`` what judging costs at 1280x720 (`judging_cost`)."""
     root = Path(root) / "static_scenes"
     root.mkdir(parents=True, exist_ok=True)
     report = {"windows": {"window_s": WINDOWS.window_s, "stride": WINDOWS.stride_fraction, "fps": WINDOWS.fps},
               "tokens_per_frame": plan_for(spec, 2, 360, 640).tokens_per_patch,
-              "camera_fps": CAMERA_FPS, "gop_s": GOP_S, "scenes": {}}
+              "camera_fps": camera_fps, "gop_s": GOP_S, "scenes": {}}
     for name, scene in static_scenes(duration_s).items():
         for codec in codecs:
             stem = name.replace(", ", "_").replace(" ", "").replace("/", "per")
-            path = root / (stem + ("" if codec == "h264" else f"_{codec}") + ".mp4")
+            rate = "" if camera_fps == CAMERA_FPS else f"_{camera_fps:g}fps"
+            path = root / (stem + ("" if codec == "h264" else f"_{codec}") + rate + ".mp4")
             if not path.exists():
-                record(path, scene, codec)
+                record(path, scene, codec, camera_fps)
             sources = ("auto", "pixels") if codec == "h264" and len(codecs) > 1 else ("auto",)
             baseline_ms = _decode_ms(path, WINDOWS.fps)
             for source in sources:
@@ -256,8 +258,9 @@ def _judging_ms(path: Path, source: str) -> tuple[float, float]:
 
 def format_motion_report(report: dict) -> str:
     rules = list(next(iter(report["scenes"].values()))["rules"])
-    lines = [f"kept share of merge groups ({report['tokens_per_frame']} per 640x360 frame) in windows without a GOP "
-             "start / object recall / ms per decoded frame (H.264 judged by its vectors, other codecs by pixels)",
+    lines = [f"kept share of merge groups ({report['tokens_per_frame']} per 640x360 frame, {report['camera_fps']:g}-fps "
+             "cameras) in windows without a GOP start / object recall / ms per decoded frame (H.264 judged by its "
+             "vectors, other codecs by pixels)",
              f"{'scene':<26} " + " ".join(f"{rule:>28}" for rule in rules)]
     for name, scene in report["scenes"].items():
         cells = [f"{r['kept_inside_gop']:.3f} / {r['object_recall']:.3f} / {r['decode_ms_per_frame']:4.1f}"

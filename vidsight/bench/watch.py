@@ -32,7 +32,7 @@ from tqdm import tqdm
 from vidsight.bench.accuracy import precision_recall_f1, video_positive
 from vidsight.bench.flops import drive_counting
 from vidsight.bench.intervals import mcnemar, wilson
-from vidsight.bench.motion import format_motion_report, run_motion_bench
+from vidsight.bench.motion import CAMERA_FPS, format_motion_report, run_motion_bench
 from vidsight.bench.report import save_figure, write_report
 from vidsight.bench.suite import (ANOMALY_VIDEO_S, STRIDE_FRAMES, WINDOW_FRAMES, anomaly_video_scene,
                                   write_scene)
@@ -239,12 +239,14 @@ SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "str
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
                     root: str | Path = "", static_scenes: tuple[str, ...] = (), progress: bool = False,
                     videos_at: Callable[[int], list[dict]] | None = None, cost_video: str | Path | None = None,
-                    windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS) -> dict:
+                    windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS,
+                    camera_fps: float = CAMERA_FPS) -> dict:
     """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
     the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
     optionally the motion rules on noisy static-camera scenes (`bench.motion`) encoded with each
-    codec of ``static_scenes``, with judging's cost per codec at 1280x720. Configurations the
+    codec of ``static_scenes`` (recorded at ``camera_fps``), with judging's cost per codec at
+    1280x720. Configurations the
     model's family refuses (motion pruning where tokens pool across patch groups, KV reuse where
     frames are labelled by their place in the window) are left out, with the reason under ``refused``.
 
@@ -276,9 +278,11 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
                                                      flop_videos=flop_videos)["both"]
                                    for gop in (8, 32, 64)}
     if static_scenes:
-        report["static_scenes"] = {"qwen2.5-vl grid": run_motion_bench(root, codecs=static_scenes,
-                                                                       cost_codecs=static_scenes, cost_video=cost_video),
-                                   "this model's grid": run_motion_bench(root, spec=adapter.vision, codecs=static_scenes)}
+        report["static_scenes"] = {
+            "qwen2.5-vl grid": run_motion_bench(root, codecs=static_scenes, cost_codecs=static_scenes,
+                                                cost_video=cost_video, camera_fps=camera_fps),
+            "this model's grid": run_motion_bench(root, spec=adapter.vision, codecs=static_scenes,
+                                                  camera_fps=camera_fps)}
     return report
 
 
