@@ -90,3 +90,4 @@ def test_every_second_frame_of_a_gop_is_estimated_from_the_one_two_before_whenev
 
 def test_pictures_about_a_fifteenth_of_a_second_apart_are_compared():
     assert [frame_step(fps) for fps in (0, 4, 12, 15, 20, 24, 25, 30, 50, 60)] == [1, 1, 1, 1, 1, 2, 2, 2, 3, 4]
+    assert frame_step(90_000) == 1   # a timestamp clock guessed as the rate: every frame, not one in 6000

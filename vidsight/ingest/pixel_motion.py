@@ -56,6 +56,9 @@ CAMERA_MOTION_PX = 0.25
 # ones reports nothing of its own (the next estimate carries its motion), and a GOP's last frames,
 # when they end between two, are not judged.
 ESTIMATES_PER_SECOND = 15
+# A declared rate above this is not a camera's: FFmpeg guesses a stream's timestamp clock (90 kHz)
+# for some network streams, which would leave nearly every frame unjudged.
+MAX_CAMERA_FPS = 240
 _EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
@@ -73,8 +76,8 @@ def reduction(width: int) -> int:
 
 def frame_step(fps: float) -> int:
     """Frames from one picture motion is estimated from to the next, on a camera recording ``fps``
-    (1 where the rate is unknown)."""
-    return max(1, int(fps / ESTIMATES_PER_SECOND + 0.5))
+    (1 where the rate is unknown, or past `MAX_CAMERA_FPS`)."""
+    return max(1, int(fps / ESTIMATES_PER_SECOND + 0.5)) if fps <= MAX_CAMERA_FPS else 1
 
 
 def vector_side(width: int) -> int:
