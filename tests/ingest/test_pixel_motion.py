@@ -4,8 +4,8 @@ import av
 import numpy as np
 import pytest
 
-from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, Between, PixelMotion, estimate_vectors, frame_step,
-                                          reduced_luma, reduction)
+from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, PICTURE_SLOTS, Between, PixelMotion, _camera_flow, _flow,
+                                          _gradients, estimate_vectors, frame_step, reduced_luma, reduction)
 
 ROWS, COLS = 88, 160   # a reduced picture: 22 x 40 blocks of 4 x 4
 SCALE = 4              # as a 640x360 frame's
@@ -59,6 +59,59 @@ def test_motion_over_two_frames_moves_the_camera_by_its_motion_per_frame():
     assert len(vectors) == (ROWS // 4) * (COLS // 4)
     # The vectors give the whole move since the earlier picture: the rule divides by the frames.
     assert np.median(vectors["motion_x"] / vectors["motion_scale"]) == pytest.approx(-0.3 * SCALE, abs=0.15)
+
+
+def _lucas_kanade(mean: np.ndarray, change: np.ndarray) -> np.ndarray:
+    """``(u, v)`` solving the normal equations of ``Ix u + Iy v + It = 0`` over the pixels given,
+    ``Ix`` and ``Iy`` being ``mean``'s gradients (a float array of them, pixels along the last axis)."""
+    ix, iy = mean
+    a = np.array([[ix @ ix, ix @ iy], [ix @ iy, iy @ iy]])
+    return np.linalg.solve(a, -np.array([ix @ change, iy @ change]))
+
+
+def test_block_and_camera_flows_are_lucas_kanade_on_the_mean_pictures_gradients():
+    now, before = np.stack([picture(0.3, 1), picture(0.2, 3)]), np.stack([picture(0.0, 2), picture(0.0, 4)])
+    change, twice_mean = now - before, now + before
+    # np.gradient: central differences, one-sided at the edges, as the flows' own
+    gradients = np.stack(np.gradient(twice_mean.astype(np.float64) / 2, axis=(2, 1)))   # (x or y, pairs, H, W)
+    blocks = (np.array([0, 0, 1, 1]), np.array([0, 10, 21, 5]), np.array([0, 39, 17, 0]))   # corners and edges
+    flows = _flow(_gradients(twice_mean, change), *blocks)
+    for k, (p, r, c) in enumerate(zip(*blocks)):
+        rows, cols = slice(4 * r, 4 * r + 4), slice(4 * c, 4 * c + 4)
+        expected = _lucas_kanade(gradients[:, p, rows, cols].reshape(2, -1), change[p, rows, cols].reshape(-1))
+        assert flows[:, k] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    moved = np.zeros((2, ROWS // 4, COLS // 4), bool)
+    moved[0, 5:8, 10:20] = True                 # an object's blocks: left out of the camera's flow
+    camera = _camera_flow(_gradients(twice_mean, change), moved)
+    for p in range(2):
+        background = ~np.repeat(np.repeat(moved[p], 4, 0), 4, 1)
+        background[1::2] = False                 # every other pixel of every other row
+        background[:, 1::2] = False
+        expected = _lucas_kanade(gradients[:, p][:, background], change[p][background])
+        assert camera[:, p] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert camera[0, 0] == pytest.approx(0.3, abs=0.05) and camera[0, 1] == pytest.approx(0.2, abs=0.05)
+
+
+def test_frames_past_the_slots_and_a_new_frame_size_are_estimated_as_in_small_batches():
+    small = av.VideoFrame.from_ndarray(np.zeros((176, 320), np.uint8), format="gray")
+    frames = [_frame(0.4 * k, k) for k in range(PICTURE_SLOTS + 3)] + [small, small, _frame(0.0, 1), _frame(0.4, 2)]
+    kinds = ["I"] + ["P"] * (len(frames) - 1)
+    whole, in_twos = PixelMotion(), PixelMotion()
+    taken_in_twos = []
+    for k, (frame, kind) in enumerate(zip(frames, kinds)):
+        whole.add(frame, kind)
+        in_twos.add(frame, kind)
+        if k % 2:
+            taken_in_twos += in_twos.take()
+    taken, taken_in_twos = whole.take(), taken_in_twos + in_twos.take()
+    sizes_change = [0, PICTURE_SLOTS + 3, PICTURE_SLOTS + 5]   # nothing of the same size to compare with
+    assert [k for k, t in enumerate(taken) if t is None] == sizes_change
+    for k in range(len(frames)):
+        if k not in sizes_change:
+            (expected, _), = estimate_vectors(reduced_luma(frames[k])[None], reduced_luma(frames[k - 1])[None],
+                                              reduction(frames[k].width))
+            assert np.array_equal(taken[k][0], expected) and np.array_equal(taken_in_twos[k][0], expected), k
+    assert len(taken[PICTURE_SLOTS + 6][0]) > 0   # the pan goes on after the size came back
 
 
 def _frame(shift: float, seed: int) -> av.VideoFrame:

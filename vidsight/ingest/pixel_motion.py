@@ -59,6 +59,9 @@ ESTIMATES_PER_SECOND = 15
 # A declared rate above this is not a camera's: FFmpeg guesses a stream's timestamp clock (90 kHz)
 # for some network streams, which would leave nearly every frame unjudged.
 MAX_CAMERA_FPS = 240
+# Reduced pictures held at once: a batch (`judge.PIXEL_BATCH`) and the picture before it; more are
+# added as needed.
+PICTURE_SLOTS = 9
 _EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
@@ -85,9 +88,15 @@ def vector_side(width: int) -> int:
     return reduction(width) * BLOCK
 
 
-def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
+def reduced_shape(height: int, width: int) -> tuple[int, int]:
+    """The shape of a ``height`` x ``width`` frame's `reduced_luma`."""
+    scale = reduction(width)
+    return height // scale, width // scale
+
+
+def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndarray:
     """``(H // scale, W // scale)`` int16 (scale: `reduction`): per reduced pixel, the sum of its
-    `SAMPLES` of the luma."""
+    `SAMPLES` of the luma; written into ``out`` when given (a slot of a batch: no copy to stack it)."""
     if frame.format.name in _EIGHT_BIT_LUMA:
         plane = frame.planes[0]   # read in place: no conversion
         luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
@@ -96,8 +105,9 @@ def reduced_luma(frame: av.VideoFrame) -> np.ndarray:
     scale = reduction(frame.width)
     rows, cols = luma.shape[0] // scale, luma.shape[1] // scale
     luma = luma[: rows * scale, : cols * scale]
-    (first_r, first_c), *others = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
-    out = luma[first_r::scale, first_c::scale].astype(np.int16)
+    (first, second, *others) = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
+    out = np.empty((rows, cols), np.int16) if out is None else out
+    np.add(luma[first[0]::scale, first[1]::scale], luma[second[0]::scale, second[1]::scale], out=out, dtype=np.int16)
     for dy, dx in others:
         out += luma[dy::scale, dx::scale]
     return out
@@ -157,15 +167,18 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int, f
 def _gradients(twice_mean: np.ndarray, change: np.ndarray) -> np.ndarray:
     """``(3, pairs, H, W)`` int16: 4 Ix, 4 Iy and It per pixel of each pair, ``twice_mean`` being the
     sums of its two pictures and ``change`` the later less the earlier; central differences of the
-    sum (so 4x the mean's gradient, |4 Ix| <= 4080), one-sided at the picture's edges."""
+    sum (so 4x the mean's gradient, |4 Ix| <= 4080), one-sided at the picture's edges (over one
+    pixel, so doubled)."""
     pixels = np.empty((3, *twice_mean.shape), np.int16)
     ix, iy = pixels[0], pixels[1]
     np.subtract(twice_mean[:, :, 2:], twice_mean[:, :, :-2], out=ix[:, :, 1:-1])
     np.subtract(twice_mean[:, :, 1], twice_mean[:, :, 0], out=ix[:, :, 0])
     np.subtract(twice_mean[:, :, -1], twice_mean[:, :, -2], out=ix[:, :, -1])
+    ix[:, :, :: ix.shape[2] - 1] *= 2   # the first and last columns
     np.subtract(twice_mean[:, 2:], twice_mean[:, :-2], out=iy[:, 1:-1])
     np.subtract(twice_mean[:, 1], twice_mean[:, 0], out=iy[:, 0])
     np.subtract(twice_mean[:, -1], twice_mean[:, -2], out=iy[:, -1])
+    iy[:, :: iy.shape[1] - 1] *= 2      # the first and last rows
     pixels[2] = change
     return pixels
 
@@ -237,8 +250,8 @@ def _block_sum(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 class PixelMotion:
     """Vectors of each frame of one stream from its pixels: frames added in presentation order
-    (those an estimate reads reduced at once, while their pixels are at hand), their vectors
-    estimated together when taken.
+    (those an estimate reads reduced at once, while their pixels are at hand, into consecutive
+    slots of one array), their vectors estimated together when taken.
 
     Args:
         step: Frames between the two pictures of an estimate (`frame_step`; 1: every frame).
@@ -246,40 +259,56 @@ class PixelMotion:
 
     def __init__(self, step: int = 1):
         self.step = step
-        self._previous: np.ndarray | None = None
         self._since_key: int | None = None   # frames since the GOP's I-frame (or the stream's first frame)
-        self._added = 0
-        self._between: list[int] = []        # places of frames whose motion the next estimate carries
-        # Per frame with a previous picture to compare: (its place among those added, scale) -> pictures.
-        self._pairs: dict[tuple[tuple[int, int], int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self._estimates: list = []           # per frame added since the last take (None until estimated)
+        # Reduced pictures, (slots, H, W) int16; slot 0 holds the last one before these frames.
+        self._pictures: np.ndarray | None = None
+        self._scale = 0
+        self._used = 0                       # slots holding pictures
+        # (place among the frames added, slot) of each picture to compare with the slot before it.
+        self._pending: list[tuple[int, int]] = []
 
     def add(self, frame: av.VideoFrame, kind: str) -> None:
         start = kind == "I" or self._since_key is None
         self._since_key = 0 if start else self._since_key + 1
         if self._since_key % self.step:
-            self._between.append(self._added)
-        else:
-            current = reduced_luma(frame)
-            previous, self._previous = self._previous, current
-            if not start and previous is not None and previous.shape == current.shape:
-                key = (current.shape, reduction(frame.width))
-                self._pairs.setdefault(key, []).append((self._added, current, previous))
-        self._added += 1
+            self._estimates.append(Between)
+            return
+        shape, scale = reduced_shape(frame.height, frame.width), reduction(frame.width)
+        if self._pictures is None or self._pictures.shape[1:] != shape or self._scale != scale:
+            self._estimate_pending()
+            self._pictures, self._scale, self._used = np.empty((PICTURE_SLOTS, *shape), np.int16), scale, 0
+            start = True   # nothing of another size to compare with
+        elif self._used == len(self._pictures):   # held longer than a batch (B-frames waiting, with residuals)
+            self._pictures = np.concatenate([self._pictures, np.empty_like(self._pictures)])
+        reduced_luma(frame, out=self._pictures[self._used])
+        if not start:
+            self._pending.append((len(self._estimates), self._used))
+        self._estimates.append(None)
+        self._used += 1
 
     def take(self) -> list[tuple[np.ndarray, Cover] | None | type[Between]]:
         """Per frame added since the last take, in order: its `estimate_vectors`; `Between` for a
         frame between two estimated ones; None for an I-frame, as a codec gives none (so a decoder
         that starts at a keyframe sees what one that ran into it sees), and a stream's first frame."""
-        estimates: list = [None] * self._added
-        for place in self._between:
-            estimates[place] = Between
-        for (_, scale), pairs in self._pairs.items():   # one group unless the frame size changed
-            places, currents, previouses = zip(*pairs)
-            for place, estimate in zip(places, estimate_vectors(np.stack(currents), np.stack(previouses), scale,
-                                                                self.step)):
-                estimates[place] = estimate
-        self._added, self._between, self._pairs = 0, [], {}
+        self._estimate_pending()
+        estimates, self._estimates = self._estimates, []
         return estimates
+
+    def _estimate_pending(self) -> None:
+        """Estimate the pending pictures' vectors and keep only the last picture (in slot 0)."""
+        if self._pending:
+            # Every slot from the first pending one on is compared with the slot before it, in
+            # one call on two views of the array; a slot no estimate asks for (an I-frame's) is dropped.
+            first, last = self._pending[0][1], self._pending[-1][1]
+            pictures = self._pictures
+            found = estimate_vectors(pictures[first : last + 1], pictures[first - 1 : last], self._scale, self.step)
+            for place, slot in self._pending:
+                self._estimates[place] = found[slot - first]
+            self._pending = []
+        if self._used > 1:
+            self._pictures[0] = self._pictures[self._used - 1]
+            self._used = 1
 
 
 class Between:
