@@ -1,5 +1,7 @@
 """Interval-parallel and seek decoding against sequential decoding, frame for frame."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from vidsight.errors import ConfigError
 from vidsight.ingest import DecodeConfig, SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.parallel import choose_strategy, decode_parallel, gop_spans, plan_spans
+from vidsight.ingest.pixel_motion import frame_step
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.types import FrameBatch
 
@@ -262,6 +265,19 @@ def test_decoders_judge_pixel_motion_as_the_live_source_does(make_test_video, mo
     """Motion estimated from pixels (HEVC and VP9 export no vectors; H.264 asked to use pixels)
     is the same from every decoding path, as codec vectors are."""
     _judged_alike_by_every_decoder(make_test_video, video, motion)
+
+
+@pytest.mark.slow
+def test_a_stream_declaring_no_rate_is_judged_alike_by_every_decoder(make_test_video, monkeypatch):
+    """Judging by pixels takes its pace from the rate a stream declares: where it declares none,
+    the decoders (whose probe knows the frames over the duration) compare every frame, as the
+    live source (which knows nothing more) does."""
+    for module in ("vidsight.ingest.probe", "vidsight.ingest.stream"):
+        monkeypatch.setattr(importlib.import_module(module), "declared_fps", lambda stream: 0.0)
+    video = PIXEL_VIDEOS["hevc, b-frames"]
+    info = probe(make_test_video(**video)[0])
+    assert info.declared_fps == 0 and info.average_fps == pytest.approx(24) and frame_step(24) == 2
+    _judged_alike_by_every_decoder(make_test_video, video, MotionPruneConfig())
 
 
 @pytest.mark.slow

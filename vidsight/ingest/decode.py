@@ -292,7 +292,7 @@ class _SpanJudge:
 
     def __init__(self, sink: FrameSink, first: int, last: int):
         self.sink, self.first, self.last = sink, first, last
-        self.judge, self.since = FrameJudge(sink.judging, sink.motion_source, sink.info.average_fps), SampleSignals()
+        self.judge, self.since = FrameJudge(sink.judging, sink.motion_source, sink.info.declared_fps), SampleSignals()
 
     def take(self, frame: av.VideoFrame, index: int) -> bool:
         if index >= self.first:

@@ -72,6 +72,7 @@ def probe(path: str | Path) -> VideoInfo:
             width=stream.codec_context.width,
             height=stream.codec_context.height,
             average_fps=average_fps,
+            declared_fps=rate,
             time_base=(time_base.numerator, time_base.denominator),
             start_time_s=float(pts_s[0]),
             duration_s=duration,

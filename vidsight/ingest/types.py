@@ -24,7 +24,10 @@ class VideoInfo:
         codec: FFmpeg decoder name, e.g. ``"h264"``.
         width: Coded frame width in pixels.
         height: Coded frame height in pixels.
-        average_fps: Frames per second averaged over the stream.
+        average_fps: Frames per second averaged over the stream (the declared rate, else the
+            frames over the duration).
+        declared_fps: The rate the stream declares, else FFmpeg's guess; 0 when neither (what a
+            live source knows of a stream: judging by pixels takes its pace from it, `frame_step`).
         time_base: Stream time base as ``(numerator, denominator)``.
         start_time_s: Presentation time of the first frame, in seconds.
         duration_s: From the first frame's start to the last frame's end, in seconds.
@@ -43,6 +46,7 @@ class VideoInfo:
     width: int
     height: int
     average_fps: float
+    declared_fps: float
     time_base: tuple[int, int]
     start_time_s: float
     duration_s: float
@@ -77,6 +81,7 @@ class VideoInfo:
             "width": self.width,
             "height": self.height,
             "average_fps": self.average_fps,
+            "declared_fps": self.declared_fps,
             "time_base": f"{self.time_base[0]}/{self.time_base[1]}",
             "start_time_s": self.start_time_s,
             "duration_s": self.duration_s,
