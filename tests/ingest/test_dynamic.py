@@ -48,6 +48,18 @@ def test_by_default_motion_must_last_three_frames_so_a_macroblock_of_noise_twice
     assert np.argwhere(judge(rule, "P", vectors(*walk))).tolist() == [[2, 2]]  # the third frame of the walk
 
 
+def test_a_block_moving_for_longer_than_its_count_can_hold_stays_dynamic_and_stops_when_it_stops():
+    # Runs are counted up to persist_frames only, in the smallest integers holding it (uint8 here):
+    # 300 frames in a row must neither wrap around nor outlast the motion.
+    for persist in (3, 300):
+        rule = BlockMotion(MotionPruneConfig(dilate_blocks=0, persist_frames=persist))
+        judge(rule, "I", None)
+        verdicts = [judge(rule, "P", vectors((1, 1, 1.0, 0.0))) for _ in range(300)]
+        assert [k for k, v in enumerate(verdicts) if v[1, 1]] == list(range(persist - 1, 300))
+        assert all(v.sum() == v[1, 1] for v in verdicts)
+        assert not judge(rule, "P", vectors((5, 5, 1.0, 0.0)))[1, 1]
+
+
 def test_motion_over_several_frames_is_weighed_per_frame_and_must_last_as_many_judgements():
     rule = BlockMotion(MotionPruneConfig(dilate_blocks=0))   # tau 0.25, three frames
     judge(rule, "I", None)

@@ -182,9 +182,17 @@ class BlockMotion:
         # A block's streak continues the one of the block its vector comes from (an object's
         # leading edge moves into blocks that were still); the first frame after an I-frame starts them.
         moving = magnitude > threshold
-        self._streak = (np.where(moving, _at_source(self._streak, came_from) + 1, 0) if before is not None
-                        else moving.astype(np.int32))
-        dynamic = self._streak >= self.config.persist_frames
+        persist = self.config.persist_frames
+        if before is None:
+            self._streak = moving.astype(np.min_scalar_type(persist))
+        else:
+            # Counted up to `persist` only (all the verdict reads), in the smallest integers that
+            # hold it: on H.264's 4x4 grid these are some of the frame's largest arrays.
+            streak = _at_source(self._streak, came_from)   # a copy
+            streak += streak < persist
+            streak *= moving
+            self._streak = streak
+        dynamic = self._streak >= persist
         if residual is not None:
             large = self.config.alpha * (residual - float(np.median(residual))) > threshold
             dynamic |= large & (_neighbours(large) >= RESIDUAL_CLUSTER)
