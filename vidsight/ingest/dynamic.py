@@ -144,7 +144,9 @@ class BlockMotion:
         if kind == "I":
             self._previous, self._streak, self._floors = None, None, []
             return None
-        magnitude = motion.max(axis=0) / frames
+        magnitude = motion.max(axis=0)
+        if frames != 1:
+            magnitude /= frames
         residual = None
         if config.residuals:
             if luma is None:
