@@ -4,6 +4,8 @@ import av
 import numpy as np
 import pytest
 
+from vidsight.ingest.dynamic import MotionPruneConfig
+from vidsight.ingest.judge import FrameJudge
 from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, PICTURE_SLOTS, Between, PixelMotion, _camera_flow, _flow,
                                           _gradients, estimate_vectors, frame_step, reduced_luma, reduction)
 
@@ -139,6 +141,30 @@ def test_every_second_frame_of_a_gop_is_estimated_from_the_one_two_before_whenev
                                           frames=2)
         assert len(expected) > 0
         assert np.array_equal(taken[k][0], expected) and np.array_equal(taken_in_threes[k][0], expected)
+
+
+@pytest.mark.parametrize("width, height, strip", [(640, 360, "bottom"), (650, 352, "right")])
+def test_an_object_past_the_last_whole_block_is_seen(width, height, strip):
+    # 4x reduction: 360 rows reduce to 90, 22 whole blocks of 4 (352 frame rows) and half of one;
+    # 650 columns to 162, 40 whole blocks (640 columns) and a half. An object moving along the
+    # strip past the last whole block must be judged dynamic there, as an encoder's vectors (which
+    # cover the whole picture) would have it.
+    y, x = np.mgrid[0:height, 0:width]
+    background = 128 + 40 * np.sin(x / 7.0) * np.cos(y / 9.0)
+    judge, verdicts = FrameJudge(MotionPruneConfig(dilate_blocks=0), "pixels", 15.0), []
+    for k in range(10):
+        picture = background + np.random.default_rng(k).normal(0, 2, background.shape)
+        if strip == "bottom":
+            picture[354:360, 100 + 3 * k : 124 + 3 * k] = 250        # 6 rows, all below row 352
+        else:
+            picture[100 + 3 * k : 124 + 3 * k, 642:650] = 250        # 8 columns, all right of 640
+        frame = av.VideoFrame.from_ndarray(picture.clip(0, 255).astype(np.uint8), format="gray")
+        verdicts += [signals[2] for _, signals in judge.push(frame, "I" if k == 0 else "P", k)]
+    verdicts += [signals[2] for _, signals in judge.finish()]
+    strips = [v.blocks()[88:, :] if strip == "bottom" else v.blocks()[:, 160:] for v in verdicts[1:]]
+    assert any(s.any() for s in strips)
+    whole = [v.blocks()[:88, :] if strip == "bottom" else v.blocks()[:, :160] for v in verdicts[1:]]
+    assert not any(w[:80].any() if strip == "bottom" else w[:, :150].any() for w in whole)   # nothing elsewhere
 
 
 def test_pictures_about_a_fifteenth_of_a_second_apart_are_compared():

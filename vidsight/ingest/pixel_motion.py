@@ -89,14 +89,17 @@ def vector_side(width: int) -> int:
 
 
 def reduced_shape(height: int, width: int) -> tuple[int, int]:
-    """The shape of a ``height`` x ``width`` frame's `reduced_luma`."""
-    scale = reduction(width)
-    return height // scale, width // scale
+    """The shape of a ``height`` x ``width`` frame's `reduced_luma`: whole blocks covering the
+    frame (`vector_side` squares, as the rule's grid)."""
+    side = vector_side(width)
+    return -(-height // side) * BLOCK, -(-width // side) * BLOCK
 
 
 def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndarray:
-    """``(H // scale, W // scale)`` int16 (scale: `reduction`): per reduced pixel, the sum of its
-    `SAMPLES` of the luma; written into ``out`` when given (a slot of a batch: no copy to stack it)."""
+    """`reduced_shape` int16, reduced ``scale`` times (`reduction`): per reduced pixel, the sum of
+    its `SAMPLES` of the luma, the last whole reduced row and column repeated to fill the last
+    block (a frame's edge rarely falls on a block's: 720 rows reduce to 90, 22 blocks and a half);
+    written into ``out`` when given (a slot of a batch: no copy to stack it)."""
     if frame.format.name in _EIGHT_BIT_LUMA:
         plane = frame.planes[0]   # read in place: no conversion
         luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
@@ -106,10 +109,17 @@ def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndar
     rows, cols = luma.shape[0] // scale, luma.shape[1] // scale
     luma = luma[: rows * scale, : cols * scale]
     (first, second, *others) = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
-    out = np.empty((rows, cols), np.int16) if out is None else out
-    np.add(luma[first[0]::scale, first[1]::scale], luma[second[0]::scale, second[1]::scale], out=out, dtype=np.int16)
+    out = np.empty(reduced_shape(frame.height, frame.width), np.int16) if out is None else out
+    if rows == 0 or cols == 0:   # a frame narrower or lower than one reduced pixel: nothing to see
+        out[:] = 0
+        return out
+    sampled = out[:rows, :cols]
+    np.add(luma[first[0]::scale, first[1]::scale], luma[second[0]::scale, second[1]::scale], out=sampled,
+           dtype=np.int16)
     for dy, dx in others:
-        out += luma[dy::scale, dx::scale]
+        sampled += luma[dy::scale, dx::scale]
+    out[rows:, :cols] = sampled[-1]
+    out[:, cols:] = out[:, cols - 1 : cols]
     return out
 
 
