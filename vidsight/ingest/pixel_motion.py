@@ -97,9 +97,12 @@ def reduced_shape(height: int, width: int) -> tuple[int, int]:
 
 def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndarray:
     """`reduced_shape` int16, reduced ``scale`` times (`reduction`): per reduced pixel, the sum of
-    its `SAMPLES` of the luma, the last whole reduced row and column repeated to fill the last
-    block (a frame's edge rarely falls on a block's: 720 rows reduce to 90, 22 blocks and a half);
-    written into ``out`` when given (a slot of a batch: no copy to stack it)."""
+    its `SAMPLES` of the luma; written into ``out`` when given (a slot of a batch: no copy to stack it).
+
+    A frame's edge rarely falls on a block's (720 rows reduce to 90: 22 blocks and a half), and
+    the last block, part of the rule's grid, must still be judged: it holds the picture's last
+    `BLOCK` reduced rows (and columns), overlapping the block before it, so that its change is
+    measured over as many pixels as any other's and its noise stands out no more often."""
     if frame.format.name in _EIGHT_BIT_LUMA:
         plane = frame.planes[0]   # read in place: no conversion
         luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
@@ -110,7 +113,7 @@ def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndar
     luma = luma[: rows * scale, : cols * scale]
     (first, second, *others) = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
     out = np.empty(reduced_shape(frame.height, frame.width), np.int16) if out is None else out
-    if rows == 0 or cols == 0:   # a frame narrower or lower than one reduced pixel: nothing to see
+    if rows < BLOCK or cols < BLOCK:   # smaller than one block: nothing to see motion in
         out[:] = 0
         return out
     sampled = out[:rows, :cols]
@@ -118,8 +121,11 @@ def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndar
            dtype=np.int16)
     for dy, dx in others:
         sampled += luma[dy::scale, dx::scale]
-    out[rows:, :cols] = sampled[-1]
-    out[:, cols:] = out[:, cols - 1 : cols]
+    height, width = out.shape
+    if height > rows:
+        out[height - BLOCK :, :cols] = out[rows - BLOCK : rows, :cols]
+    if width > cols:
+        out[:, width - BLOCK :] = out[:, cols - BLOCK : cols]
     return out
 
 
