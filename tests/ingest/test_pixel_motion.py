@@ -6,7 +6,7 @@ import pytest
 
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import FrameJudge
-from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, PICTURE_SLOTS, Between, PixelMotion, _camera_flow, _flow,
+from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, Between, PixelMotion, _camera_flow, _flow,
                                           _gradients, estimate_vectors, frame_step, reduced_luma, reduction)
 
 ROWS, COLS = 88, 160   # a reduced picture: 22 x 40 blocks of 4 x 4
@@ -94,9 +94,10 @@ def test_block_and_camera_flows_are_lucas_kanade_on_the_mean_pictures_gradients(
     assert camera[0, 0] == pytest.approx(0.3, abs=0.05) and camera[0, 1] == pytest.approx(0.2, abs=0.05)
 
 
-def test_frames_past_the_slots_and_a_new_frame_size_are_estimated_as_in_small_batches():
+def test_many_frames_at_once_and_a_new_frame_size_are_estimated_as_in_small_batches():
     small = av.VideoFrame.from_ndarray(np.zeros((176, 320), np.uint8), format="gray")
-    frames = [_frame(0.4 * k, k) for k in range(PICTURE_SLOTS + 3)] + [small, small, _frame(0.0, 1), _frame(0.4, 2)]
+    run = 12   # more than the slots held at first (they double as needed)
+    frames = [_frame(0.4 * k, k) for k in range(run)] + [small, small, _frame(0.0, 1), _frame(0.4, 2)]
     kinds = ["I"] + ["P"] * (len(frames) - 1)
     whole, in_twos = PixelMotion(), PixelMotion()
     taken_in_twos = []
@@ -106,14 +107,14 @@ def test_frames_past_the_slots_and_a_new_frame_size_are_estimated_as_in_small_ba
         if k % 2:
             taken_in_twos += in_twos.take()
     taken, taken_in_twos = whole.take(), taken_in_twos + in_twos.take()
-    sizes_change = [0, PICTURE_SLOTS + 3, PICTURE_SLOTS + 5]   # nothing of the same size to compare with
+    sizes_change = [0, run, run + 2]   # nothing of the same size to compare with
     assert [k for k, t in enumerate(taken) if t is None] == sizes_change
     for k in range(len(frames)):
         if k not in sizes_change:
             (expected, _), = estimate_vectors(reduced_luma(frames[k])[None], reduced_luma(frames[k - 1])[None],
                                               reduction(frames[k].width))
             assert np.array_equal(taken[k][0], expected) and np.array_equal(taken_in_twos[k][0], expected), k
-    assert len(taken[PICTURE_SLOTS + 6][0]) > 0   # the pan goes on after the size came back
+    assert len(taken[run + 3][0]) > 0   # the pan goes on after the size came back
 
 
 def _frame(shift: float, seed: int) -> av.VideoFrame:

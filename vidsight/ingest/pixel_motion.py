@@ -59,9 +59,6 @@ ESTIMATES_PER_SECOND = 15
 # A declared rate above this is not a camera's: FFmpeg guesses a stream's timestamp clock (90 kHz)
 # for some network streams, which would leave nearly every frame unjudged.
 MAX_CAMERA_FPS = 240
-# Reduced pictures held at once: a batch (`judge.PIXEL_BATCH`) and the picture before it; more are
-# added as needed.
-PICTURE_SLOTS = 9
 _EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
@@ -293,9 +290,9 @@ class PixelMotion:
         shape, scale = reduced_shape(frame.height, frame.width), reduction(frame.width)
         if self._pictures is None or self._pictures.shape[1:] != shape or self._scale != scale:
             self._estimate_pending()
-            self._pictures, self._scale, self._used = np.empty((PICTURE_SLOTS, *shape), np.int16), scale, 0
+            self._pictures, self._scale, self._used = np.empty((2, *shape), np.int16), scale, 0
             start = True   # nothing of another size to compare with
-        elif self._used == len(self._pictures):   # held longer than a batch (B-frames waiting, with residuals)
+        elif self._used == len(self._pictures):   # doubled until a batch and the picture before it fit
             self._pictures = np.concatenate([self._pictures, np.empty_like(self._pictures)])
         reduced_luma(frame, out=self._pictures[self._used])
         if not start:
