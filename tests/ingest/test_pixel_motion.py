@@ -6,8 +6,9 @@ import pytest
 
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import FrameJudge
-from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, Between, PixelMotion, _camera_flow, _flow,
-                                          _gradients, estimate_vectors, frame_step, reduced_luma, reduction)
+from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, QUIET_BLOCKS, UNEXPLAINED_SHARE, Between, PixelMotion,
+                                          _camera_flow, _flow, _gradients, _to_search, estimate_vectors, frame_step,
+                                          reduced_luma, reduction)
 
 ROWS, COLS = 88, 160   # a reduced picture: 22 x 40 blocks of 4 x 4
 SCALE = 4              # as a 640x360 frame's
@@ -50,6 +51,52 @@ def test_an_object_moving_on_a_still_camera_moves_its_blocks_only():
     (vectors, (_, rows, cols)), = estimate_vectors(now[None], before[None], SCALE)
     assert 0 < len(vectors) <= 16
     assert rows.min() >= 9 and rows.max() <= 13 and cols.min() >= 14 and cols.max() <= 18
+
+
+def _object_moved(shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(now, before)``: a textured square with sharp edges moved ``shift`` reduced pixels right
+    (from columns 60-67 of rows 40-47) on a still noisy picture."""
+    before, now = picture(0.0, 2), picture(0.0, 1)
+    square = 64 + 700 * (np.add.outer(np.arange(8), np.arange(8)) % 3 == 0)
+    before[40:48, 60:68] = square
+    now[40:48, 60 + shift : 68 + shift] = square
+    return now, before
+
+
+def test_an_object_moving_farther_than_the_flow_measures_gets_the_shift_it_moved():
+    now, before = _object_moved(6)                # its flow says a fraction of that
+    (vectors, (_, rows, cols)), = estimate_vectors(now[None], before[None], SCALE)
+    inside = (rows == 10) & (cols == 17)          # the block it fills now (rows 40-43, columns 68-71)
+    assert inside.sum() == 1
+    assert vectors["motion_x"][inside] / vectors["motion_scale"][inside] == -6 * SCALE   # back to where it was
+    assert vectors["motion_y"][inside] == 0
+    # Beside a busy pair (most blocks moved: not searched), the pair's vectors are the same.
+    busy = picture(0.0, 7)
+    busy[:, ::2] = picture(3.0, 8)[:, ::2]
+    (beside, _), _ = estimate_vectors(np.stack([now, busy]), np.stack([before, picture(0.0, 9)]), SCALE)
+    assert (beside == vectors).all()
+
+
+def test_blocks_whose_flow_explains_under_half_their_change_are_searched_on_quiet_pictures_only():
+    moved_now, moved_before = _object_moved(6)
+    now = np.stack([picture(0.3, 1, noise=0.0), moved_now])
+    before = np.stack([picture(0.0, 2, noise=0.0), moved_before])
+    gradients = _gradients(now + before, now - before)
+    mean = np.stack(np.gradient((now + before).astype(np.float64) / 2, axis=(2, 1)))
+    blocks = (np.array([0, 0, 0, 1, 1]), np.array([3, 10, 20, 10, 11]), np.array([5, 30, 2, 17, 16]))
+    flow = _flow(gradients, *blocks)
+    unexplained = []
+    for k, (p, r, c) in enumerate(zip(*blocks)):
+        rows, cols = slice(4 * r, 4 * r + 4), slice(4 * c, 4 * c + 4)
+        spatial = mean[:, p, rows, cols].reshape(2, -1)
+        temporal = (now - before)[p, rows, cols].reshape(-1).astype(np.float64)
+        error = flow[:, k] @ spatial + temporal   # brightness constancy's, per pixel
+        unexplained.append((error @ error) / (temporal @ temporal))
+    expected = [k for k, share in enumerate(unexplained) if share > UNEXPLAINED_SHARE]
+    assert expected == [3, 4]                     # the object's: its flow fails; the pan's 0.3: it holds
+    assert _to_search(gradients, flow, blocks, 2).tolist() == expected
+    crowded = tuple(np.concatenate([b, np.full(QUIET_BLOCKS, v)]) for b, v in zip(blocks, (1, 0, 0)))
+    assert _to_search(gradients, _flow(gradients, *crowded), crowded, 2).tolist() == []   # pair 1 is busy now
 
 
 def test_motion_over_two_frames_moves_the_camera_by_its_motion_per_frame():
