@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from vidsight.ingest.block_search import BLOCK, SEARCH_RADIUS, best_shifts
+from vidsight.ingest.block_search import SEARCH_RADIUS, best_shifts
+
+BLOCK = 4
 
 
 def _best_by_definition(now, before, p, r, c):
@@ -24,7 +26,7 @@ def test_every_block_gets_the_shift_of_least_sad_inside_the_picture():
     now = rng.integers(0, 1021, (2, 24, 40)).astype(np.int16)
     now[1, 8:12, 16:20] = before[1, 13:17, 11:15]          # a block whose content came from (+5, -5)
     blocks = (np.array([0, 0, 0, 1, 1, 1]), np.array([0, 5, 2, 2, 0, 5]), np.array([0, 9, 4, 4, 9, 0]))  # corners, middle
-    dy, dx, sad = best_shifts(now, before, *blocks)
+    dy, dx, sad = best_shifts(now, before, *blocks, BLOCK)
     for k, block in enumerate(zip(*blocks)):
         assert (dy[k], dx[k], sad[k]) == _best_by_definition(now, before, *block), block
     assert (dy[3], dx[3], sad[3]) == (5, -5, 0)

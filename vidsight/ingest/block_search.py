@@ -13,46 +13,45 @@ from __future__ import annotations
 
 import numpy as np
 
-BLOCK = 4            # the estimate's block side in reduced pixels (`pixel_motion.BLOCK`)
 # Shifts searched per axis, in reduced pixels (6: 24 frame pixels at 640 wide, 48 at 1280; at 15
 # pictures a second, objects up to 360 or 720 frame pixels a second).
 SEARCH_RADIUS = 6
 
 
 def best_shifts(now: np.ndarray, before: np.ndarray, block_p: np.ndarray, block_r: np.ndarray,
-                block_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each chosen block (picture, row, column) of ``now``, the shift of ``before`` (both
-    ``(pictures, H, W)`` int16, `reduced_luma`'s sums) it matches best: the least sum of absolute
-    differences over the shifts of up to `SEARCH_RADIUS` reduced pixels that keep the block inside
-    the picture (the first in row-major order of ``(dy, dx)`` on a tie).
+                block_c: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each chosen ``block`` x ``block`` block (picture, row, column) of ``now``, the shift of
+    ``before`` (both ``(pictures, H, W)`` int16, `reduced_luma`'s sums) it matches best: the least
+    sum of absolute differences over the shifts of up to `SEARCH_RADIUS` reduced pixels that keep
+    the block inside the picture (the first in row-major order of ``(dy, dx)`` on a tie).
 
     Returns:
         ``(dy, dx, sad)``: per block, where its content lies in ``before`` relative to its own
         place, and the SAD there.
     """
-    pictures, height, width = now.shape
+    _, height, width = now.shape
     radius, shifts = SEARCH_RADIUS, 2 * SEARCH_RADIUS + 1
-    top, left = block_r * BLOCK, block_c * BLOCK
+    top, left = block_r * block, block_c * block
     # Each block's window of `before`: its own place and every shift around it. Rows and columns
     # past the picture's edges are clamped to it; the shifts reaching them are ruled out below.
-    span = np.arange(-radius, BLOCK + radius)
+    span = np.arange(-radius, block + radius)
     rows = np.clip(top[:, None] + span, 0, height - 1)
     cols = np.clip(left[:, None] + span, 0, width - 1)
     windows = before[block_p[:, None, None], rows[:, :, None], cols[:, None, :]]        # (blocks, side, side)
-    inside = np.arange(BLOCK)
+    inside = np.arange(block)
     own = now[block_p[:, None, None], (top[:, None] + inside)[:, :, None], (left[:, None] + inside)[:, None, :]]
-    # One pixel of the block at a time against all its shifts: 16 steps over (blocks, shifts,
-    # shifts) (a sliding-window view over the 16 at once was several times slower). Sums of 16
-    # differences of sums of four 8-bit pixels (at most 1020 each) fit int16.
+    # One pixel of the block at a time against all its shifts: a step over (blocks, shifts, shifts)
+    # per pixel (a sliding-window view over all of them at once was several times slower). Sums of
+    # 16 differences of sums of four 8-bit pixels (at most 1020 each) fit int16.
     sad = np.zeros((len(own), shifts, shifts), np.int16)
     term = np.empty_like(sad)
-    for y in range(BLOCK):
-        for x in range(BLOCK):
+    for y in range(block):
+        for x in range(block):
             np.subtract(windows[:, y : y + shifts, x : x + shifts], own[:, y, x, None, None], out=term)
             sad += np.abs(term, out=term)
     offsets = np.arange(-radius, radius + 1)
-    outside_rows = (top[:, None] + offsets < 0) | (top[:, None] + offsets > height - BLOCK)
-    outside_cols = (left[:, None] + offsets < 0) | (left[:, None] + offsets > width - BLOCK)
+    outside_rows = (top[:, None] + offsets < 0) | (top[:, None] + offsets > height - block)
+    outside_cols = (left[:, None] + offsets < 0) | (left[:, None] + offsets > width - block)
     sad[outside_rows[:, :, None] | outside_cols[:, None, :]] = np.iinfo(np.int16).max
     sad = sad.reshape(len(own), -1)
     best = sad.argmin(axis=1)

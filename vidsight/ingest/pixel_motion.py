@@ -55,7 +55,7 @@ FLAT_DETERMINANT = 1e-3
 # in 98 % of its): the search costs per block, and on busy footage (where the flow fails on
 # occlusions and deformation too) its many moving blocks keep most tokens anyway. Chosen on
 # small objects crossing a noisy still camera (seed 3, 160 and 320 pixels a second at 640 wide, 15
-# and 30 fps); the tests check another seed.
+# and 30 fps); the tests check the bench's fast objects of another seed.
 UNEXPLAINED_SHARE = 0.5
 FAR_SHIFT = 2
 MATCH_GAIN = 0.5
@@ -173,7 +173,7 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int, f
     block_flow = _flow(gradients, *chosen)
     searched = _to_search(gradients, block_flow, chosen, pairs)
     if len(searched):
-        dy, dx, matched = best_shifts(now, before, *(blocks[searched] for blocks in chosen))
+        dy, dx, matched = best_shifts(now, before, *(blocks[searched] for blocks in chosen), BLOCK)
         far = (np.maximum(np.abs(dy), np.abs(dx)) >= FAR_SHIFT) & (matched < MATCH_GAIN * sad[chosen][searched])
         block_flow[:, searched[far]] = -dx[far], -dy[far]   # the flow points from where the content was
     flow[:, moved] = block_flow
