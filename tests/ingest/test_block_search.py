@@ -25,7 +25,8 @@ def test_every_block_gets_the_shift_of_least_sad_inside_the_picture():
     before = rng.integers(0, 1021, (2, 24, 40)).astype(np.int16)
     now = rng.integers(0, 1021, (2, 24, 40)).astype(np.int16)
     now[1, 8:12, 16:20] = before[1, 13:17, 11:15]          # a block whose content came from (+5, -5)
-    blocks = (np.array([0, 0, 0, 1, 1, 1]), np.array([0, 5, 2, 2, 0, 5]), np.array([0, 9, 4, 4, 9, 0]))  # corners, middle
+    # corners, where most shifts fall outside, and the middle
+    blocks = (np.array([0, 0, 0, 1, 1, 1]), np.array([0, 5, 2, 2, 0, 5]), np.array([0, 9, 4, 4, 9, 0]))
     dy, dx, sad = best_shifts(now, before, *blocks, BLOCK)
     for k, block in enumerate(zip(*blocks)):
         assert (dy[k], dx[k], sad[k]) == _best_by_definition(now, before, *block), block

@@ -51,7 +51,7 @@ FLAT_DETERMINANT = 1e-3
 # is matched against the previous picture (`block_search`); a match at least `FAR_SHIFT` reduced
 # pixels away, with under `MATCH_GAIN` times the SAD the block shows unmoved, gives its vector.
 # Only on pictures with at most `QUIET_BLOCKS` moved blocks (a still camera's few objects and its
-# noise: 14 or fewer in 99 % of the bench's noisy 640x360 scenes' pictures; bigbuckbunny has more
+# noise: 14 or fewer in 99 % of the pictures of the bench's noisy photo scenes; bigbuckbunny has more
 # in 98 % of its): the search costs per block, and on busy footage (where the flow fails on
 # occlusions and deformation too) its many moving blocks keep most tokens anyway. Chosen on
 # small objects crossing a noisy still camera (seed 3, 160 and 320 pixels a second at 640 wide, 15
