@@ -173,8 +173,9 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int, f
     block_flow = _flow(gradients, *chosen)
     searched = _to_search(gradients, block_flow, chosen, pairs)
     if len(searched):
-        dy, dx, matched = best_shifts(now, before, *(blocks[searched] for blocks in chosen), BLOCK)
-        far = (np.maximum(np.abs(dy), np.abs(dx)) >= FAR_SHIFT) & (matched < MATCH_GAIN * sad[chosen][searched])
+        picked = tuple(blocks[searched] for blocks in chosen)
+        dy, dx, matched = best_shifts(now, before, *picked, BLOCK)
+        far = (np.maximum(np.abs(dy), np.abs(dx)) >= FAR_SHIFT) & (matched < MATCH_GAIN * sad[picked])
         block_flow[:, searched[far]] = -dx[far], -dy[far]   # the flow points from where the content was
     flow[:, moved] = block_flow
     # A moving camera moves every block, including those whose change is too small to stand out
