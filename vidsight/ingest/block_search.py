@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vidsight.ingest.motion import clamp
+
 # Shifts searched per axis, in reduced pixels (6: 24 frame pixels at 640 wide, 48 at 1280; at 15
 # pictures a second, objects up to 360 or 720 frame pixels a second).
 SEARCH_RADIUS = 6
@@ -35,8 +37,8 @@ def best_shifts(now: np.ndarray, before: np.ndarray, block_p: np.ndarray, block_
     # Each block's window of `before`: its own place and every shift around it. Rows and columns
     # past the picture's edges are clamped to it; the shifts reaching them are ruled out below.
     span = np.arange(-radius, block + radius)
-    rows = np.clip(top[:, None] + span, 0, height - 1)
-    cols = np.clip(left[:, None] + span, 0, width - 1)
+    rows = clamp(top[:, None] + span, height - 1)
+    cols = clamp(left[:, None] + span, width - 1)
     windows = before[block_p[:, None, None], rows[:, :, None], cols[:, None, :]]        # (blocks, side, side)
     inside = np.arange(block)
     own = now[block_p[:, None, None], (top[:, None] + inside)[:, :, None], (left[:, None] + inside)[:, None, :]]
