@@ -18,8 +18,8 @@ def test_static_scene_report_per_rule(tmp_path):
     assert {"photo, noise 0", "photo, noise 5", "photo, drift 2/s", "texture, noise 5"} <= set(scenes)
     noisy = scenes["photo, noise 5"]["rules"]
     assert noisy["persistent"]["kept_inside_gop"] < 0.5 < noisy["max"]["kept_inside_gop"]
-    # Fast small objects are missed at their first samples (H.264's persistent rule: up to half;
-    # docs/benchmarks.md); every slower object is kept whole by every rule.
+    # The persistent rule misses fast small objects' first samples (by H.264's vectors more than
+    # those: docs/benchmarks.md); every slower object is kept whole by every rule.
     assert all(r["object_recall"] == 1.0 and r["windows_inside_gop"] >= 2 for name, s in scenes.items()
                for r in s["rules"].values() if name != "photo, fast objects")
     assert scenes["photo, fast objects"]["rules"]["max"]["object_recall"] == 1.0
