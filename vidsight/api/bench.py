@@ -374,9 +374,7 @@ def _run_bench_fuzz(args) -> int:
 
     if args.cases < 1 or args.time_limit <= 0 or (args.workers is not None and args.workers < 1):
         raise ConfigError("--cases, --workers and --time-limit must be positive")
-    from vidsight.api.cli import main
-
-    outcomes = run_fuzz(main, args.cases, args.seed, args.model, workers=args.workers or os.cpu_count() or 1,
+    outcomes = run_fuzz(args.cases, args.seed, args.model, workers=args.workers or os.cpu_count() or 1,
                         time_limit_s=args.time_limit, progress=sys.stderr.isatty() and not args.json)
     report = {"seed": args.seed, **summarise(outcomes)}
     out = Path(args.out)

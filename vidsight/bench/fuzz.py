@@ -2,19 +2,24 @@
 
 Every run must end in exit status 0 (what was valid decoded, losses counted) or 2 (one message
 naming the input and the problem): a traceback, another status, a run past the time limit or a
-gigabyte of memory is a failure. Each command runs in a child forked from a parent that has
-already imported vidsight, torch and transformers, so a case costs its own work and not three
-seconds of imports; the child's peak resident memory (from `wait4`) includes those libraries,
-as a real `vidsight` process would.
+gigabyte of memory is a failure. Each command runs in a child forked from a fresh process that
+has imported vidsight, torch and transformers and done nothing else, so a case costs its own work
+and not three seconds of imports; the child's peak resident memory (from `wait4`) includes those
+libraries, as a real `vidsight` process would, and nothing of the caller's (a test process holding
+a gigabyte of models made every case of the suite's sample a "memory" failure when forked from it).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
+import json
 import os
 import resource
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +33,9 @@ from vidsight.bench.damage import Case, make_case, make_sources
 TIME_LIMIT_S = 60.0
 MEMORY_LIMIT_BYTES = 2**30
 QUESTION = "What happens in the video?"
+CLI_MAIN = "vidsight.api.cli:main"
+# What `ask` needs, imported by the process the children are forked from.
+WARM_IMPORTS = ("transformers", "vidsight.engine.ask", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
 
 
 @dataclasses.dataclass
@@ -64,10 +72,74 @@ def command_line(command: str, path: str, model: str) -> list[str]:
     return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
 
 
+def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None = None, workers: int = 2,
+             commands: tuple[str, ...] = ("probe", "ask"), time_limit_s: float = TIME_LIMIT_S,
+             progress: bool = False, main: str = CLI_MAIN) -> list[Outcome]:
+    """Make ``cases`` inputs from ``seed`` and run each command on each, ``workers`` at a time.
+
+    Args:
+        cases: Inputs to make.
+        seed: Seeds which damage, where and how much: the same seed makes the same inputs.
+        model: The checkpoint `ask` loads (a small one keeps the run about damage, not compute).
+        root: Where inputs go (default: a temporary directory, removed afterwards).
+        workers: Commands running at once.
+        commands: Which of ``probe`` and ``ask`` to run.
+        time_limit_s: A command still running after this long is killed and counted as a hang.
+        progress: Show a progress bar.
+        main: ``module:function``, the command line's entry point each child runs (the fresh
+            process imports it, so it must be importable there: on ``PYTHONPATH``).
+
+    Returns:
+        One outcome per case and command, in the order made.
+    """
+    with tempfile.TemporaryDirectory(prefix="vidsight-fuzz-") as scratch:
+        base = Path(root) if root is not None else Path(scratch)
+        sources = make_sources(base / "sources")
+        inputs = base / f"seed-{seed}"
+        inputs.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        made = [make_case(k, inputs, sources, rng) for k in range(cases)]
+        jobs = [(case, command) for case in made for command in commands]
+        request = {"main": main, "workers": workers, "time_limit_s": time_limit_s, "progress": progress,
+                   "jobs": [{"argv": command_line(command, case.path, str(model)),
+                             "log": str(Path(scratch) / f"{case.name}-{command}.log")} for case, command in jobs]}
+        ran = subprocess.run([sys.executable, "-c", "from vidsight.bench.fuzz import serve_fuzz; serve_fuzz()"],
+                             input=json.dumps(request), stdout=subprocess.PIPE, text=True)
+        if ran.returncode != 0:
+            raise RuntimeError(f"the fuzz runner exited {ran.returncode} before reporting (its stderr is above)")
+        return [_outcome(case, command, ended) for (case, command), ended in zip(jobs, json.loads(ran.stdout))]
+
+
+def serve_fuzz() -> None:
+    """The fresh process `run_fuzz` starts: the request on stdin, per job how it ended on stdout."""
+    # The report goes on a channel of its own: whatever an import prints goes to stderr, not into it.
+    report = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    request = json.load(sys.stdin)
+    module, function = request["main"].split(":")
+    main = getattr(importlib.import_module(module), function)
+    for name in WARM_IMPORTS:   # no torch work: forked OpenMP is unsafe
+        importlib.import_module(name)
+    jobs = collections.deque(enumerate(request["jobs"]))
+    running: dict[int, tuple[int, float, str]] = {}
+    ended: dict[int, dict] = {}
+    with tqdm(total=len(jobs), desc="fuzz", unit="run", disable=not request["progress"]) as bar:
+        while jobs or running:
+            while jobs and len(running) < request["workers"]:
+                index, job = jobs.popleft()
+                pid = os.fork()
+                if pid == 0:
+                    _child(main, job["argv"], job["log"])
+                running[pid] = (index, time.monotonic(), job["log"])
+            ended.update(_reap(running, request["time_limit_s"]))
+            bar.update(len(ended) - bar.n)
+    json.dump([ended[index] for index in range(len(ended))], report)
+    report.close()
+
+
 def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> None:
     """Runs in the forked child: the command line as ``main`` (`vidsight`'s) runs it, output to ``log_path``."""
     import logging
-    import sys
     import traceback
 
     import torch
@@ -75,7 +147,7 @@ def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> 
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    # A fresh process's streams and logging, whatever the parent had replaced them with (pytest does).
+    # A fresh process's streams and logging.
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
     logging.root.handlers.clear()
@@ -92,6 +164,35 @@ def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> 
     os._exit(code)
 
 
+def _reap(running: dict[int, tuple[int, float, str]], time_limit_s: float) -> dict[int, dict]:
+    """Collect the children that ended, killing those past the time limit: per job's index, how it ended."""
+    done = {}
+    while True:
+        pid, status, usage = os.wait4(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        if pid in running:  # not some other child of this process
+            done.update(_ended(running.pop(pid), status, usage, timed_out=False))
+        if not running:
+            break
+    now = time.monotonic()
+    for pid, (index, started, log_path) in list(running.items()):
+        if now - started > time_limit_s:
+            os.kill(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            done.update(_ended(running.pop(pid), status, usage, timed_out=True))
+    if not done:
+        time.sleep(0.01)
+    return done
+
+
+def _ended(job: tuple[int, float, str], status: int, usage: resource.struct_rusage, timed_out: bool) -> dict[int, dict]:
+    index, started, log_path = job
+    log = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    return {index: {"exit_code": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "log": log,
+                    "seconds": time.monotonic() - started, "peak_rss_bytes": usage.ru_maxrss * 1024}}  # Linux: KiB
+
+
 def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str:
     if timed_out:
         return "hang"
@@ -106,87 +207,11 @@ def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str
     return f"exit {code}"
 
 
-def _warm_imports() -> None:
-    """Import what `ask` needs once in the parent, before forking (no torch work: forked OpenMP is unsafe)."""
-    import importlib
-
-    for module in ("transformers", "vidsight.engine.ask", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"):
-        importlib.import_module(module)
-
-
-def run_fuzz(main: Callable[[list[str]], int], cases: int, seed: int, model: str | Path,
-             root: str | Path | None = None, workers: int = 2, commands: tuple[str, ...] = ("probe", "ask"),
-             time_limit_s: float = TIME_LIMIT_S, progress: bool = False) -> list[Outcome]:
-    """Make ``cases`` inputs from ``seed`` and run each command on each, ``workers`` at a time.
-
-    Args:
-        main: The command line's entry point (`vidsight.api.cli.main`), run in a forked child per command.
-        cases: Inputs to make.
-        seed: Seeds which damage, where and how much: the same seed makes the same inputs.
-        model: The checkpoint `ask` loads (a small one keeps the run about damage, not compute).
-        root: Where inputs go (default: a temporary directory, removed afterwards).
-        workers: Commands running at once.
-        commands: Which of ``probe`` and ``ask`` to run.
-        time_limit_s: A command still running after this long is killed and counted as a hang.
-        progress: Show a progress bar.
-    """
-    with tempfile.TemporaryDirectory(prefix="vidsight-fuzz-") as scratch:
-        base = Path(root) if root is not None else Path(scratch)
-        sources = make_sources(base / "sources")
-        inputs = base / f"seed-{seed}"
-        inputs.mkdir(parents=True, exist_ok=True)
-        rng = np.random.default_rng(seed)
-        made = [make_case(k, inputs, sources, rng) for k in range(cases)]
-        _warm_imports()
-        jobs = collections.deque((case, command) for case in made for command in commands)
-        running: dict[int, tuple[Case, str, float, str]] = {}
-        outcomes: list[Outcome] = []
-        with tqdm(total=len(jobs), desc="fuzz", unit="run", disable=not progress) as bar:
-            while jobs or running:
-                while jobs and len(running) < workers:
-                    case, command = jobs.popleft()
-                    log_path = str(Path(scratch) / f"{case.name}-{command}.log")
-                    pid = os.fork()
-                    if pid == 0:
-                        _child(main, command_line(command, case.path, str(model)), log_path)
-                    running[pid] = (case, command, time.monotonic(), log_path)
-                outcomes.extend(_reap(running, time_limit_s))
-                bar.update(len(outcomes) - bar.n)
-        return outcomes
-
-
-def _reap(running: dict[int, tuple[Case, str, float, str]], time_limit_s: float) -> list[Outcome]:
-    """Collect the children that ended, killing those past the time limit."""
-    done = []
-    while True:
-        pid, status, usage = os.wait4(-1, os.WNOHANG)
-        if pid == 0:
-            break
-        if pid in running:  # not some other child of this process
-            done.append(_outcome(running.pop(pid), status, usage, timed_out=False))
-        if not running:
-            break
-    now = time.monotonic()
-    for pid, (case, command, started, log_path) in list(running.items()):
-        if now - started > time_limit_s:
-            os.kill(pid, signal.SIGKILL)
-            _, status, usage = os.wait4(pid, 0)
-            done.append(_outcome(running.pop(pid), status, usage, timed_out=True))
-    if not done:
-        time.sleep(0.01)
-    return done
-
-
-def _outcome(job: tuple[Case, str, float, str], status: int, usage: resource.struct_rusage,
-             timed_out: bool) -> Outcome:
-    case, command, started, log_path = job
-    seconds = time.monotonic() - started
-    code = os.waitstatus_to_exitcode(status)
-    log = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
-    peak = usage.ru_maxrss * 1024  # Linux reports KiB
+def _outcome(case: Case, command: str, ended: dict) -> Outcome:
+    code, log, peak = ended["exit_code"], ended["log"], ended["peak_rss_bytes"]
     lines = [line for line in log.splitlines() if line.strip()]
-    return Outcome(case, command, code, _classify(code, log, case.path, timed_out, peak), seconds, peak,
-                   lines[-1][:300] if lines else "")
+    return Outcome(case, command, code, _classify(code, log, case.path, ended["timed_out"], peak), ended["seconds"],
+                   peak, lines[-1][:300] if lines else "")
 
 
 def summarise(outcomes: list[Outcome]) -> dict:
