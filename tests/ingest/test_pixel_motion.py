@@ -7,8 +7,8 @@ import pytest
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import FrameJudge
 from vidsight.ingest.pixel_motion import (CAMERA_MOTION_PX, QUIET_BLOCKS, UNEXPLAINED_SHARE, Between, PixelMotion,
-                                          _camera_flow, _flow, _gradients, _to_search, estimate_vectors, frame_step,
-                                          reduced_luma, reduction)
+                                          _block_terms, _camera_flow, _flow, _gradients, _to_search, estimate_vectors,
+                                          frame_step, reduced_luma, reduction)
 
 ROWS, COLS = 88, 160   # a reduced picture: 22 x 40 blocks of 4 x 4
 SCALE = 4              # as a 640x360 frame's
@@ -84,7 +84,8 @@ def test_blocks_whose_flow_explains_under_half_their_change_are_searched_on_quie
     gradients = _gradients(now + before, now - before)
     mean = np.stack(np.gradient((now + before).astype(np.float64) / 2, axis=(2, 1)))
     blocks = (np.array([0, 0, 0, 1, 1]), np.array([3, 10, 20, 10, 11]), np.array([5, 30, 2, 17, 16]))
-    flow = _flow(gradients, *blocks)
+    terms = _block_terms(gradients, *blocks)
+    flow = _flow(terms)
     unexplained = []
     for k, (p, r, c) in enumerate(zip(*blocks)):
         rows, cols = slice(4 * r, 4 * r + 4), slice(4 * c, 4 * c + 4)
@@ -94,9 +95,10 @@ def test_blocks_whose_flow_explains_under_half_their_change_are_searched_on_quie
         unexplained.append((error @ error) / (temporal @ temporal))
     expected = [k for k, share in enumerate(unexplained) if share > UNEXPLAINED_SHARE]
     assert expected == [3, 4]                     # the object's: its flow fails; the pan's 0.3: it holds
-    assert _to_search(gradients, flow, blocks, 2).tolist() == expected
+    assert _to_search(terms, flow, blocks[0], 2).tolist() == expected
     crowded = tuple(np.concatenate([b, np.full(QUIET_BLOCKS, v)]) for b, v in zip(blocks, (1, 0, 0)))
-    assert _to_search(gradients, _flow(gradients, *crowded), crowded, 2).tolist() == []   # pair 1 is busy now
+    terms = _block_terms(gradients, *crowded)
+    assert _to_search(terms, _flow(terms), crowded[0], 2).tolist() == []   # pair 1 is busy now
 
 
 def test_motion_over_two_frames_moves_the_camera_by_its_motion_per_frame():
@@ -124,7 +126,7 @@ def test_block_and_camera_flows_are_lucas_kanade_on_the_mean_pictures_gradients(
     # np.gradient: central differences, one-sided at the edges, as the flows' own
     gradients = np.stack(np.gradient(twice_mean.astype(np.float64) / 2, axis=(2, 1)))   # (x or y, pairs, H, W)
     blocks = (np.array([0, 0, 1, 1]), np.array([0, 10, 21, 5]), np.array([0, 39, 17, 0]))   # corners and edges
-    flows = _flow(_gradients(twice_mean, change), *blocks)
+    flows = _flow(_block_terms(_gradients(twice_mean, change), *blocks))
     for k, (p, r, c) in enumerate(zip(*blocks)):
         rows, cols = slice(4 * r, 4 * r + 4), slice(4 * c, 4 * c + 4)
         expected = _lucas_kanade(gradients[:, p, rows, cols].reshape(2, -1), change[p, rows, cols].reshape(-1))

@@ -170,8 +170,9 @@ def estimate_vectors(currents: np.ndarray, previouses: np.ndarray, scale: int, f
     gradients = _gradients(now + before, change)
     flow = np.zeros((2, *moved.shape), np.float32)
     chosen = np.nonzero(moved)
-    block_flow = _flow(gradients, *chosen)
-    searched = _to_search(gradients, block_flow, chosen, pairs)
+    terms = _block_terms(gradients, *chosen)
+    block_flow = _flow(terms)
+    searched = _to_search(terms, block_flow, chosen[0], pairs)
     if len(searched):
         picked = tuple(blocks[searched] for blocks in chosen)
         dy, dx, matched = best_shifts(now, before, *picked, BLOCK)
@@ -221,29 +222,27 @@ def _gradients(twice_mean: np.ndarray, change: np.ndarray) -> np.ndarray:
     return pixels
 
 
-def _flow(gradients: np.ndarray, block_p: np.ndarray, block_r: np.ndarray, block_c: np.ndarray) -> np.ndarray:
-    """``(2, blocks)``: Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each chosen block (pair,
-    row and column): brightness constancy ``Ix u + Iy v + It = 0`` in the least-squares sense over
+def _flow(terms: np.ndarray) -> np.ndarray:
+    """``(2, blocks)``: Lucas-Kanade's flow ``(u, v)`` in reduced pixels over each block of ``terms``
+    (`_block_terms`): brightness constancy ``Ix u + Iy v + It = 0`` in the least-squares sense over
     the `_gradients` of the mean picture."""
-    terms = _block_terms(gradients, block_p, block_r, block_c)
     # (blocks, 2, 3): rows x, y against x, y, t (einsum: a batched matmul of tiny matrices is several times slower)
     return _solve(np.einsum("ibp,jbp->bij", terms[:2], terms))
 
 
-def _to_search(gradients: np.ndarray, flow: np.ndarray, blocks: tuple[np.ndarray, np.ndarray, np.ndarray],
-               pairs: int) -> np.ndarray:
-    """Indices, in order, of the moved ``blocks`` (pair, row and column of each; ``pairs`` pairs) to
-    match (`block_search`): on pairs with at most `QUIET_BLOCKS` of them, those whose ``flow`` leaves
-    over `UNEXPLAINED_SHARE` of their change unexplained, ``sum((Ix u + Iy v + It)^2) / sum(It^2)``.
-    Decided per pair, so that a pair's vectors do not depend on the pairs estimated with it."""
-    block_p = blocks[0]
+def _to_search(terms: np.ndarray, flow: np.ndarray, block_p: np.ndarray, pairs: int) -> np.ndarray:
+    """Indices, in order, of the moved blocks (their `_block_terms` and ``flow``; ``block_p`` the
+    pair of each, of ``pairs``) to match (`block_search`): on pairs with at most `QUIET_BLOCKS` of
+    them, those whose ``flow`` leaves over `UNEXPLAINED_SHARE` of their change unexplained,
+    ``sum((Ix u + Iy v + It)^2) / sum(It^2)``. Decided per pair, so that a pair's vectors do not
+    depend on the pairs estimated with it."""
     quiet = np.nonzero((np.bincount(block_p, minlength=pairs) <= QUIET_BLOCKS)[block_p])[0]
     if len(quiet) == 0:
         return quiet
-    terms = _block_terms(gradients, *(chosen[quiet] for chosen in blocks))
+    x, y, t = terms[:, quiet]
     u, v = flow[:, quiet, None]
-    error = (terms[0] * u + terms[1] * v) / 4 + terms[2]   # 4 Ix and 4 Iy
-    unexplained = (error * error).sum(axis=1) / np.maximum((terms[2] * terms[2]).sum(axis=1), 1e-6)
+    error = (x * u + y * v) / 4 + t   # 4 Ix and 4 Iy
+    unexplained = (error * error).sum(axis=1) / np.maximum((t * t).sum(axis=1), 1e-6)
     return quiet[unexplained > UNEXPLAINED_SHARE]
 
 
