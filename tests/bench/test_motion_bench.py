@@ -27,8 +27,8 @@ def test_static_scene_report_per_rule(tmp_path):
 
 
 def test_each_sweep_changes_one_setting_of_pruning_plus_refresh():
-    both = configurations(0.25)["pruning+refresh"]
-    for axis, values in sweeps(0.25).items():
+    both = configurations()["pruning+refresh"]
+    for axis, values in sweeps(both.prune).items():
         assert len(values) >= 2, axis
         for config in values.values():
             changed = [f.name for f in dataclasses.fields(both) if getattr(config, f.name) != getattr(both, f.name)]

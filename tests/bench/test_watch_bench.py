@@ -14,6 +14,7 @@ def test_watch_bench_compares_the_four_configurations(tmp_path, tiny_adapter):
     assert full["mean_per_window"]["kept"] == full["mean_per_window"]["visual"]
     assert results["pruning"]["mean_per_window"]["kept"] < full["mean_per_window"]["kept"]
     assert results["refresh"]["mean_per_window"]["reused"] > 0 and full["mean_per_window"]["reused"] == 0
+    assert results["pruning"]["motion_sources"] == ["codec"] and full["motion_sources"] == []   # H.264: its vectors
     assert both["flops_reduction"] > 1
     vision = {name: r["mean_per_window"]["vision_flops"] for name, r in results.items()}
     assert vision["pruning"] < vision["full-comp"] and vision["refresh"] < vision["full-comp"]
@@ -61,10 +62,11 @@ def test_bench_watch_cli_with_a_labelled_folder(tmp_path, tiny_model_dir, make_t
     (tmp_path / "labels.csv").write_text(f"video,label\n{path.name},1\n")
     code = main(["bench", "watch", "--model", str(tiny_model_dir), "--folder", str(path.parent), "--labels",
                  str(tmp_path / "labels.csv"), "--query", "Is there a red square? Answer Yes or No.", "--out",
-                 str(tmp_path), "--json"])
+                 str(tmp_path), "--motion-source", "pixels", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["videos"] == 1 and set(report["configs"]) == {"full-comp", "pruning", "refresh", "pruning+refresh"}
+    assert report["motion_source"] == "pixels" and report["configs"]["pruning"]["motion_sources"] == ["pixels"]
     assert (tmp_path / "watch.png").stat().st_size > 0
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from vidsight.api.bench_serve import add_bench_serve_parser, run_bench_serve
 from vidsight.api.lmms.cli import add_lmms_task_parser, run_lmms_task
-from vidsight.api.options import _float, add_policy_options, add_prefill_options, add_tier_options, policy_settings
+from vidsight.api.options import (_float, add_motion_source_option, add_policy_options, add_prefill_options,
+                                  add_tier_options, policy_settings)
 from vidsight.api.settings import prefill_config, tier_config
 from vidsight.errors import ConfigError
 
@@ -109,6 +110,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                              help="generated anomaly videos, or videos per family with --suite hard (default: 20)")
     bench_watch.add_argument("--gop", type=int, default=32, help="GOP length the videos are written with (default: 32)")
     bench_watch.add_argument("--tau", type=_float, default=0.25, help="motion threshold in pixels (default: 0.25)")
+    add_motion_source_option(bench_watch)
     bench_watch.add_argument("--window-s", type=_float, default=10.0,
                              help="window length in seconds, stride 20 %% at 2 fps (default: 10, the suite's; "
                                   "CodecSight's is 40)")
@@ -300,7 +302,10 @@ def _run_bench_watch(args) -> int:
     dtype = getattr(torch, args.dtype)
     adapter = build_shape(args.shape, dtype=dtype) if args.shape else load_model(args.model, dtype=dtype)
     static_scenes = () if args.static_scenes is None else tuple(args.static_scenes) or ("h264",)
-    report = run_watch_bench(adapter, videos, args.tau, axes, args.root, static_scenes,
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    prune = MotionPruneConfig(tau=args.tau, source=args.motion_source)
+    report = run_watch_bench(adapter, videos, prune, axes, args.root, static_scenes,
                              progress=sys.stderr.isatty() and not args.json,
                              videos_at=None if args.folder else lambda gop: suite(args.root, args.videos, gop),
                              windows=windows, flop_videos=args.flop_videos, cost_video=args.cost_video, **rate)

@@ -39,7 +39,7 @@ def add_prefill_options(parser: argparse.ArgumentParser) -> None:
 def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
     """``--prune-tau``, ``--prune-alpha``, ``--prune-rule``, ``--motion-source``: motion-guided patch pruning
     (`MotionPruneConfig`)."""
-    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, SOURCES, MotionPruneConfig
+    from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 
     group = parser.add_argument_group("motion-guided patch pruning (CodecSight)")
     group.add_argument("--prune-tau", type=_float, default=None,
@@ -51,11 +51,18 @@ def add_motion_options(parser: argparse.ArgumentParser, what: str) -> argparse._
     group.add_argument("--prune-rule", default=MotionPruneConfig.rule, choices=RULES,
                        help="persistent (default): motion must persist over three frames above the stream's noise "
                             "floor; paper: CodecSight's eqs. 3-4 as written; max: any vector above tau or intra block")
-    group.add_argument("--motion-source", default=MotionPruneConfig.source, choices=SOURCES,
-                       help="auto (default): the codec's motion vectors where FFmpeg exports them (H.264), vectors "
-                            "estimated from decoded pixels elsewhere (HEVC, AV1, VP9 ...); codec: the codec's only; "
-                            "pixels: pixels for every codec")
+    add_motion_source_option(group)
     return group
+
+
+def add_motion_source_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--motion-source``: where motion comes from (`MotionPruneConfig.source`)."""
+    from vidsight.ingest.dynamic import SOURCES, MotionPruneConfig
+
+    parser.add_argument("--motion-source", default=MotionPruneConfig.source, choices=SOURCES,
+                        help="auto (default): the codec's motion vectors where FFmpeg exports them (H.264), vectors "
+                             "estimated from decoded pixels elsewhere (HEVC, AV1, VP9 ...); codec: the codec's only; "
+                             "pixels: pixels for every codec")
 
 
 def motion_note(source: str) -> str:

@@ -56,8 +56,8 @@ FLOP_VIDEOS = 3
 # A verdict reads the first answer token's logits: nothing is generated.
 
 
-def configurations(tau: float = 0.25, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, WatchConfig]:
-    prune = MotionPruneConfig(tau=tau)
+def configurations(prune: MotionPruneConfig = MotionPruneConfig(), windows: WindowConfig = SUITE_WINDOWS
+                   ) -> dict[str, WatchConfig]:
     return {"full-comp": WatchConfig(windows),
             "pruning": WatchConfig(windows, prune=prune),
             "refresh": WatchConfig(windows, refresh="anchors"),
@@ -159,10 +159,12 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
     labelled = all("scene" in video for video in videos)
     for name, config in configs.items():
         windows, flops, predicted, actual, right = [], [], [], [], {}
-        window_predicted, window_actual = [], []
+        window_predicted, window_actual, motion_sources = [], [], set()
         counted = set(np.linspace(0, len(videos) - 1, min(flop_videos, len(videos))).round().astype(int).tolist())
         for number, video in enumerate(tqdm(videos, desc=name, disable=not progress, leave=False)):
-            verdicts = list(Watcher(adapter, video["query"], config).watch(config.open(video["video"])))
+            source = config.open(video["video"])
+            verdicts = list(Watcher(adapter, video["query"], config).watch(source))
+            motion_sources.add(source.motion_source)
             if number in counted:
                 flops += _measured_flops(adapter, video, config)[1:]
             predicted.append(video_positive([v.yes for v in verdicts], config.alert_after))
@@ -183,7 +185,8 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
                          "vision_prefill_s": mean["vision"] + mean["prefill"] + mean["preprocess"],
                          **precision_recall_f1(predicted, actual), **_accuracy(video_correct),
                          "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()},
-                         "video_correct": video_correct}
+                         "video_correct": video_correct,
+                         "motion_sources": sorted(source for source in motion_sources if source)}
         if labelled:
             window_correct = [p == a for p, a in zip(window_predicted, window_actual)]
             results[name]["per_window"] = {**precision_recall_f1(window_predicted, window_actual),
@@ -216,10 +219,9 @@ def _paired(base: dict, result: dict) -> dict:
     return paired
 
 
-def sweeps(tau: float, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, dict]:
+def sweeps(prune: MotionPruneConfig, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, dict]:
     """Pruning+refresh with one setting changed at a time, on ``windows``: axis -> value -> config."""
-    both = configurations(tau, windows)["pruning+refresh"]
-    prune = both.prune
+    both = configurations(prune, windows)["pruning+refresh"]
     return {
         "tau": {value: dataclasses.replace(both, prune=dataclasses.replace(prune, tau=value))
                 for value in (0.25, 1.0, 4.0, 16.0)},
@@ -236,12 +238,14 @@ def sweeps(tau: float, windows: WindowConfig = SUITE_WINDOWS) -> dict[str, dict]
 SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "stride", "gop")
 
 
-def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, axes: tuple[str, ...] = (),
+def run_watch_bench(adapter: VLMAdapter, videos: list[dict], prune: MotionPruneConfig = MotionPruneConfig(),
+                    axes: tuple[str, ...] = (),
                     root: str | Path = "", static_scenes: tuple[str, ...] = (), progress: bool = False,
                     videos_at: Callable[[int], list[dict]] | None = None, cost_video: str | Path | None = None,
                     windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS,
                     camera_fps: float = CAMERA_FPS) -> dict:
-    """The four configurations on ``windows``; sweeps of one setting at a time for pruning+refresh
+    """The four configurations on ``windows`` (pruning as ``prune`` says); sweeps of one setting at a time for
+    pruning+refresh
     along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
     the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
     optionally the motion rules on noisy static-camera scenes (`bench.motion`) encoded with each
@@ -253,18 +257,19 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
     Raises:
         ConfigError: sweeps or static scenes asked of a model that refuses pruning+refresh.
     """
-    configs, refused = supported(adapter, configurations(tau, windows))
+    configs, refused = supported(adapter, configurations(prune, windows))
     if "pruning+refresh" in refused and (axes or static_scenes):
         raise ConfigError(f"the sweeps and static scenes vary pruning+refresh, which this model refuses: "
                           f"{refused['pruning+refresh']}")
     report = {"model": adapter.name, "videos": len(videos), "cpu_count": os.cpu_count(), "device": str(adapter.device),
               "machine": platform.processor() or platform.machine(), "window_s": windows.window_s,
-              "stride_fraction": windows.stride_fraction, "fps": windows.fps, "tau": tau,
+              "stride_fraction": windows.stride_fraction, "fps": windows.fps, "tau": prune.tau,
+              "motion_source": prune.source,
               "configs": run_watch(adapter, videos, configs, progress, flop_videos=flop_videos), "refused": refused}
-    both, base = configurations(tau, windows)["pruning+refresh"], report["configs"]["full-comp"]
+    both, base = configurations(prune, windows)["pruning+refresh"], report["configs"]["full-comp"]
     report["sweeps"] = {axis: {value: run_watch(adapter, videos, {"both": config}, progress, base, flop_videos)["both"]
                                for value, config in values.items()}
-                        for axis, values in sweeps(tau, windows).items() if axis in axes}
+                        for axis, values in sweeps(prune, windows).items() if axis in axes}
     if "stride" in axes:
         report["sweeps"]["stride"] = {}
         for stride in (0.1, 0.2, 0.4):
@@ -289,7 +294,7 @@ def run_watch_bench(adapter: VLMAdapter, videos: list[dict], tau: float = 0.25, 
 def format_watch_report(report: dict) -> str:
     lines = [f"{report['videos']} videos, model {report['model']} on {report['device']} ({report['cpu_count']} CPUs); "
              f"windows {report['window_s']:g} s, stride {report['stride_fraction']:.0%}, {report['fps']:g} fps, "
-             f"tau {report['tau']} px", "",
+             f"tau {report['tau']} px, motion source {report.get('motion_source', 'auto')}", "",
              f"{'config':<16} {'vis+pre s':>9} {'speed-up':>8} {'GFLOP':>8} {'FLOP ÷':>7} {'kept/visual':>12} "
              f"{'reused':>7} {'refresh':>7} {'carry ms':>8} {'P':>5} {'R':>5} {'F1':>5} {'win F1':>6}"]
     for name, r in report["configs"].items():
