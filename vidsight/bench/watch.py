@@ -186,7 +186,7 @@ def run_watch(adapter: VLMAdapter, videos: list[dict], configs: dict[str, WatchC
                          **precision_recall_f1(predicted, actual), **_accuracy(video_correct),
                          "accuracy_per_family": {family: float(np.mean(r)) for family, r in right.items()},
                          "video_correct": video_correct,
-                         "motion_sources": sorted(source for source in motion_sources if source)}
+                         "motion_sources": sorted(filter(None, motion_sources))}   # None: not judged
         if labelled:
             window_correct = [p == a for p, a in zip(window_predicted, window_actual)]
             results[name]["per_window"] = {**precision_recall_f1(window_predicted, window_actual),
@@ -239,20 +239,19 @@ SWEEP_AXES = ("tau", "alpha", "rule", "refresh", "align", "reuse_in_place", "str
 
 
 def run_watch_bench(adapter: VLMAdapter, videos: list[dict], prune: MotionPruneConfig = MotionPruneConfig(),
-                    axes: tuple[str, ...] = (),
-                    root: str | Path = "", static_scenes: tuple[str, ...] = (), progress: bool = False,
-                    videos_at: Callable[[int], list[dict]] | None = None, cost_video: str | Path | None = None,
+                    axes: tuple[str, ...] = (), root: str | Path = "", static_scenes: tuple[str, ...] = (),
+                    progress: bool = False, videos_at: Callable[[int], list[dict]] | None = None,
+                    cost_video: str | Path | None = None,
                     windows: WindowConfig = SUITE_WINDOWS, flop_videos: int = FLOP_VIDEOS,
                     camera_fps: float = CAMERA_FPS) -> dict:
-    """The four configurations on ``windows`` (pruning as ``prune`` says); sweeps of one setting at a time for
-    pruning+refresh
-    along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own Full-Comp, the rest against
-    the four's; GOP length only when ``videos_at`` rewrites the videos with another GOP), and
-    optionally the motion rules on noisy static-camera scenes (`bench.motion`) encoded with each
-    codec of ``static_scenes`` (recorded at ``camera_fps``), with judging's cost per codec at
-    1280x720. Configurations the
-    model's family refuses (motion pruning where tokens pool across patch groups, KV reuse where
-    frames are labelled by their place in the window) are left out, with the reason under ``refused``.
+    """The four configurations on ``windows`` (pruning as ``prune`` says); sweeps of one setting at a
+    time for pruning+refresh along ``axes`` (`SWEEP_AXES`: stride and GOP length against their own
+    Full-Comp, the rest against the four's; GOP length only when ``videos_at`` rewrites the videos
+    with another GOP), and optionally the motion rules on noisy static-camera scenes (`bench.motion`)
+    encoded with each codec of ``static_scenes`` (recorded at ``camera_fps``), with judging's cost
+    per codec at 1280x720. Configurations the model's family refuses (motion pruning where tokens
+    pool across patch groups, KV reuse where frames are labelled by their place in the window) are
+    left out, with the reason under ``refused``.
 
     Raises:
         ConfigError: sweeps or static scenes asked of a model that refuses pruning+refresh.
