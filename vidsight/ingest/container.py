@@ -55,6 +55,12 @@ def open_error(path: str | Path, exc: av.error.FFmpegError) -> VideoError:
                       f"rejects ({exc.strerror or exc})")
 
 
+def codec_name(stream: av.video.stream.VideoStream) -> str:
+    """The stream's codec as FFmpeg names the format (``av1``), not the decoder that reads it
+    (``libdav1d``, which PyAV's wheels pick for AV1)."""
+    return stream.codec_context.codec.canonical_name
+
+
 @contextlib.contextmanager
 def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
     """Open ``path`` and yield its container and first video stream.

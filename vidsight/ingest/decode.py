@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import MAX_FRAME_SIDE, open_video
+from vidsight.ingest.container import MAX_FRAME_SIDE, codec_name, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_type,
                                    frame_vectors, motion_source)
@@ -336,7 +336,7 @@ class _GopTrimmer:
         self._smallest = 0
         self.gop_end = np.iinfo(np.int64).max  # unknown until the first keyframe's packet
         self.skipping = False
-        self.h264 = stream.codec_context.name == "h264"
+        self.h264 = codec_name(stream) == "h264"
         self.length_size = nal_length_size(stream.codec_context.extradata) if self.h264 else None
 
     def unwanted_non_reference(self, packet: av.Packet, index: int | None) -> bool:

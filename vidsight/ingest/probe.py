@@ -9,7 +9,7 @@ import av
 import numpy as np
 
 from vidsight.errors import VideoError
-from vidsight.ingest.container import open_video
+from vidsight.ingest.container import codec_name, open_video
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import VideoInfo
 
@@ -68,7 +68,7 @@ def probe(path: str | Path) -> VideoInfo:
         average_fps = rate or len(pts_s) / duration
         return VideoInfo(
             path=Path(path),
-            codec=stream.codec_context.name,
+            codec=codec_name(stream),
             width=stream.codec_context.width,
             height=stream.codec_context.height,
             average_fps=average_fps,

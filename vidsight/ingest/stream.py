@@ -22,7 +22,7 @@ import av
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import check_readable, open_error
+from vidsight.ingest.container import check_readable, codec_name, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
@@ -227,7 +227,7 @@ class StreamSource:
             if not container.streams.video:
                 raise VideoError(f"{self.source}: no video stream")
             stream = container.streams.video[0]
-            self.codec, self.frame_rate = stream.codec_context.name, declared_fps(stream)
+            self.codec, self.frame_rate = codec_name(stream), declared_fps(stream)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
