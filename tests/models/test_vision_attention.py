@@ -81,9 +81,18 @@ def test_the_tower_encodes_as_transformers_own_forward(family, keep_share, reque
         forwards.append(self)
         return grouped_forward(self, *args, **kwargs)
 
+    plans, length_plan = [], vision_attention.length_plan
+
+    def planned(cu_seqlens):
+        plans.append(cu_seqlens)
+        return length_plan(cu_seqlens)
+
     monkeypatch.setattr(vision_attention, "_forward", counted)
+    monkeypatch.setattr(vision_attention, "length_plan", planned)
     grouped, video, keep = encode(adapter, keep_share)
     assert layers and len(forwards) == layers   # every attention layer ran the grouped forward
+    # One plan per boundaries tensor the tower passes: its windows' and its frames' (Qwen3-VL has no windows).
+    assert len(plans) == (2 if family == "tiny_adapter" else 1)
     # transformers' forward: the same encoding with the grouping taken out.
     monkeypatch.setattr(vision_attention, "_ATTENTION_CLASSES", ())
     with torch.inference_mode():
