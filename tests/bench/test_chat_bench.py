@@ -28,6 +28,32 @@ def test_each_policy_is_timed_at_each_history(tmp_path, tiny_shape):
     assert set(report["growth"]) == {"full", "recent", "rekv"} and "ms/patch" in format_chat_report(report)
 
 
+def test_the_history_may_be_built_in_batches_and_each_point_is_reported_as_reached(tmp_path, tiny_shape, monkeypatch):
+    from vidsight.engine.chat import ChatSession
+
+    pushes, push = [], ChatSession.push
+
+    def recorded(self, frames, batch_patches=None):
+        frames = list(frames)
+        pushes.append((len(frames), batch_patches))
+        return push(self, frames, batch_patches)
+
+    monkeypatch.setattr(ChatSession, "push", recorded)
+    points = []
+    report = run_chat_bench(tiny_shape, histories=(60, 400), policies=("full", "mosaic"), timed_patches=1,
+                            dtype="float32", out=tmp_path, history_batch=3,
+                            on_point=lambda so_far: points.append([r["history_tokens"] for r in so_far["rows"]]))
+    assert [len(p) for p in points] == [2, 4] and points[-1] == [r["history_tokens"] for r in report["rows"]]
+    assert report["history_batch"] == 3 and "3 patches a step" in format_chat_report(report)
+    built = {batch for frames, batch in pushes if batch is not None}
+    timed = [frames for frames, batch in pushes if batch is None]
+    assert max(built) == 3 and timed and all(frames == 2 for frames in timed)   # timed: one temporal patch a push
+    # A point lands within a patch of its length, as one patch a step does (the first step also holds the prompt's text).
+    assert all(400 <= r["history_tokens"] < 400 + report["tokens_per_patch"] for r in report["rows"][2:])
+    with pytest.raises(ConfigError):
+        run_chat_bench(tiny_shape, histories=(60,), out=tmp_path, history_batch=0)
+
+
 def test_a_checkpoint_is_timed_instead_of_a_shape(tmp_path, tiny_model_dir):
     report = run_chat_bench("no such shape", histories=(60,), policies=("full", "resv"), timed_patches=1,
                             dtype="float32", out=tmp_path, model=tiny_model_dir)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vidsight.engine import GenerationConfig, PrefillConfig
-from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.engine.chat import MAX_BATCH_PATCHES, ChatConfig, ChatSession
 from vidsight.engine.prefill import prefill_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
@@ -254,6 +254,23 @@ def test_patches_encoded_and_prefilled_together_answer_as_one_at_a_time(tiny_ada
     assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-4, rtol=0)
     assert torch.equal(one.cache.tokens.position, many.cache.tokens.position)
     assert many.frames_seen == 11 and len(many._pending) == 1  # the odd frame still waits for its partner
+
+
+def test_a_push_may_batch_its_patches_and_the_next_goes_one_by_one(tiny_adapter, make_test_video):
+    """A history loaded in bulk (`bench chat --history-batch`): one push prefills its patches in
+    batches, the next goes back to the session's own batch, and the answer is one-at-a-time's."""
+    frames = sampled(make_test_video, VIDEOS[0])
+    one, bulk = (ChatSession(tiny_adapter, config=ChatConfig(fps=FPS)) for _ in range(2))
+    one.push(as_frames(frames, 0, 12))
+    bulk.push(as_frames(frames, 0, 10), batch_patches=4)
+    assert [p.patches for p in bulk.patches] == [4] and len(bulk._pending) == 2   # the fifth patch waits
+    bulk.push(as_frames(frames, 10, 12))   # the waiting patch goes first, then the new one
+    assert [p.patches for p in bulk.patches] == [4, 1, 1]
+    a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (one, bulk))
+    assert a.token_ids == b.token_ids and torch.allclose(a.logits, b.logits, atol=1e-4, rtol=0)
+    assert torch.equal(one.cache.tokens.position, bulk.cache.tokens.position)
+    with pytest.raises(ConfigError, match="batch_patches"):
+        bulk.push([], batch_patches=MAX_BATCH_PATCHES + 1)
 
 
 @pytest.mark.parametrize("name", ["rekv", "mosaic", "resv"])

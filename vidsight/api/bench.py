@@ -148,6 +148,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     bench_chat.add_argument("--policies", nargs="+", default=["full", "recent", "rekv"],
                             help="policies to compare; a variant fixes settings: mosaic:clustering=visual,split=eager")
     bench_chat.add_argument("--timed-patches", type=int, default=4, help="temporal patches timed per point (default: 4)")
+    bench_chat.add_argument("--history-batch", type=int, default=1, metavar="K",
+                            help="temporal patches prefilled together while the history is built (default: 1, as "
+                                 "a stream arrives; the timed patches go one by one)")
     add_policy_options(bench_chat)
     add_tier_options(bench_chat)
     bench_chat.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -334,7 +337,8 @@ def _run_bench_chat(args) -> int:
         return 0
     report = run_chat_bench(args.shape, tuple(args.histories), tuple(args.policies), args.timed_patches, args.dtype,
                             args.out, progress=not args.json, settings=settings, tiers=tier_config(vars(args)),
-                            model=args.model)
+                            model=args.model, history_batch=args.history_batch,
+                            on_point=lambda so_far: write_chat_report(so_far, args.out))   # kept if cut off
     json_path, png_path = write_chat_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_chat_report(report)}\n\n{json_path}\n{png_path}")
     return 0

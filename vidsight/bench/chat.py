@@ -13,6 +13,7 @@ Accuracy on the chat suite is `bench.chat_accuracy`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 import os
 import platform
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 
 from vidsight.bench.decode import bench_video
 from vidsight.bench.report import save_figure, write_report
-from vidsight.engine.chat import ChatConfig, ChatSession
+from vidsight.engine.chat import MAX_BATCH_PATCHES, ChatConfig, ChatSession
 from vidsight.engine.config import GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest.stream import StreamSource
@@ -52,7 +53,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                    policies: tuple[str, ...] = POLICY_NAMES, timed_patches: int = TIMED_PATCHES,
                    dtype: str = "bfloat16", out: str | Path = "out/bench", progress: bool = False,
                    settings: dict[str, dict] | None = None, tiers: TierConfig | None = None,
-                   model: str | Path | None = None) -> dict:
+                   model: str | Path | None = None, history_batch: int = 1,
+                   on_point: Callable[[dict], None] | None = None) -> dict:
     """Time each policy's per-patch prefill and question at each history length.
 
     Args:
@@ -67,12 +69,19 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
         tiers: KV tiers for the stream (its forks copy them); None keeps all KV in one device buffer.
         model: A checkpoint to time instead of a shape (trained keys cluster and select as random
             ones do not: the point for policies that retrieve by content at frame steps).
+        history_batch: Temporal patches prefilled together while the history is built (Mosaic's
+            batched execution: fewer, larger steps, which a GPU lease needs to reach 40k tokens
+            with the policies that follow the whole stream); the timed patches go one by one.
+        on_point: Called with the report so far after each history length (a run cut off
+            early keeps the points it reached).
     """
     settings = settings or {}
     if model is None and shape not in MODEL_SHAPES:
         raise ConfigError(f"unknown model shape {shape!r}; choose one of {', '.join(MODEL_SHAPES)}")
     if not histories or list(histories) != sorted(histories) or histories[0] < 1 or timed_patches < 1:
         raise ConfigError("histories must be positive and ascending, and timed_patches positive")
+    if not 1 <= history_batch <= MAX_BATCH_PATCHES:
+        raise ConfigError(f"history_batch must be in [1, {MAX_BATCH_PATCHES}], got {history_batch}")
     for name in policies:
         make_policy(name, **settings.get(name.partition(":")[0], {}))  # a bad name or setting fails before the long work
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
@@ -81,7 +90,8 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     tokens_per_patch = spec.max_tokens_per_patch
     # Frames resized within the shape's pixel bound hold at most tokens_per_patch, often fewer: half
     # as many frames again as that bound implies (a fifth more left the small shape's 40k fill short of margin).
-    frames_needed = int(1.5 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch + len(histories) * timed_patches + 2))
+    frames_needed = int(1.5 * spec.temporal_patch_size * (histories[-1] // tokens_per_patch
+                                                       + len(histories) * (timed_patches + history_batch) + 2))
     video = chat_video(Path(out) / "chat-stream", int(frames_needed / STREAM_FPS) + 2)
     frames = iter(StreamSource(video, fps=STREAM_FPS))
     session = ChatSession(adapter, RecentPolicy(RecentConfig(window_tokens=HISTORY_WINDOW)), ChatConfig(fps=STREAM_FPS),
@@ -91,13 +101,23 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
     own = {name: ChatSession(adapter, make_policy(name, **settings.get(name.partition(":")[0], {})),
                              ChatConfig(fps=STREAM_FPS), tiers)
            for name in policies if name.partition(":")[0] in STREAM_BUILT}
+    header = {"shape": shape if model is None else None, "model": None if model is None else str(model), "dtype": dtype,
+              "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches, "history_batch": history_batch,
+              "tiers": None if tiers is None else {"device_tokens": tiers.device_tokens,
+                                                    "host_tokens": tiers.host_tokens, "disk": tiers.disk_dir is not None},
+              "settings": {name: settings.get(name.partition(":")[0], {}) for name in policies},
+              "device": str(adapter.device), "cpu_count": os.cpu_count(),
+              "machine": platform.processor() or platform.machine()}
     rows = []
     for history in histories:
         while session.cache.length < history:
             before = session.frames_seen
-            chunk = list(itertools.islice(frames, spec.temporal_patch_size))
+            # No more patches than the history still needs (each holds at most tokens_per_patch):
+            # each point lands within a patch of its length, as one patch a step does.
+            batch = min(history_batch, -(-(history - session.cache.length) // tokens_per_patch))
+            chunk = list(itertools.islice(frames, spec.temporal_patch_size * batch))
             for follower in (session, *own.values()):
-                follower.push(chunk)
+                follower.push(chunk, batch_patches=batch)
             if session.frames_seen == before:
                 raise ConfigError(f"{video}: the stream ended at {session.cache.length} cached tokens")
         timed = list(itertools.islice(frames, spec.temporal_patch_size * timed_patches))
@@ -131,14 +151,11 @@ def run_chat_bench(shape: str = "small", histories: tuple[int, ...] = HISTORY_TO
                 print(f"{session.cache.length:>6} tokens, {name:<6}: {rows[-1]['patch_prefill_s'] * 1000:7.0f} ms "
                       f"per patch, question {answer.stats.ttft_s * 1000:7.0f} ms", flush=True)
         session.push(timed)  # the timed frames become history, as in a stream (own sessions have them)
+        report = {**header, "rows": rows, "growth": _growth(rows, policies)}
+        if on_point is not None:
+            on_point(report)
     for follower in (session, *own.values()):
         follower.close()
-    report = {"shape": shape if model is None else None, "model": None if model is None else str(model), "dtype": dtype, "tokens_per_patch": tokens_per_patch, "timed_patches": timed_patches,
-              "tiers": None if tiers is None else {"device_tokens": tiers.device_tokens,
-                                                    "host_tokens": tiers.host_tokens, "disk": tiers.disk_dir is not None},
-              "settings": {name: settings.get(name.partition(":")[0], {}) for name in policies},
-              "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-              "rows": rows, "growth": _growth(rows, policies)}
     return report
 
 
@@ -158,8 +175,9 @@ def _timed(report: dict) -> str:
 def format_chat_report(report: dict) -> str:
     changed = "; ".join(f"{name} {s}" for name, s in report["settings"].items() if s) or "defaults"
     lines = [f"{_timed(report)} ({report['dtype']}), {report['tokens_per_patch']} tokens per temporal patch, "
-             f"{report['timed_patches']} patches timed per point (median), {report['cpu_count']} CPUs; "
-             f"policy settings: {changed}", "",
+             f"{report['timed_patches']} patches timed per point (median), history built "
+             f"{report['history_batch']} patch{'es' if report['history_batch'] > 1 else ''} a step, on "
+             f"{report['device']} with {report['cpu_count']} CPUs; policy settings: {changed}", "",
              f"{'history':>8} {'policy':<7} {'ms/patch':>9} {'choosing':>8} {'attended':>9} {'TTFT ms':>8} "
              f"{'choosing':>8} {'q attended':>10} "
              f"{'retrieved':>9} {'device MiB':>10} {'peak tok':>9} {'moved MiB':>9}"

@@ -35,6 +35,7 @@ from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.
 INITIAL_CAPACITY = 4096
+MAX_BATCH_PATCHES = 256   # temporal patches one prefill may take
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,8 @@ class ChatConfig:
     def __post_init__(self):
         if not 0 < self.fps <= 120:
             raise ConfigError(f"fps must be in (0, 120], got {self.fps}")
-        if not 1 <= self.batch_patches <= 256:
-            raise ConfigError(f"batch_patches must be in [1, 256], got {self.batch_patches}")
+        if not 1 <= self.batch_patches <= MAX_BATCH_PATCHES:
+            raise ConfigError(f"batch_patches must be in [1, {MAX_BATCH_PATCHES}], got {self.batch_patches}")
 
 
 @dataclasses.dataclass
@@ -177,20 +178,31 @@ class ChatSession:
         self.patches: list[PatchStats] = []       # per temporal patch: preprocess, vision and prefill
 
     # -- the stream ------------------------------------------------------------------------------
-    def push(self, frames: Iterable[SampledFrame]) -> None:
-        """Add sampled frames; each completed temporal patch is prefilled at once."""
-        drive(self.pushing(frames), self.adapter)
+    def push(self, frames: Iterable[SampledFrame], batch_patches: int | None = None) -> None:
+        """Add sampled frames; each completed batch of temporal patches is prefilled at once.
 
-    def pushing(self, frames: Iterable[SampledFrame]) -> Stepped[None]:
+        Args:
+            frames: The stream's next sampled frames.
+            batch_patches: Patches prefilled together in this call (default: the session's
+                `ChatConfig.batch_patches`), e.g. a history loaded in bulk before a stream's
+                patches go one by one.
+        """
+        drive(self.pushing(frames, batch_patches), self.adapter)
+
+    def pushing(self, frames: Iterable[SampledFrame], batch_patches: int | None = None) -> Stepped[None]:
         """`push` as stepped work (`steps`): it yields each batch of patches' encoding and then its
         chunk for the language model, so a server encodes and prefills them beside other work."""
         self._check_idle()
+        batch = batch_patches or self.config.batch_patches
+        if not 1 <= batch <= MAX_BATCH_PATCHES:
+            raise ConfigError(f"batch_patches must be in [1, {MAX_BATCH_PATCHES}], got {batch}")
         for frame in frames:
             self._check_frame(frame)
             self._pending.append(frame)
             self.frames_seen += 1
             self.time_s = frame.pts_s
-            if len(self._pending) == self.adapter.vision.temporal_patch_size * self.config.batch_patches:
+            # At or past: a larger batch of an earlier call may have left frames waiting.
+            if len(self._pending) >= self.adapter.vision.temporal_patch_size * batch:
                 yield from self._flushing()
 
     def _flushing(self) -> Stepped[None]:
