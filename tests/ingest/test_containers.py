@@ -29,6 +29,9 @@ CONTAINERS = {
     "hevc-mkv": dict(suffix=".mkv", codec="hevc", bframes=True),
     "vp9-webm": dict(suffix=".webm", codec="vp9"),
     "av1-mp4": dict(suffix=".mp4", codec="av1"),
+    # Raw elementary streams, as cameras dump them: no container, no timestamps (`VideoInfo.timed`).
+    "h264-raw": dict(suffix=".h264", codec="h264", bframes=True),
+    "hevc-raw": dict(suffix=".hevc", codec="hevc", bframes=True),
 }
 
 
@@ -91,6 +94,41 @@ def test_sequential_decoding_gives_the_source_frames(make_test_video, name):
     for k in range(1, len(sources) - 1):
         if (truth["square_xy"][k - 1] != truth["square_xy"][k]) and (truth["square_xy"][k + 1] != truth["square_xy"][k]):
             assert error[k] < min(((frames[k] - sources[j]) ** 2).mean() for j in (k - 1, k + 1)), (name, k)
+
+
+@pytest.mark.parametrize("name", ["h264-raw", "hevc-raw"])
+def test_a_stream_without_timestamps_is_timed_by_its_frames_order(make_test_video, name, tmp_path):
+    """The same bitstream in a container and bare: every decoding path, the live source's too,
+    gives the contained stream's frames in its order, each at its place over the rate."""
+    import av
+
+    from vidsight.ingest.stream import StreamSource
+
+    contained = make_test_video(**{"duration_s": 4.0, "fps": 25, "gop": 25, **CONTAINERS[name], "suffix": ".mkv"})[0]
+    bare = tmp_path / f"bare{CONTAINERS[name]['suffix']}"
+    with av.open(str(contained)) as source, av.open(str(bare), "w") as out:   # remuxed: the same packets
+        stream = out.add_stream_from_template(source.streams.video[0])
+        for packet in source.demux(source.streams.video[0]):
+            if packet.size:
+                packet.stream = stream
+                out.mux(packet)
+    info, reference = probe(bare), probe(contained)
+    assert not info.timed and reference.timed and info.frame_count == reference.frame_count
+    assert info.has_b_frames and info.declared_fps == 25   # the encoder's B-frames; its rate, or the raw demuxer's
+    expected = decode_frames(contained, None, DecodeConfig(), reference)
+    everything = decode_frames(bare, None, DecodeConfig(), info)
+    assert torch.equal(everything.data, expected.data) and everything.strategy == "sequential"
+    np.testing.assert_allclose(everything.pts_s.numpy(), np.arange(info.frame_count) / 25, atol=1e-6)
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    for strategy in ("intervals", "seek"):   # nothing to seek by: one pass from the start
+        parallel = decode_parallel(bare, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy=strategy)
+        assert parallel.strategy == "sequential" and parallel.frames_lost == 0
+        assert torch.equal(parallel.data, expected.data[torch.from_numpy(indices)])
+    with FrameFeed.background(bare, indices, info, workers=2) as feed:
+        assert torch.equal(feed.frames(0, len(feed)), expected.data[torch.from_numpy(indices)])
+    live = list(StreamSource(bare, fps=25.0))
+    assert [f.pts_s for f in live] == pytest.approx(list(np.arange(info.frame_count) / 25))
+    assert torch.equal(torch.stack([f.rgb for f in live]), expected.data)
 
 
 def test_a_seek_that_lands_past_its_keyframe_is_retried_from_earlier(make_test_video, monkeypatch):

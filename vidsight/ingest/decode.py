@@ -232,11 +232,17 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
     gops = (_GopTrimmer(info, sink.wanted, first, last, stream, every_frame=judge is not None)
             if sink.config.trim_gops else None)
 
+    # A stream without timestamps is decoded from its start: its frames are stamped in the order
+    # they come out, with the times the probe gave them (`VideoInfo.timed`).
+    order_stamps = None if info.timed else iter(info.decode_pts.tolist())
+
     def index_of(pts: int) -> int:
         return info.frame_at(pts * time_base)
 
     def take(frame: av.VideoFrame) -> bool:
         """Store ``frame`` if it is in the span; True once the span is complete."""
+        if frame.pts is None and order_stamps is not None:
+            frame.pts = next(order_stamps, None)
         if frame.pts is None:
             return False
         index = index_of(frame.pts)

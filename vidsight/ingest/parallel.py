@@ -62,11 +62,20 @@ def decode_schedule(info: VideoInfo, wanted: np.ndarray, spans: int, strategy: s
                     ) -> tuple[str, list[tuple[int, int]]]:
     """The strategy (``auto`` resolved) and the ``(keyframe, last wanted)`` spans to decode.
 
-    Seeking gives one span per GOP; intervals group the GOPs into at most ``spans`` spans.
+    Seeking gives one span per GOP; intervals group the GOPs into at most ``spans`` spans. A stream
+    without timestamps has nothing to seek by: one ``sequential`` span from its start.
     """
+    if not info.timed:
+        return "sequential", [(0, int(wanted[-1]))]
     if strategy == "auto":
         strategy = choose_strategy(info, wanted)
     return strategy, gop_spans(info, wanted) if strategy == "seek" else plan_spans(info, wanted, spans)
+
+
+def span_threads(strategy: str) -> str:
+    """FFmpeg's threading in each span's decoder: one thread each where decoders work side by
+    side, FFmpeg's own threads for a lone sequential pass."""
+    return "AUTO" if strategy == "sequential" else "NONE"
 
 
 def decode_parallel(
@@ -109,7 +118,7 @@ def decode_parallel(
     strategy, spans = decode_schedule(info, sink.wanted, workers * SPANS_PER_WORKER, strategy)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-decode") as pool:
         # Submitted earliest first, so the start of the video is ready first.
-        list(pool.map(lambda span: decode_span(sink, *span, threads="NONE"), spans))
+        list(pool.map(lambda span: decode_span(sink, *span, threads=span_threads(strategy)), spans))
     return sink.batch(strategy)
 
 

@@ -33,10 +33,13 @@ def probe(path: str | Path) -> VideoInfo:
         VideoError: unreadable file, no video stream, or no timestamped video packets.
     """
     with open_video(path) as (container, stream):
-        pts, keyframe = [], []
+        pts, keyframe, unstamped = [], [], []
         try:
             for packet in container.demux(stream):
-                if packet.pts is None or packet.size == 0:
+                if packet.size == 0:
+                    continue
+                if packet.pts is None:
+                    unstamped.append(packet.is_keyframe)
                     continue
                 pts.append(packet.pts)
                 keyframe.append(packet.is_keyframe)
@@ -46,6 +49,11 @@ def probe(path: str | Path) -> VideoInfo:
             # A damaged container: keep the packets read so far, and say the rest is not read.
             log.warning("%s: container damaged after %d video packets; the rest of the file is not read (%s)",
                         path, len(pts), exc)
+        timed = bool(pts)
+        if not timed and unstamped:   # a raw elementary stream: every packet a frame, timed by its order
+            pts, keyframe = _order_times(stream, len(unstamped)), unstamped
+            log.info("%s: its packets carry no timestamps; frames timed by their order at %g fps",
+                     path, untimed_fps(stream))
         if not pts:
             raise VideoError(f"{path}: the video stream holds no frames")
         decode_order_pts = np.asarray(pts, dtype=np.int64)
@@ -59,7 +67,7 @@ def probe(path: str | Path) -> VideoInfo:
         pts_s = pts_sorted.astype(np.float64) * float(time_base)
         keyframe_indices = np.flatnonzero(is_key)
         gop_sizes = np.diff(np.append(keyframe_indices, len(pts_s)))
-        rate = declared_fps(stream)
+        rate = declared_fps(stream) if timed else untimed_fps(stream)
         if len(pts_s) > 1:
             frame_step = float(np.median(np.diff(pts_s)))
         else:  # one frame (a still image, a one-frame clip): it lasts one frame at the declared rate
@@ -77,12 +85,25 @@ def probe(path: str | Path) -> VideoInfo:
             start_time_s=float(pts_s[0]),
             duration_s=duration,
             frame_count=len(pts_s),
-            has_b_frames=bool(np.any(np.diff(decode_order_pts) < 0)),
+            has_b_frames=bool(np.any(np.diff(decode_order_pts) < 0)) if timed else bool(stream.codec_context.has_b_frames),
             pts_s=pts_s,
             keyframe_indices=keyframe_indices,
             gop_sizes=gop_sizes,
             decode_pts=decode_order_pts,
+            timed=timed,
         )
+
+
+def untimed_fps(stream: av.video.stream.VideoStream) -> float:
+    """The rate a stream without timestamps is timed at: FFmpeg's guess (the codec's own timing,
+    H.264's or HEVC's VUI, where it is plausible), else what the raw demuxer declares (25 fps
+    unless told), else 25."""
+    return float(stream.guessed_rate or stream.average_rate or 0) or 1 / ONE_FRAME_S
+
+
+def _order_times(stream: av.video.stream.VideoStream, frames: int) -> list[int]:
+    """Timestamps (stream ticks) of ``frames`` untimed frames, one per frame at `untimed_fps`."""
+    return [int(t) for t in np.rint(np.arange(frames) / (untimed_fps(stream) * float(stream.time_base)))]
 
 
 def declared_fps(stream: av.video.stream.VideoStream) -> float:

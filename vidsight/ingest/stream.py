@@ -11,6 +11,7 @@ intra-coded blocks, and the blocks the motion rule (`MotionPruneConfig`) found d
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ from vidsight.ingest.container import check_readable, codec_name, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
-from vidsight.ingest.probe import declared_fps
+from vidsight.ingest.probe import declared_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -231,10 +232,19 @@ class StreamSource:
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
+            # A stream without timestamps (a raw elementary stream, as many cameras send) is timed
+            # by its frames' order at its rate, as `probe` times such a file: known by its first frame.
+            by_order, order = None, itertools.count()
             for frame in container.decode(stream):
-                if frame.pts is None:
+                if by_order is None:
+                    by_order = frame.pts is None
+                    self.frame_rate = untimed_fps(stream) if by_order else self.frame_rate
+                if by_order:
+                    pts_s = next(order) / untimed_fps(stream)
+                elif frame.pts is None:
                     continue
-                pts_s = frame.pts * time_base
+                else:
+                    pts_s = frame.pts * time_base
                 kind = frame_type(frame)
                 gop += kind == "I"
                 if pts_s <= resume_after:

@@ -39,6 +39,10 @@ class VideoInfo:
         decode_pts: Every timestamped packet's pts in stream time-base ticks, in decode order,
             as demuxing from the start gives them: after a seek, MPEG-PS (and any container
             that leaves some packets without a timestamp) interpolates them differently.
+        timed: Whether the packets carry timestamps. A raw elementary stream (``.h264``,
+            ``.265``, as many cameras dump) carries none: its frames are timed by their order
+            at the declared rate, its packets taken as frames (keyframes at their place in
+            decode order), and it is decoded from its start in one pass (nothing to seek by).
     """
 
     path: Path
@@ -56,6 +60,7 @@ class VideoInfo:
     keyframe_indices: np.ndarray
     gop_sizes: np.ndarray
     decode_pts: np.ndarray
+    timed: bool = True
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -87,6 +92,7 @@ class VideoInfo:
             "duration_s": self.duration_s,
             "frame_count": self.frame_count,
             "has_b_frames": self.has_b_frames,
+            "timed": self.timed,
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }

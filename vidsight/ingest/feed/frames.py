@@ -20,7 +20,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.decode import DecodeConfig, FrameSink, decode_span
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.parallel import decode_schedule
+from vidsight.ingest.parallel import decode_schedule, span_threads
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class FrameFeed:
         feed._sink = sink
         feed._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vidsight-feed")
         last_slots = np.searchsorted(sink.wanted, [last for _, last in spans], side="right") - 1
-        feed._spans = [(int(slot), feed._pool.submit(decode_span, sink, first, last, "NONE"))
+        feed._spans = [(int(slot), feed._pool.submit(decode_span, sink, first, last, span_threads(strategy)))
                        for (first, last), slot in zip(spans, last_slots)]
         return feed
 
