@@ -22,6 +22,7 @@ from vidsight.ingest.synthetic import SyntheticSpec, make_video
 SOURCES = (
     ("h264.mp4", "h264"), ("h264.mkv", "h264"), ("h264.ts", "h264"), ("mpeg2.mpg", "mpeg2video"),
     ("mpeg4.avi", "mpeg4"), ("mjpeg.avi", "mjpeg"), ("vp9.webm", "vp9"), ("hevc.mp4", "hevc"),
+    ("hevc.hevc", "hevc"),   # a raw elementary stream, as cameras dump it: no container, no timestamps
 )
 # Where each container keeps its index (or the header a demuxer leans on), as bytes to find.
 INDEX_TAGS = (b"moov", b"idx1", b"\x1c\x53\xbb\x6b", b"\x11\x4d\x9b\x74")  # MP4, AVI, MKV Cues, MKV SeekHead

@@ -56,6 +56,9 @@ def probe(path: str | Path) -> VideoInfo:
                      path, untimed_fps(stream))
         if not pts:
             raise VideoError(f"{path}: the video stream holds no frames")
+        if not (stream.codec_context.width and stream.codec_context.height):
+            raise VideoError(f"{path}: the video stream declares no frame size (its parameter sets are missing "
+                             "or cut off)")
         decode_order_pts = np.asarray(pts, dtype=np.int64)
         order = np.argsort(decode_order_pts, kind="stable")
         pts_sorted = decode_order_pts[order]

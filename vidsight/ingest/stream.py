@@ -157,6 +157,8 @@ class StreamSource:
                     yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals), keyframe)
                     sampled += 1
                 if not self._grew(size):
+                    if self.frames_decoded == 0:
+                        raise VideoError(f"{self.source}: no frame of its video stream could be decoded")
                     return
             except (VideoError, OSError, *DEMUX_ERRORS) as exc:
                 # A followed file's growing edge (too short to open yet, a packet half written):
