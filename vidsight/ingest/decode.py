@@ -20,6 +20,7 @@ from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSigna
                                    frame_vectors, motion_source)
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
+from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import probe
 from vidsight.ingest.seek import demux_packets, packets_from_keyframe
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
@@ -129,19 +130,22 @@ class FrameSink:
         slot = self.slot_of.get(index)
         if slot is None or self.got[slot]:
             return
+        turns = quarter_turns(frame)
         if self.config.resize is None:
-            self.data[slot] = torch.from_numpy(frame.to_ndarray(format="rgb24", width=self.width, height=self.height,
-                                                                interpolation="BICUBIC"))
+            height, width = stored_size(self.height, self.width, turns)
+            self.data[slot] = torch.from_numpy(upright(frame.to_ndarray(format="rgb24", width=width, height=height,
+                                                                        interpolation="BICUBIC"), turns))
         else:
-            coded = torch.from_numpy(frame.to_ndarray(format="rgb24"))[None]
+            coded = torch.from_numpy(upright(frame.to_ndarray(format="rgb24"), turns))[None]
             self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
         if self.config.with_codec_info:
             gop = int(self.info.gop_index_of(np.array([index]))[0])
             if signals is not None:
-                self.codec[slot] = CodecInfo(frame_type(frame), gop, *signals[0])
+                codec = CodecInfo(frame_type(frame), gop, *signals[0])
             else:
-                motion = motion_map(frame_vectors(frame), self.info.height, self.info.width) if self.with_motion else None
-                self.codec[slot] = CodecInfo(frame_type(frame), gop, motion)
+                motion = motion_map(frame_vectors(frame), frame.height, frame.width) if self.with_motion else None
+                codec = CodecInfo(frame_type(frame), gop, motion)
+            self.codec[slot] = upright_codec(codec, turns)
         with self._lock:
             self.got[slot] = True
             if self.on_frame is not None:

@@ -1,4 +1,5 @@
-"""`probe`: everything about a video stream that one demux pass can tell, without decoding."""
+"""`probe`: everything about a video stream that one demux pass can tell, decoding only its first frame
+(for its display rotation)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from vidsight.errors import VideoError
 from vidsight.ingest.container import codec_name, open_video
+from vidsight.ingest.orientation import quarter_turns, stored_size
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import VideoInfo
 
@@ -18,10 +20,13 @@ log = logging.getLogger(__name__)
 # How long a lone frame lasts when the stream declares no rate; also the shortest duration, so
 # every video has a positive one.
 ONE_FRAME_S = 0.04
+# Packets the probe decodes, at most, for the first frame's display rotation (a decoder holding
+# frames back for B-frames gives its first within a few).
+PROBE_DECODE_PACKETS = 16
 
 
 def probe(path: str | Path) -> VideoInfo:
-    """Read a file's video stream layout from its packets.
+    """Read a file's video stream layout from its packets (and its display rotation from its first frame).
 
     Args:
         path: A video file.
@@ -34,10 +39,12 @@ def probe(path: str | Path) -> VideoInfo:
     """
     with open_video(path) as (container, stream):
         pts, keyframe, unstamped = [], [], []
+        turns = _FirstFrameTurns(stream)
         try:
             for packet in container.demux(stream):
                 if packet.size == 0:
                     continue
+                turns.read(packet)
                 if packet.pts is None:
                     unstamped.append(packet.is_keyframe)
                     continue
@@ -77,11 +84,12 @@ def probe(path: str | Path) -> VideoInfo:
             frame_step = 1.0 / rate if rate > 0 else ONE_FRAME_S
         duration = max(float(pts_s[-1] - pts_s[0]) + frame_step, ONE_FRAME_S)
         average_fps = rate or len(pts_s) / duration
+        height, width = stored_size(stream.codec_context.height, stream.codec_context.width, turns.turns)
         return VideoInfo(
             path=Path(path),
             codec=codec_name(stream),
-            width=stream.codec_context.width,
-            height=stream.codec_context.height,
+            width=width,
+            height=height,
             average_fps=average_fps,
             declared_fps=rate,
             time_base=(time_base.numerator, time_base.denominator),
@@ -94,7 +102,30 @@ def probe(path: str | Path) -> VideoInfo:
             gop_sizes=gop_sizes,
             decode_pts=decode_order_pts,
             timed=timed,
+            rotation=90 * turns.turns,
         )
+
+
+class _FirstFrameTurns:
+    """The display rotation of a stream's first frame (`quarter_turns`), read by decoding packets
+    during the probe's demux pass until one frame comes out (a phone's portrait video is stored
+    landscape); 0 where none does within `PROBE_DECODE_PACKETS` or the decoder fails."""
+
+    def __init__(self, stream: av.video.stream.VideoStream):
+        self.stream, self.turns, self._tries = stream, 0, PROBE_DECODE_PACKETS
+        stream.codec_context.thread_count = 1   # frame threads would hold the first frame back
+
+    def read(self, packet: av.Packet) -> None:
+        if not self._tries:
+            return
+        self._tries -= 1
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError:
+            self._tries = 0
+            return
+        if frames:
+            self.turns, self._tries = quarter_turns(frames[0]), 0
 
 
 def untimed_fps(stream: av.video.stream.VideoStream) -> float:

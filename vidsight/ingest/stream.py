@@ -27,6 +27,7 @@ from vidsight.ingest.container import check_readable, codec_name, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
+from vidsight.ingest.orientation import quarter_turns, upright, upright_codec
 from vidsight.ingest.probe import declared_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
@@ -152,9 +153,11 @@ class StreamSource:
                     origin = pts_s if origin is None else origin
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
-                    rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
+                    turns = quarter_turns(frame)
+                    rgb = torch.from_numpy(upright(frame.to_ndarray(format="rgb24"), turns))
                     signals, keyframe = since.take()
-                    yield SampledFrame(sampled, index, pts_s, rgb, CodecInfo(kind, gop, *signals), keyframe)
+                    yield SampledFrame(sampled, index, pts_s, rgb, upright_codec(CodecInfo(kind, gop, *signals), turns),
+                                       keyframe)
                     sampled += 1
                 if not self._grew(size):
                     if self.frames_decoded == 0:

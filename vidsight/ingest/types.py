@@ -22,8 +22,8 @@ class VideoInfo:
     Attributes:
         path: The file probed.
         codec: FFmpeg decoder name, e.g. ``"h264"``.
-        width: Coded frame width in pixels.
-        height: Coded frame height in pixels.
+        width: Frame width in pixels as displayed (the coded height when `rotation` turns it).
+        height: Frame height in pixels as displayed.
         average_fps: Frames per second averaged over the stream (the declared rate, else the
             frames over the duration).
         declared_fps: The rate the stream declares, else FFmpeg's guess; 0 when neither (what a
@@ -43,6 +43,8 @@ class VideoInfo:
             ``.265``, as many cameras dump) carries none: its frames are timed by their order
             at the declared rate, its packets taken as frames (keyframes at their place in
             decode order), and it is decoded from its start in one pass (nothing to seek by).
+        rotation: Degrees counter-clockwise the stored frames are turned to be seen (a phone's
+            portrait video: 90 or 270), as every decoded frame is (`vidsight.ingest.orientation`).
     """
 
     path: Path
@@ -61,6 +63,7 @@ class VideoInfo:
     gop_sizes: np.ndarray
     decode_pts: np.ndarray
     timed: bool = True
+    rotation: int = 0
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -93,6 +96,7 @@ class VideoInfo:
             "frame_count": self.frame_count,
             "has_b_frames": self.has_b_frames,
             "timed": self.timed,
+            "rotation": self.rotation,
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }
