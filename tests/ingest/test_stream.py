@@ -280,3 +280,21 @@ def test_a_network_source_that_is_not_video_fails_at_once(tmp_path):
         assert time.monotonic() - started < 5   # no reconnect back-off
     finally:
         server.shutdown()
+
+
+def test_a_stream_whose_frame_size_changes_keeps_its_first_size(tmp_path, caplog):
+    """An adaptive stream switching renditions (here MPEG-TS parts of 320x240 then 160x120, with
+    continuing timestamps): every frame comes out at the first's size, the later ones scaled as
+    FFmpeg scales them, so a window or a session sees one size; said once."""
+    large, small = (SyntheticSpec(width=w, height=h, fps=8, duration_s=4.0, seed=3) for w, h in ((320, 240), (160, 120)))
+    write_part(tmp_path / "a.ts", large, 0, 16)
+    write_part(tmp_path / "b.ts", small, 16, 32)
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes((tmp_path / "a.ts").read_bytes() + (tmp_path / "b.ts").read_bytes())
+    frames = list(StreamSource(joined, fps=8.0))
+    assert len(frames) == 32 and {tuple(f.rgb.shape) for f in frames} == {(240, 320, 3)}
+    with av.open(str(tmp_path / "b.ts")) as container:
+        scaled = [f.to_ndarray(format="rgb24", width=320, height=240, interpolation="BICUBIC")
+                  for f in container.decode(video=0)]
+    assert all(np.array_equal(f.rgb.numpy(), s) for f, s in zip(frames[16:], scaled))
+    assert caplog.text.count("frame size changed mid-stream from 320x240 to 160x120") == 1

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
+import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
@@ -27,7 +28,7 @@ from vidsight.ingest.container import check_readable, codec_name, open_error
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
-from vidsight.ingest.orientation import quarter_turns, upright, upright_codec
+from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import declared_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
@@ -131,6 +132,7 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
+        self._resized = False           # a frame of another size was scaled (said once)
 
     @property
     def motion_source(self) -> str | None:
@@ -142,6 +144,7 @@ class StreamSource:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
         origin = None  # the first frame's time: streams rarely start at 0
         failing_since = None   # when the current run of failures began
+        shown = None   # the first sampled frame's (height, width) as displayed, every frame's size
         while True:
             size = self._size()  # before reading: growth while decoding counts as growth
             decoded_before = self.frames_decoded
@@ -154,7 +157,8 @@ class StreamSource:
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     turns = quarter_turns(frame)
-                    rgb = torch.from_numpy(upright(frame.to_ndarray(format="rgb24"), turns))
+                    shown = shown or stored_size(frame.height, frame.width, turns)
+                    rgb = torch.from_numpy(upright(self._rgb(frame, stored_size(*shown, turns)), turns))
                     signals, keyframe = since.take()
                     yield SampledFrame(sampled, index, pts_s, rgb, upright_codec(CodecInfo(kind, gop, *signals), turns),
                                        keyframe)
@@ -183,6 +187,19 @@ class StreamSource:
 
     def _size(self) -> int:
         return 0 if self.network else Path(self.source).stat().st_size
+
+    def _rgb(self, frame: av.VideoFrame, stored: tuple[int, int]) -> np.ndarray:
+        """``frame`` as RGB at the ``(height, width)`` the stream's first frame was stored at: a
+        stream whose size changes (an adaptive HLS rendition, a camera reconfigured) is scaled back
+        to it, as `ask` scales every frame to the probe's size, so a window or a session sees one size."""
+        height, width = stored
+        if (frame.height, frame.width) == (height, width):
+            return frame.to_ndarray(format="rgb24")
+        if not self._resized:
+            self._resized = True
+            log.warning("%s: frame size changed mid-stream from %dx%d to %dx%d; later frames are scaled to the first's",
+                        self.source, width, height, frame.width, frame.height)
+        return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
 
     def _grew(self, size: int) -> bool:
         """For a followed file: whether it is, or within ``follow_idle_s`` becomes, larger than ``size`` bytes."""
