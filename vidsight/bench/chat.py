@@ -13,9 +13,9 @@ Accuracy on the chat suite is `bench.chat_accuracy`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np

@@ -9,27 +9,18 @@ so every decoded frame is turned by its own display rotation, and so is every ma
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import av
 import numpy as np
 
 from vidsight.ingest.types import CodecInfo
 
-log = logging.getLogger(__name__)
-
 
 def quarter_turns(frame: av.VideoFrame) -> int:
-    """Counter-clockwise quarter turns (0-3) that show ``frame`` upright; 0 for a rotation that is
-    not a multiple of 90 degrees, which no camera writes (FFmpeg's tools ignore it too)."""
-    degrees = frame.rotation
-    if not degrees:
-        return 0
-    turns, rest = divmod(round(degrees), 90)
-    if rest:
-        log.warning("a frame's display rotation of %s degrees is not a quarter turn; shown as stored", degrees)
-        return 0
-    return turns % 4
+    """Counter-clockwise quarter turns (0-3) that show ``frame`` upright; 0 for an angle that is
+    not a quarter turn (no camera writes one), which is shown as stored."""
+    turns, rest = divmod(round(frame.rotation or 0), 90)
+    return 0 if rest else turns % 4
 
 
 def stored_size(height: int, width: int, turns: int) -> tuple[int, int]:

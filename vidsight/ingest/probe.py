@@ -1,5 +1,5 @@
-"""`probe`: everything about a video stream that one demux pass can tell, decoding only its first frame
-(for its display rotation)."""
+"""`probe`: everything about a video stream that one demux pass can tell, decoding only its first
+frame (for its display rotation)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ PROBE_DECODE_PACKETS = 16
 
 
 def probe(path: str | Path) -> VideoInfo:
-    """Read a file's video stream layout from its packets (and its display rotation from its first frame).
+    """Read a file's video stream layout from its packets, and its display rotation from its first frame.
 
     Args:
         path: A video file.
@@ -96,7 +96,8 @@ def probe(path: str | Path) -> VideoInfo:
             start_time_s=float(pts_s[0]),
             duration_s=duration,
             frame_count=len(pts_s),
-            has_b_frames=bool(np.any(np.diff(decode_order_pts) < 0)) if timed else bool(stream.codec_context.has_b_frames),
+            has_b_frames=(bool(np.any(np.diff(decode_order_pts) < 0)) if timed
+                          else bool(stream.codec_context.has_b_frames)),   # the order stamps say nothing
             pts_s=pts_s,
             keyframe_indices=keyframe_indices,
             gop_sizes=gop_sizes,
@@ -112,7 +113,7 @@ class _FirstFrameTurns:
     landscape); 0 where none does within `PROBE_DECODE_PACKETS` or the decoder fails."""
 
     def __init__(self, stream: av.video.stream.VideoStream):
-        self.stream, self.turns, self._tries = stream, 0, PROBE_DECODE_PACKETS
+        self.turns, self._tries = 0, PROBE_DECODE_PACKETS
         stream.codec_context.thread_count = 1   # frame threads would hold the first frame back
 
     def read(self, packet: av.Packet) -> None:
