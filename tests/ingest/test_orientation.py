@@ -39,8 +39,8 @@ def record(path, rotation: int | None):
     return path
 
 
-@pytest.mark.parametrize("rotation", [90, -90, 180])
-def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation):
+@pytest.mark.parametrize("rotation, source", [(90, "codec"), (-90, "codec"), (180, "codec"), (-90, "pixels")])
+def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation, source):
     turns = rotation // 90 % 4
     plain, turned = record(tmp_path / "plain.mp4", None), record(tmp_path / "turned.mp4", rotation)
     info, plain_info = probe(turned), probe(plain)
@@ -50,7 +50,8 @@ def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation):
     def upright(frames):
         return torch.rot90(frames, turns, dims=(1, 2))
 
-    config = DecodeConfig(motion=MotionPruneConfig(tau=0.25))
+    motion = MotionPruneConfig(tau=0.25, source=source)
+    config = DecodeConfig(motion=motion)
     expected = decode_frames(plain, None, config, plain_info)
     everything = decode_frames(turned, None, config, info)
     assert torch.equal(everything.data, upright(expected.data))
@@ -62,8 +63,8 @@ def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation):
     assert torch.equal(parallel.data, upright(expected.data[torch.from_numpy(indices)]))
     with FrameFeed.background(turned, indices, info, workers=2) as feed:
         assert torch.equal(feed.frames(0, len(feed)), upright(expected.data[torch.from_numpy(indices)]))
-    live = list(StreamSource(turned, fps=float(FPS), motion=MotionPruneConfig(tau=0.25)))
-    plain_live = list(StreamSource(plain, fps=float(FPS), motion=MotionPruneConfig(tau=0.25)))
+    live = list(StreamSource(turned, fps=float(FPS), motion=motion))
+    plain_live = list(StreamSource(plain, fps=float(FPS), motion=motion))
     assert torch.equal(torch.stack([f.rgb for f in live]), upright(torch.stack([f.rgb for f in plain_live])))
     assert all(np.array_equal(np.rot90(a.codec.dynamic, turns), b.codec.dynamic)
                for a, b in zip(plain_live, live) if a.codec.dynamic is not None)
