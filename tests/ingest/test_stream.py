@@ -298,3 +298,19 @@ def test_a_stream_whose_frame_size_changes_keeps_its_first_size(tmp_path, caplog
                   for f in container.decode(video=0)]
     assert all(np.array_equal(f.rgb.numpy(), s) for f, s in zip(frames[16:], scaled))
     assert caplog.text.count("frame size changed mid-stream from 320x240 to 160x120") == 1
+
+
+def test_timestamps_that_go_back_in_a_file_are_timed_on(tmp_path, caplog):
+    """MPEG-TS parts joined whose second restarts its clock (a camera's segments, a capture
+    resumed): the second part's frames come after the first's, one frame on, not skipped as past."""
+    spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=4.0, seed=3)
+    write_part(tmp_path / "a.ts", spec, 0, 16)
+    write_part(tmp_path / "b.ts", spec, 0, 16)   # its clock starts over at 0
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes((tmp_path / "a.ts").read_bytes() + (tmp_path / "b.ts").read_bytes())
+    frames = list(StreamSource(joined, fps=8.0))
+    assert len(frames) == 32
+    assert [f.pts_s for f in frames] == pytest.approx([k / 8 for k in range(32)])
+    second = list(StreamSource(tmp_path / "b.ts", fps=8.0))
+    assert all(torch.equal(f.rgb, s.rgb) for f, s in zip(frames[16:], second))
+    assert caplog.text.count("timestamps go back") == 1

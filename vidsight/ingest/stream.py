@@ -35,6 +35,10 @@ from vidsight.ingest.types import CodecInfo, FrameBatch
 
 log = logging.getLogger(__name__)
 
+# Frames come out of a decoder in presentation order: a timestamp this far behind the latest one
+# is a discontinuity, not reordering.
+BACKWARD_JUMP_S = 1.0
+
 NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 # FFmpeg opens further resources from inside a stream (an HLS playlist's segments and keys, RTSP's
 # transports): a network source may use only its own scheme's protocols, so a playlist cannot make
@@ -252,21 +256,13 @@ class StreamSource:
             stream = container.streams.video[0]
             self.codec, self.frame_rate = codec_name(stream), declared_fps(stream)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
-            time_base = float(stream.time_base)
             start, gop, began = None, -1, time.perf_counter()
-            # A stream without timestamps (a raw elementary stream, as many cameras send) is timed
-            # by its frames' order at its rate, as `probe` times such a file: known by its first frame.
-            by_order, order = None, itertools.count()
+            clock = _FrameClock(stream, self.source, continue_backward=not self.network)
             for frame in container.decode(stream):
-                if by_order is None:
-                    by_order = frame.pts is None
-                    self.frame_rate = untimed_fps(stream) if by_order else self.frame_rate
-                if by_order:
-                    pts_s = next(order) / untimed_fps(stream)
-                elif frame.pts is None:
+                pts_s = clock.time_of(frame)
+                self.frame_rate = untimed_fps(stream) if clock.by_order else self.frame_rate
+                if pts_s is None:
                     continue
-                else:
-                    pts_s = frame.pts * time_base
                 kind = frame_type(frame)
                 gop += kind == "I"
                 if pts_s <= resume_after:
@@ -276,6 +272,38 @@ class StreamSource:
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
+
+
+class _FrameClock:
+    """Each decoded frame's time in seconds, on one timeline: its timestamp; its place in the
+    order at the stream's rate where the stream has none (a raw elementary stream, as many cameras
+    send, known by its first frame, as `probe` times such a file); and in a file, continued past a
+    timestamp that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, a camera's clock
+    restarted), as FFmpeg's tools continue it. A network stream's times are left as they come:
+    a reconnection resumes after the last time it saw."""
+
+    def __init__(self, stream: av.video.stream.VideoStream, source: str, continue_backward: bool):
+        self._stream, self._source, self._continue = stream, source, continue_backward
+        self.by_order: bool | None = None
+        self._order, self._shift_s, self._latest_s = itertools.count(), 0.0, None
+
+    def time_of(self, frame: av.VideoFrame) -> float | None:
+        """``frame``'s time in seconds; None for a frame without a timestamp in a stream that has them."""
+        if self.by_order is None:
+            self.by_order = frame.pts is None
+        if self.by_order:
+            return next(self._order) / untimed_fps(self._stream)
+        if frame.pts is None:
+            return None
+        time_s = frame.pts * float(self._stream.time_base) + self._shift_s
+        if self._continue and self._latest_s is not None and time_s < self._latest_s - BACKWARD_JUMP_S:
+            step_s = 1 / (declared_fps(self._stream) or untimed_fps(self._stream))
+            log.warning("%s: timestamps go back %.1f s at %.1f s; the frames after are timed on from there",
+                        self._source, self._latest_s - time_s, self._latest_s)
+            self._shift_s += self._latest_s + step_s - time_s
+            time_s = self._latest_s + step_s
+        self._latest_s = time_s if self._latest_s is None else max(self._latest_s, time_s)
+        return time_s
 
 
 def sliding_windows(frames: Iterator[SampledFrame], config: WindowConfig) -> Iterator[list[SampledFrame]]:
