@@ -131,6 +131,27 @@ def test_a_stream_without_timestamps_is_timed_by_its_frames_order(make_test_vide
     assert torch.equal(torch.stack([f.rgb for f in live]), expected.data)
 
 
+def test_joined_segments_whose_clock_restarts_are_timed_on(make_test_video, tmp_path):
+    """Two MPEG-TS segments with B-frames joined, the second's clock starting over (a camera's
+    files, a capture resumed): every path gives the segments' frames in order, timed on past the
+    jump, where the file's own timestamps would put the second segment on top of the first."""
+    first = make_test_video(**{"duration_s": 3.0, "fps": 25, "gop": 25, **CONTAINERS["h264-mpegts"]})[0]
+    second = make_test_video(**{"duration_s": 3.0, "fps": 25, "gop": 25, "seed": 7, **CONTAINERS["h264-mpegts"]})[0]
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(first.read_bytes() + second.read_bytes())
+    info = probe(joined)
+    assert not info.timed and info.frame_count == 150 and len(info.keyframe_indices) == 6
+    np.testing.assert_allclose(np.diff(info.pts_s), 1 / 25, atol=1e-6)
+    expected = torch.cat([decode_frames(path, None).data for path in (first, second)])
+    everything = decode_frames(joined, None, DecodeConfig(), info)
+    assert torch.equal(everything.data, expected) and everything.strategy == "sequential"
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    parallel = decode_parallel(joined, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy="seek")
+    assert parallel.frames_lost == 0 and torch.equal(parallel.data, expected[torch.from_numpy(indices)])
+    with FrameFeed.background(joined, indices, info, workers=2) as feed:
+        assert torch.equal(feed.frames(0, len(feed)), expected[torch.from_numpy(indices)])
+
+
 def test_a_seek_that_lands_past_its_keyframe_is_retried_from_earlier(make_test_video, monkeypatch):
     import av
 

@@ -233,19 +233,19 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
     info = sink.info
     time_base = float(stream.time_base)
     judge = _SpanJudge(sink, first, last) if sink.judging is not None else None
+    # A stream not timed by its own timestamps is decoded from its start, its frames stamped in the
+    # order they come out with the times the probe gave them (`VideoInfo.timed`); its packets'
+    # timestamps, if any, say nothing of which frame is which, so no GOP is trimmed by them.
+    order_stamps = None if info.timed else iter(np.sort(info.decode_pts).tolist())
     gops = (_GopTrimmer(info, sink.wanted, first, last, stream, every_frame=judge is not None)
-            if sink.config.trim_gops else None)
-
-    # A stream without timestamps is decoded from its start: its frames are stamped in the order
-    # they come out, with the times the probe gave them (`VideoInfo.timed`).
-    order_stamps = None if info.timed else iter(info.decode_pts.tolist())
+            if sink.config.trim_gops and info.timed else None)
 
     def index_of(pts: int) -> int:
         return info.frame_at(pts * time_base)
 
     def take(frame: av.VideoFrame) -> bool:
         """Store ``frame`` if it is in the span; True once the span is complete."""
-        if frame.pts is None and order_stamps is not None:
+        if order_stamps is not None:
             frame.pts = next(order_stamps, None)
         if frame.pts is None:
             return False

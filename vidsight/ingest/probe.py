@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 # How long a lone frame lasts when the stream declares no rate; also the shortest duration, so
 # every video has a positive one.
 ONE_FRAME_S = 0.04
+# Frames come out of a decoder in presentation order, and packets in decode order reorder a few
+# frames at most: a timestamp this far behind the latest is a discontinuity (MPEG-TS segments
+# joined, a camera's clock restarted), which FFmpeg's tools time on past.
+BACKWARD_JUMP_S = 1.0
 # Packets the probe decodes, at most, for the first frame's display rotation (a decoder holding
 # frames back for B-frames gives its first within a few).
 PROBE_DECODE_PACKETS = 16
@@ -56,11 +60,16 @@ def probe(path: str | Path) -> VideoInfo:
             # A damaged container: keep the packets read so far, and say the rest is not read.
             log.warning("%s: container damaged after %d video packets; the rest of the file is not read (%s)",
                         path, len(pts), exc)
-        timed = bool(pts)
-        if not timed and unstamped:   # a raw elementary stream: every packet a frame, timed by its order
+        stamped = bool(pts)
+        if not stamped and unstamped:   # a raw elementary stream: every packet a frame, timed by its order
             pts, keyframe = _order_times(stream, len(unstamped)), unstamped
             log.info("%s: its packets carry no timestamps; frames timed by their order at %g fps",
                      path, untimed_fps(stream))
+        pts, jumps = _continued(pts, stream)
+        if jumps:
+            log.warning("%s: its timestamps go back %d time(s) (segments joined, a clock restarted); the frames "
+                        "after each jump are timed on from the latest time before it", path, jumps)
+        timed = stamped and not jumps
         if not pts:
             raise VideoError(f"{path}: the video stream holds no frames")
         if not (stream.codec_context.width and stream.codec_context.height):
@@ -96,7 +105,7 @@ def probe(path: str | Path) -> VideoInfo:
             start_time_s=float(pts_s[0]),
             duration_s=duration,
             frame_count=len(pts_s),
-            has_b_frames=(bool(np.any(np.diff(decode_order_pts) < 0)) if timed
+            has_b_frames=(bool(np.any(np.diff(decode_order_pts) < 0)) if stamped
                           else bool(stream.codec_context.has_b_frames)),   # the order stamps say nothing
             pts_s=pts_s,
             keyframe_indices=keyframe_indices,
@@ -127,6 +136,23 @@ class _FirstFrameTurns:
             return
         if frames:
             self.turns, self._tries = quarter_turns(frames[0]), 0
+
+
+def _continued(pts: list[int], stream: av.video.stream.VideoStream) -> tuple[list[int], int]:
+    """``pts`` (decode order, stream ticks) with every jump back of over `BACKWARD_JUMP_S` from the
+    latest so far continued one frame after it, and the number of such jumps (a decoder's
+    reordering steps back a few frames at most)."""
+    ticks_per_s = 1 / float(stream.time_base)
+    jump, step = BACKWARD_JUMP_S * ticks_per_s, ticks_per_s / (declared_fps(stream) or untimed_fps(stream))
+    shift, latest, jumps, out = 0, None, 0, []
+    for value in pts:
+        value += shift
+        if latest is not None and value < latest - jump:
+            shift += int(round(latest + step - value))
+            value, jumps = value + int(round(latest + step - value)), jumps + 1
+        latest = value if latest is None else max(latest, value)
+        out.append(value)
+    return out, jumps
 
 
 def untimed_fps(stream: av.video.stream.VideoStream) -> float:

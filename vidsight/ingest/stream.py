@@ -29,15 +29,12 @@ from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
 from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
-from vidsight.ingest.probe import declared_fps, untimed_fps
+from vidsight.ingest.probe import BACKWARD_JUMP_S, declared_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
 log = logging.getLogger(__name__)
 
-# Frames come out of a decoder in presentation order: a timestamp this far behind the latest one
-# is a discontinuity, not reordering.
-BACKWARD_JUMP_S = 1.0
 
 NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 # FFmpeg opens further resources from inside a stream (an HLS playlist's segments and keys, RTSP's

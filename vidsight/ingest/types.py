@@ -39,10 +39,12 @@ class VideoInfo:
         decode_pts: Every timestamped packet's pts in stream time-base ticks, in decode order,
             as demuxing from the start gives them: after a seek, MPEG-PS (and any container
             that leaves some packets without a timestamp) interpolates them differently.
-        timed: Whether the packets carry timestamps. A raw elementary stream (``.h264``,
-            ``.265``, as many cameras dump) carries none: its frames are timed by their order
-            at the declared rate, its packets taken as frames (keyframes at their place in
-            decode order), and it is decoded from its start in one pass (nothing to seek by).
+        timed: Whether the packets' own timestamps place every frame. A raw elementary stream
+            (``.h264``, ``.265``, as many cameras dump) carries none: its frames are timed by their
+            order at the declared rate, its packets taken as frames (keyframes at their place in
+            decode order). One whose timestamps go back (MPEG-TS segments joined) is timed on past
+            each jump. Either is decoded from its start in one pass (nothing to seek by), its
+            frames stamped in the order they come out.
         rotation: Degrees counter-clockwise the stored frames are turned to be seen (a phone's
             portrait video: 90 or 270), as every decoded frame is (`vidsight.ingest.orientation`).
     """
