@@ -209,6 +209,27 @@ def test_watch_rejects_bad_flags(make_test_video, tiny_model_dir, capsys, flags,
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_watch_judges_segments_joined_with_another_size_and_a_restarted_clock(tmp_path, tiny_model_dir, capsys):
+    """Two MPEG-TS segments joined, 224x168 then 112x84, the second's clock starting over: `watch`
+    skipped the second segment as past (3 windows), and with a clock that went on it stacked frames
+    of two sizes (a torch traceback); now every window of the 6 s is judged, at the first's size."""
+    from vidsight.ingest import SyntheticSpec, make_video
+
+    parts = [tmp_path / f"{k}.ts" for k in range(2)]
+    for path, (width, height), seed in zip(parts, ((224, 168), (112, 84)), (1, 2)):
+        make_video(path, SyntheticSpec(width=width, height=height, duration_s=3.0, fps=8, gop=8, seed=seed))
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(b"".join(path.read_bytes() for path in parts))
+    code = main(["watch", str(joined), "--query", "Yes?", "--model", str(tiny_model_dir), "--window", "2", "--json"])
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and "Traceback" not in err
+    windows = [line for line in lines if line["type"] == "window"]
+    assert len(windows) >= 4 and windows[-1]["end_s"] == pytest.approx(6.0, abs=0.5)
+    assert len({w["visual_tokens"] for w in windows}) == 1   # one frame size throughout
+    assert lines[-1]["frames_decoded"] == 48
+
+
 def test_watch_missing_source(tmp_path, capsys):
     assert main(["watch", str(tmp_path / "nope.mp4"), "--query", "Yes?"]) == 2
     assert "no such file" in capsys.readouterr().err
