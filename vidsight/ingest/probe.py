@@ -148,8 +148,8 @@ def _continued(pts: list[int], stream: av.video.stream.VideoStream) -> tuple[lis
     for value in pts:
         value += shift
         if latest is not None and value < latest - jump:
-            shift += int(round(latest + step - value))
-            value, jumps = value + int(round(latest + step - value)), jumps + 1
+            gap = int(round(latest + step - value))
+            shift, value, jumps = shift + gap, value + gap, jumps + 1
         latest = value if latest is None else max(latest, value)
         out.append(value)
     return out, jumps
