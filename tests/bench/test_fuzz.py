@@ -21,7 +21,7 @@ def fuzz_root(tmp_path_factory):
 def test_a_fixed_seed_sample_exits_0_or_2_naming_the_input(fuzz_root, tiny_model_dir):
     outcomes = run_fuzz(48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120)
     report = summarise(outcomes)
-    assert report["runs"] == 96 and not report["failures"], report["failures"]
+    assert report["runs"] == 48 * 3 and not report["failures"], report["failures"]   # probe, ask and watch
     kinds = collections.Counter(o.case.kind for o in outcomes)
     assert len(kinds) >= 8  # the sample covers many kinds of damage, not one
     assert report["verdicts"].get("exit 0", 0) > 0 and report["verdicts"].get("exit 2", 0) > 0
@@ -47,8 +47,8 @@ def test_a_traceback_and_a_hang_are_caught_and_the_callers_memory_is_not_counted
     # The children are forked from a fresh process: a caller holding more than the memory limit (as
     # a test process holding models does) is not measured in them.
     held = np.ones(MEMORY_LIMIT_BYTES + 2**27, np.uint8)
-    outcomes = run_fuzz(2, seed=1, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=3,
-                        main="tests.bench.fuzz_doubles:main")
+    outcomes = run_fuzz(2, seed=1, model=tiny_model_dir, root=fuzz_root, workers=2, commands=("probe", "ask"),
+                        time_limit_s=3, main="tests.bench.fuzz_doubles:main")
     assert held.sum() > MEMORY_LIMIT_BYTES
     assert len(outcomes) == 4
     assert {(o.command, o.verdict) for o in outcomes} == {("probe", "traceback"), ("ask", "hang")}

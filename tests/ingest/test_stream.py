@@ -314,3 +314,25 @@ def test_timestamps_that_go_back_in_a_file_are_timed_on(tmp_path, caplog):
     second = list(StreamSource(tmp_path / "b.ts", fps=8.0))
     assert all(torch.equal(f.rgb, s.rgb) for f, s in zip(frames[16:], second))
     assert caplog.text.count("timestamps go back") == 1
+
+
+def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path, monkeypatch):
+    """What `bench fuzz` found once it ran `watch`: a damaged MPEG-PS whose video stream FFmpeg
+    cannot decode (PyAV gives it no codec context) ended in an AttributeError; the live source now
+    makes the checks the probe makes (`video_stream`)."""
+    import types
+
+    class Undecodable:   # what PyAV opens: a video stream without a codec context
+        streams = types.SimpleNamespace(video=[types.SimpleNamespace(codec_context=None)])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    path = tmp_path / "damaged.mpg"
+    path.write_bytes(b"\x00\x00\x01\xba" + bytes(2048))
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: Undecodable())
+    with pytest.raises(VideoError, match=f"{path}: video stream uses a codec FFmpeg cannot decode"):
+        list(StreamSource(path, fps=2.0))

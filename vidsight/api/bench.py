@@ -196,10 +196,13 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     device.add_argument("--json", action="store_true", help="print the JSON report")
 
     fuzz = bench_commands.add_parser("fuzz", parents=[common],
-                                     help="damaged and hostile inputs through probe and ask: exit 0 or 2, nothing else")
+                                     help="damaged and hostile inputs through probe, ask and watch: exit 0 or 2, "
+                                          "nothing else")
     fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
     fuzz.add_argument("--seed", type=int, default=0, help="seeds the damage (default: 0)")
-    fuzz.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint ask loads (default: {TASK_MODEL})")
+    fuzz.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint ask and watch load (default: {TASK_MODEL})")
+    fuzz.add_argument("--commands", nargs="+", default=["probe", "ask", "watch"], choices=["probe", "ask", "watch"],
+                      help="what each input goes through (default: all three)")
     fuzz.add_argument("--workers", type=int, default=None, help="commands at once (default: CPU count)")
     fuzz.add_argument("--time-limit", type=_float, default=60.0, help="seconds before a run counts as a hang (default: 60)")
     fuzz.add_argument("--out", default="out/bench", help="the JSON report goes here (default: out/bench)")
@@ -384,7 +387,8 @@ def _run_bench_fuzz(args) -> int:
     if args.cases < 1 or args.time_limit <= 0 or (args.workers is not None and args.workers < 1):
         raise ConfigError("--cases, --workers and --time-limit must be positive")
     outcomes = run_fuzz(args.cases, args.seed, args.model, workers=args.workers or os.cpu_count() or 1,
-                        time_limit_s=args.time_limit, progress=sys.stderr.isatty() and not args.json)
+                        commands=tuple(dict.fromkeys(args.commands)), time_limit_s=args.time_limit,
+                        progress=sys.stderr.isatty() and not args.json)
     report = {"seed": args.seed, **summarise(outcomes)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The fuzz benchmark: damaged and hostile inputs through `vidsight probe` and `vidsight ask`.
+"""The fuzz benchmark: damaged and hostile inputs through `vidsight probe`, `ask` and `watch`.
 
 Every run must end in exit status 0 (what was valid decoded, losses counted) or 2 (one message
 naming the input and the problem): a traceback, another status, a run past the time limit or a
@@ -33,6 +33,8 @@ from vidsight.bench.damage import Case, make_case, make_sources
 TIME_LIMIT_S = 60.0
 MEMORY_LIMIT_BYTES = 2**30
 QUESTION = "What happens in the video?"
+# What each input goes through: the probe alone, `ask`'s decoders, and `watch`'s live source.
+COMMANDS = ("probe", "ask", "watch")
 CLI_MAIN = "vidsight.api.cli:main"
 # What `ask` needs, imported by the process the children are forked from.
 WARM_IMPORTS = ("transformers", "vidsight.engine.ask", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
@@ -44,7 +46,7 @@ class Outcome:
 
     Attributes:
         case: The input.
-        command: ``probe`` or ``ask``.
+        command: One of `COMMANDS`.
         exit_code: The process's exit status (-9 when killed at the time limit).
         verdict: ``exit 0``, ``exit 2``, ``traceback``, ``hang``, ``other exit``, ``memory`` (over
             `MEMORY_LIMIT_BYTES`) or ``unnamed`` (exit 2 without naming the input).
@@ -69,21 +71,23 @@ class Outcome:
 def command_line(command: str, path: str, model: str) -> list[str]:
     if command == "probe":
         return ["probe", path, "--json"]
+    if command == "watch":
+        return ["watch", path, "--query", QUESTION, "--model", model, "--window", "1", "--json"]
     return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
 
 
 def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None = None, workers: int = 2,
-             commands: tuple[str, ...] = ("probe", "ask"), time_limit_s: float = TIME_LIMIT_S,
+             commands: tuple[str, ...] = COMMANDS, time_limit_s: float = TIME_LIMIT_S,
              progress: bool = False, main: str = CLI_MAIN) -> list[Outcome]:
     """Make ``cases`` inputs from ``seed`` and run each command on each, ``workers`` at a time.
 
     Args:
         cases: Inputs to make.
         seed: Seeds which damage, where and how much: the same seed makes the same inputs.
-        model: The checkpoint `ask` loads (a small one keeps the run about damage, not compute).
+        model: The checkpoint `ask` and `watch` load (a small one keeps the run about damage, not compute).
         root: Where inputs go (default: a temporary directory, removed afterwards).
         workers: Commands running at once.
-        commands: Which of ``probe`` and ``ask`` to run.
+        commands: Which of `COMMANDS` to run.
         time_limit_s: A command still running after this long is killed and counted as a hang.
         progress: Show a progress bar.
         main: ``module:function``, the command line's entry point each child runs (the fresh

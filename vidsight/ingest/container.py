@@ -75,16 +75,25 @@ def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, 
     except av.error.FFmpegError as exc:
         raise open_error(path, exc) from exc
     try:
-        if not container.streams.video:
-            kinds = sorted({s.type for s in container.streams}) or ["nothing"]
-            raise VideoError(f"{path}: no video stream (the file holds {', '.join(kinds)})")
-        stream = container.streams.video[0]
-        if stream.codec_context is None or stream.codec_context.name is None:
-            raise VideoError(f"{path}: video stream uses a codec FFmpeg cannot decode")
-        width, height = stream.codec_context.width, stream.codec_context.height
-        if not (0 <= width <= MAX_FRAME_SIDE and 0 <= height <= MAX_FRAME_SIDE):
-            raise VideoError(f"{path}: declares a {width}x{height} frame; vidsight decodes at most "
-                             f"{MAX_FRAME_SIDE} pixels a side")
-        yield container, stream
+        yield container, video_stream(container, path)
     finally:
         container.close()
+
+
+def video_stream(container: av.container.InputContainer, source: str | Path) -> av.video.stream.VideoStream:
+    """``container``'s first video stream, one FFmpeg can decode at a size vidsight decodes.
+
+    Raises:
+        VideoError: naming ``source``: no video stream, a codec FFmpeg cannot decode, or an absurd size.
+    """
+    if not container.streams.video:
+        kinds = sorted({s.type for s in container.streams}) or ["nothing"]
+        raise VideoError(f"{source}: no video stream (the file holds {', '.join(kinds)})")
+    stream = container.streams.video[0]
+    if stream.codec_context is None or stream.codec_context.name is None:
+        raise VideoError(f"{source}: video stream uses a codec FFmpeg cannot decode")
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if not (0 <= width <= MAX_FRAME_SIDE and 0 <= height <= MAX_FRAME_SIDE):
+        raise VideoError(f"{source}: declares a {width}x{height} frame; vidsight decodes at most "
+                         f"{MAX_FRAME_SIDE} pixels a side")
+    return stream

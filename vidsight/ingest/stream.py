@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import check_readable, codec_name, open_error
+from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
@@ -248,9 +248,7 @@ class StreamSource:
                 raise
             raise open_error(self.source, exc) from exc
         with container:
-            if not container.streams.video:
-                raise VideoError(f"{self.source}: no video stream")
-            stream = container.streams.video[0]
+            stream = video_stream(container, self.source)
             self.codec, self.frame_rate = codec_name(stream), declared_fps(stream)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
