@@ -65,8 +65,11 @@ def probe(path: str | Path) -> VideoInfo:
             pts, keyframe = _order_times(stream, len(unstamped)), unstamped
             log.info("%s: its packets carry no timestamps; frames timed by their order at %g fps",
                      path, untimed_fps(stream))
-        pts, jumps = _continued(pts, stream)
-        if jumps:
+        ticks_per_s = 1 / float(stream.time_base)   # whole ticks: each jump's gap is one too
+        frame_ticks = max(1, round(ticks_per_s / nominal_fps(stream)))
+        continued = Continuation(round(BACKWARD_JUMP_S * ticks_per_s), frame_ticks)
+        pts = [continued(value) for value in pts]
+        if jumps := continued.jumps:
             log.warning("%s: its timestamps go back %d time(s) (segments joined, a clock restarted); the frames "
                         "after each jump are timed on from the latest time before it", path, jumps)
         timed = stamped and not jumps
@@ -86,7 +89,7 @@ def probe(path: str | Path) -> VideoInfo:
         pts_s = pts_sorted.astype(np.float64) * float(time_base)
         keyframe_indices = np.flatnonzero(is_key)
         gop_sizes = np.diff(np.append(keyframe_indices, len(pts_s)))
-        rate = declared_fps(stream) if timed else untimed_fps(stream)
+        rate = declared_fps(stream) if stamped else untimed_fps(stream)
         if len(pts_s) > 1:
             frame_step = float(np.median(np.diff(pts_s)))
         else:  # one frame (a still image, a one-frame clip): it lasts one frame at the declared rate
@@ -138,21 +141,32 @@ class _FirstFrameTurns:
             self.turns, self._tries = quarter_turns(frames[0]), 0
 
 
-def _continued(pts: list[int], stream: av.video.stream.VideoStream) -> tuple[list[int], int]:
-    """``pts`` (decode order, stream ticks) with every jump back of over `BACKWARD_JUMP_S` from the
-    latest so far continued one frame after it, and the number of such jumps (a decoder's
-    reordering steps back a few frames at most)."""
-    ticks_per_s = 1 / float(stream.time_base)
-    jump, step = BACKWARD_JUMP_S * ticks_per_s, ticks_per_s / (declared_fps(stream) or untimed_fps(stream))
-    shift, latest, jumps, out = 0, None, 0, []
-    for value in pts:
-        value += shift
-        if latest is not None and value < latest - jump:
-            gap = int(round(latest + step - value))
-            shift, value, jumps = shift + gap, value + gap, jumps + 1
-        latest = value if latest is None else max(latest, value)
-        out.append(value)
-    return out, jumps
+class Continuation:
+    """Timestamps continued past each jump back of over ``jump`` from the latest so far: the value
+    after a jump lands ``step`` after that latest, and every later one moves with it (a decoder's
+    reordering steps back a few frames at most). The probe's ticks and the live source's seconds
+    go through the same rule.
+
+    Attributes:
+        jumps: Jumps continued so far.
+    """
+
+    def __init__(self, jump: float, step: float):
+        self.jump, self.step, self.jumps = jump, step, 0
+        self._shift, self._latest = 0, None
+
+    def __call__(self, value: float) -> float:
+        value += self._shift
+        if self._latest is not None and value < self._latest - self.jump:
+            gap = self._latest + self.step - value
+            self._shift, value, self.jumps = self._shift + gap, value + gap, self.jumps + 1
+        self._latest = value if self._latest is None else max(self._latest, value)
+        return value
+
+
+def nominal_fps(stream: av.video.stream.VideoStream) -> float:
+    """The rate a frame's length is taken at: the declared one, else FFmpeg's guess, else 25."""
+    return declared_fps(stream) or untimed_fps(stream)
 
 
 def untimed_fps(stream: av.video.stream.VideoStream) -> float:

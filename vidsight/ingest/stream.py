@@ -29,7 +29,7 @@ from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
 from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
-from vidsight.ingest.probe import BACKWARD_JUMP_S, declared_fps, untimed_fps
+from vidsight.ingest.probe import BACKWARD_JUMP_S, Continuation, declared_fps, nominal_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
 
@@ -249,13 +249,13 @@ class StreamSource:
             raise open_error(self.source, exc) from exc
         with container:
             stream = video_stream(container, self.source)
-            self.codec, self.frame_rate = codec_name(stream), declared_fps(stream)
+            self.codec = codec_name(stream)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
             for frame in container.decode(stream):
                 pts_s = clock.time_of(frame)
-                self.frame_rate = untimed_fps(stream) if clock.by_order else self.frame_rate
+                self.frame_rate = clock.rate
                 if pts_s is None:
                     continue
                 kind = frame_type(frame)
@@ -274,30 +274,37 @@ class _FrameClock:
     order at the stream's rate where the stream has none (a raw elementary stream, as many cameras
     send, known by its first frame, as `probe` times such a file); and in a file, continued past a
     timestamp that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, a camera's clock
-    restarted), as FFmpeg's tools continue it. A network stream's times are left as they come:
-    a reconnection resumes after the last time it saw."""
+    restarted) by the probe's `Continuation`, as FFmpeg's tools continue it. A network stream's
+    times are left as they come: a reconnection resumes after the last time it saw.
+
+    Attributes:
+        rate: The stream's frame rate (its declared one; for one timed by order, that order's).
+    """
 
     def __init__(self, stream: av.video.stream.VideoStream, source: str, continue_backward: bool):
-        self._stream, self._source, self._continue = stream, source, continue_backward
+        self._stream, self._source = stream, source
         self.by_order: bool | None = None
-        self._order, self._shift_s, self._latest_s = itertools.count(), 0.0, None
+        self.rate = declared_fps(stream)
+        self._order = itertools.count()
+        self._continued = Continuation(BACKWARD_JUMP_S, 1 / nominal_fps(stream)) if continue_backward else None
 
     def time_of(self, frame: av.VideoFrame) -> float | None:
         """``frame``'s time in seconds; None for a frame without a timestamp in a stream that has them."""
         if self.by_order is None:
             self.by_order = frame.pts is None
+            self.rate = untimed_fps(self._stream) if self.by_order else self.rate
         if self.by_order:
-            return next(self._order) / untimed_fps(self._stream)
+            return next(self._order) / self.rate
         if frame.pts is None:
             return None
-        time_s = frame.pts * float(self._stream.time_base) + self._shift_s
-        if self._continue and self._latest_s is not None and time_s < self._latest_s - BACKWARD_JUMP_S:
-            step_s = 1 / (declared_fps(self._stream) or untimed_fps(self._stream))
-            log.warning("%s: timestamps go back %.1f s at %.1f s; the frames after are timed on from there",
-                        self._source, self._latest_s - time_s, self._latest_s)
-            self._shift_s += self._latest_s + step_s - time_s
-            time_s = self._latest_s + step_s
-        self._latest_s = time_s if self._latest_s is None else max(self._latest_s, time_s)
+        time_s = frame.pts * float(self._stream.time_base)
+        if self._continued is None:
+            return time_s
+        jumps = self._continued.jumps
+        time_s = self._continued(time_s)
+        if self._continued.jumps > jumps:
+            log.warning("%s: timestamps go back at %.1f s; the frames after are timed on from there",
+                        self._source, time_s)
         return time_s
 
 
