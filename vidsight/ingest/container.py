@@ -81,15 +81,13 @@ def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, 
 
 
 def video_stream(container: av.container.InputContainer, source: str | Path) -> av.video.stream.VideoStream:
-    """``container``'s first video stream, one FFmpeg can decode at a size vidsight decodes.
+    """``container``'s video stream (FFmpeg's choice where it holds several: `main_video_stream`),
+    one FFmpeg can decode at a size vidsight decodes.
 
     Raises:
         VideoError: naming ``source``: no video stream, a codec FFmpeg cannot decode, or an absurd size.
     """
-    if not container.streams.video:
-        kinds = sorted({s.type for s in container.streams}) or ["nothing"]
-        raise VideoError(f"{source}: no video stream (the file holds {', '.join(kinds)})")
-    stream = container.streams.video[0]
+    stream = main_video_stream(container, source)
     if stream.codec_context is None or stream.codec_context.name is None:
         raise VideoError(f"{source}: video stream uses a codec FFmpeg cannot decode")
     width, height = stream.codec_context.width, stream.codec_context.height
@@ -97,3 +95,34 @@ def video_stream(container: av.container.InputContainer, source: str | Path) -> 
         raise VideoError(f"{source}: declares a {width}x{height} frame; vidsight decodes at most "
                          f"{MAX_FRAME_SIDE} pixels a side")
     return stream
+
+
+def main_video_stream(container: av.container.InputContainer, source: str | Path) -> av.video.stream.VideoStream:
+    """The video stream FFmpeg's tools would play (``av_find_best_stream``: the default one, with
+    the most frames seen while opening, then the highest bitrate), never a picture attached to the
+    file (an album's or a download's cover art, which FFmpeg lists as a one-frame video stream and a
+    Matroska file may list first) nor a track of thumbnails.
+
+    Raises:
+        VideoError: naming ``source``: the file holds no video stream but such pictures.
+    """
+    videos = video_streams(container)
+    if not videos:
+        held = sorted({s.type for s in container.streams} - {"video"})
+        if container.streams.video:
+            held.insert(0, "a picture attached to it (cover art)")
+        raise VideoError(f"{source}: no video stream (the file holds {' and '.join(held) or 'nothing'})")
+    if len(videos) == 1:
+        return videos[0]
+    best = container.streams.best("video")
+    return best if best in videos else videos[0]
+
+
+def video_streams(container: av.container.InputContainer) -> list[av.video.stream.VideoStream]:
+    """The streams of moving pictures in ``container`` (a dashcam's front and rear cameras, a
+    broadcast's programs), leaving out attached pictures and thumbnails."""
+    return [s for s in container.streams.video if not s.disposition & _NOT_THE_VIDEO]
+
+
+# Streams FFmpeg lists as video that hold pictures beside the video, not the video itself.
+_NOT_THE_VIDEO = av.stream.Disposition.attached_pic | av.stream.Disposition.timed_thumbnails

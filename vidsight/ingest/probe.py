@@ -10,7 +10,7 @@ import av
 import numpy as np
 
 from vidsight.errors import VideoError
-from vidsight.ingest.container import codec_name, open_video
+from vidsight.ingest.container import codec_name, open_video, video_streams
 from vidsight.ingest.orientation import quarter_turns, stored_size
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import VideoInfo
@@ -42,6 +42,10 @@ def probe(path: str | Path) -> VideoInfo:
         VideoError: unreadable file, no video stream, or no timestamped video packets.
     """
     with open_video(path) as (container, stream):
+        if (streams := len(video_streams(container))) > 1:
+            log.warning("%s: holds %d video streams; vidsight reads stream #%d (%s, %dx%d), the one FFmpeg's "
+                        "players pick", path, streams, stream.index, codec_name(stream), stream.codec_context.width,
+                        stream.codec_context.height)
         pts, keyframe, unstamped = [], [], []
         turns = _FirstFrameTurns(stream)
         try:
