@@ -11,7 +11,7 @@ import numpy as np
 
 from vidsight.errors import VideoError
 from vidsight.ingest.container import codec_name, open_video, video_streams
-from vidsight.ingest.orientation import quarter_turns, stored_size
+from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import VideoInfo
 
@@ -100,7 +100,9 @@ def probe(path: str | Path) -> VideoInfo:
             frame_step = 1.0 / rate if rate > 0 else ONE_FRAME_S
         duration = max(float(pts_s[-1] - pts_s[0]) + frame_step, ONE_FRAME_S)
         average_fps = rate or len(pts_s) / duration
-        height, width = stored_size(stream.codec_context.height, stream.codec_context.width, turns.turns)
+        aspect = pixel_aspect(stream, path)
+        height, width = stored_size(stream.codec_context.height, displayed_width(stream.codec_context.width, aspect),
+                                    turns.turns)
         return VideoInfo(
             path=Path(path),
             codec=codec_name(stream),
@@ -120,6 +122,7 @@ def probe(path: str | Path) -> VideoInfo:
             decode_pts=decode_order_pts,
             timed=timed,
             rotation=90 * turns.turns,
+            pixel_aspect=(aspect.numerator, aspect.denominator),
         )
 
 

@@ -17,6 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -28,7 +29,7 @@ from vidsight.ingest.container import check_readable, codec_name, open_error, vi
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
-from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
+from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import BACKWARD_JUMP_S, Continuation, declared_fps, nominal_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch
@@ -133,6 +134,8 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
+        self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
+        self._first_coded: tuple[int, int] | None = None   # the first frame's stored size
         self._resized = False           # a frame of another size was scaled (said once)
 
     @property
@@ -158,7 +161,7 @@ class StreamSource:
                     if pts_s - origin < sampled / self.fps - 1e-6:
                         continue
                     turns = quarter_turns(frame)
-                    shown = shown or stored_size(frame.height, frame.width, turns)
+                    shown = shown or stored_size(frame.height, displayed_width(frame.width, self.pixel_aspect), turns)
                     rgb = torch.from_numpy(upright(self._rgb(frame, stored_size(*shown, turns)), turns))
                     signals, keyframe = since.take()
                     yield SampledFrame(sampled, index, pts_s, rgb, upright_codec(CodecInfo(kind, gop, *signals), turns),
@@ -190,16 +193,19 @@ class StreamSource:
         return 0 if self.network else Path(self.source).stat().st_size
 
     def _rgb(self, frame: av.VideoFrame, stored: tuple[int, int]) -> np.ndarray:
-        """``frame`` as RGB at the ``(height, width)`` the stream's first frame was stored at: a
-        stream whose size changes (an adaptive HLS rendition, a camera reconfigured) is scaled back
-        to it, as `ask` scales every frame to the probe's size, so a window or a session sees one size."""
-        height, width = stored
-        if (frame.height, frame.width) == (height, width):
-            return frame.to_ndarray(format="rgb24")
-        if not self._resized:
+        """``frame`` as RGB at ``stored``, the ``(height, width)`` the stream's first frame is shown at
+        before it is turned (its width stretched by `pixel_aspect`): a stream whose size changes (an
+        adaptive HLS rendition, a camera reconfigured) is scaled back to it, as `ask` scales every
+        frame to the probe's size, so a window or a session sees one size."""
+        coded = (frame.height, frame.width)
+        self._first_coded = self._first_coded or coded
+        if coded != self._first_coded and not self._resized:
             self._resized = True
             log.warning("%s: frame size changed mid-stream from %dx%d to %dx%d; later frames are scaled to the first's",
-                        self.source, width, height, frame.width, frame.height)
+                        self.source, self._first_coded[1], self._first_coded[0], frame.width, frame.height)
+        if coded == stored:
+            return frame.to_ndarray(format="rgb24")
+        height, width = stored
         return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
 
     def _grew(self, size: int) -> bool:
@@ -249,7 +255,7 @@ class StreamSource:
             raise open_error(self.source, exc) from exc
         with container:
             stream = video_stream(container, self.source)
-            self.codec = codec_name(stream)
+            self.codec, self.pixel_aspect = codec_name(stream), pixel_aspect(stream, self.source)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)

@@ -22,7 +22,8 @@ class VideoInfo:
     Attributes:
         path: The file probed.
         codec: FFmpeg decoder name, e.g. ``"h264"``.
-        width: Frame width in pixels as displayed (the coded height when `rotation` turns it).
+        width: Frame width in square pixels as displayed (the coded width stretched by
+            `pixel_aspect`; the coded height when `rotation` turns it).
         height: Frame height in pixels as displayed.
         average_fps: Frames per second averaged over the stream (the declared rate, else the
             frames over the duration).
@@ -47,6 +48,9 @@ class VideoInfo:
             frames stamped in the order they come out.
         rotation: Degrees counter-clockwise the stored frames are turned to be seen (a phone's
             portrait video: 90 or 270), as every decoded frame is (`vidsight.ingest.orientation`).
+        pixel_aspect: The stored pixels' displayed width over height, ``(numerator, denominator)``
+            (a DVD's 720x480 16:9 picture: ``(32, 27)``); every decoded frame is scaled to square
+            pixels, its rows kept.
     """
 
     path: Path
@@ -66,6 +70,7 @@ class VideoInfo:
     decode_pts: np.ndarray
     timed: bool = True
     rotation: int = 0
+    pixel_aspect: tuple[int, int] = (1, 1)
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -99,6 +104,7 @@ class VideoInfo:
             "has_b_frames": self.has_b_frames,
             "timed": self.timed,
             "rotation": self.rotation,
+            "pixel_aspect": f"{self.pixel_aspect[0]}:{self.pixel_aspect[1]}",
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }
