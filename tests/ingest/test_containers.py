@@ -182,3 +182,48 @@ def test_a_container_that_refuses_to_seek_is_decoded_from_the_start(make_test_vi
     monkeypatch.undo()
     assert_same_frames(decode_frames(path, indices, DecodeConfig(), info), parallel)
     assert caplog.text.count("decoded from the start") == 1  # said once, not once per span
+
+
+def test_a_trimmed_mp4_is_shown_from_its_cut(make_test_video, tmp_path):
+    """An MP4 trimmed without re-encoding (a phone's or an editor's trim) keeps the GOP before its
+    cut and an edit list saying where the video starts; FFmpeg flags those packets to be decoded as
+    references and dropped. The probe counted them as frames: times before the cut that no decoder
+    gives, each warned about as lost. Every path now gives the frames from the cut on, timed from it,
+    as the untrimmed file gives them."""
+    import av
+
+    from vidsight.ingest.dynamic import MotionPruneConfig
+    from vidsight.ingest.stream import StreamSource
+
+    source = container_video(make_test_video, "h264-mp4")
+    cut, trimmed = 10, tmp_path / "trimmed.mp4"
+    with av.open(str(source)) as original, av.open(str(trimmed), "w") as out:   # the same packets, 10 frames earlier
+        stream = original.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        shift = cut * round(1 / (25 * float(stream.time_base)))
+        for packet in original.demux(stream):
+            if packet.dts is not None:
+                packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+                out.mux(packet)
+    with av.open(str(trimmed)) as container:
+        assert sum(p.is_discard for p in container.demux(video=0)) >= cut   # FFmpeg drops the GOP's start
+    reference, info = probe(source), probe(trimmed)
+    assert info.frame_count == reference.frame_count - cut and info.start_time_s == 0
+    np.testing.assert_allclose(info.pts_s, reference.pts_s[cut:] - reference.pts_s[cut], atol=1e-6)
+    motion = MotionPruneConfig(tau=0.25)
+    expected = decode_frames(source, None, DecodeConfig(motion=motion), reference)
+    everything = decode_frames(trimmed, None, DecodeConfig(motion=motion), info)
+    assert everything.frames_lost == 0 and torch.equal(everything.data, expected.data[cut:])
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    for strategy in ("intervals", "seek"):
+        parallel = decode_parallel(trimmed, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy=strategy)
+        assert parallel.frames_lost == 0 and torch.equal(parallel.data, expected.data[cut:][torch.from_numpy(indices)])
+    judged = decode_parallel(trimmed, indices, DecodeConfig(motion=motion), info, workers=3)
+    sampled = decode_frames(trimmed, indices, DecodeConfig(motion=motion), info)
+    assert any(c.dynamic is not None and c.dynamic.any() for c in sampled.codec)
+    assert all((a.dynamic is None and b.dynamic is None) or np.array_equal(a.dynamic, b.dynamic)
+               for a, b in zip(sampled.codec, judged.codec))
+    with FrameFeed.background(trimmed, indices, info, workers=2) as feed:
+        assert torch.equal(feed.frames(0, len(feed)), expected.data[cut:][torch.from_numpy(indices)])
+    live = list(StreamSource(trimmed, fps=25.0))
+    assert torch.equal(torch.stack([f.rgb for f in live]), expected.data[cut:])

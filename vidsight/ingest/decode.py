@@ -22,7 +22,7 @@ from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import probe
-from vidsight.ingest.seek import demux_packets, packets_from_keyframe
+from vidsight.ingest.seek import demux_packets, packets_from_keyframe, shown
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
         return index >= last
 
     for packet in packets:
-        index = index_of(packet.pts) if gops and packet.pts is not None else None
+        index = index_of(packet.pts) if gops and shown(packet) else None
         if gops:
             if packet.is_keyframe and index is not None:
                 gops.enter(index)

@@ -53,6 +53,8 @@ def probe(path: str | Path) -> VideoInfo:
                 if packet.size == 0:
                     continue
                 turns.read(packet)
+                if packet.is_discard:   # before an edit list's start: decoded as a reference, never shown
+                    continue
                 if packet.pts is None:
                     unstamped.append(packet.is_keyframe)
                     continue

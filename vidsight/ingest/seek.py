@@ -46,10 +46,17 @@ def demux_packets(container: av.container.InputContainer, stream: av.video.strea
             yield packet
 
 
+def shown(packet: av.Packet) -> bool:
+    """Whether ``packet`` is a frame of the probe's table: timestamped, and not one an MP4 edit list
+    starts after (a phone's trimmed video keeps the GOP before its cut, flagged to be decoded as a
+    reference and dropped, which the decoder does)."""
+    return packet.pts is not None and not packet.is_discard
+
+
 def _stamped(packets: Iterator[av.Packet], decode_pts: np.ndarray, position: int) -> Iterator[av.Packet]:
     """``packets`` with the probe's timestamps, the first being the one at decode ``position``."""
     for packet in packets:
-        if packet.pts is not None:  # the probe counted only timestamped packets
+        if shown(packet):  # the probe counted only these
             if position < len(decode_pts):
                 packet.pts = int(decode_pts[position])
             position += 1
@@ -80,7 +87,7 @@ def packets_from_keyframe(container: av.container.InputContainer, stream: av.vid
             return None
         packets = demux_packets(container, stream)
         for packet in packets:
-            if packet.pts is None:
+            if not shown(packet):
                 continue
             index = info.frame_at(packet.pts * time_base)
             if index == first and packet.is_keyframe:

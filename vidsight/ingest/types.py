@@ -32,12 +32,13 @@ class VideoInfo:
         time_base: Stream time base as ``(numerator, denominator)``.
         start_time_s: Presentation time of the first frame, in seconds.
         duration_s: From the first frame's start to the last frame's end, in seconds.
-        frame_count: Frames in the stream (one per packet with a timestamp).
+        frame_count: Frames in the stream (one per packet with a timestamp, leaving out those an
+            MP4 edit list starts after: a trimmed video's GOP before its cut, decoded but not shown).
         has_b_frames: Whether any frame is presented before a frame decoded earlier.
         pts_s: Presentation time of every frame in presentation order, in seconds.
         keyframe_indices: Frame indices (presentation order) of the keyframes.
         gop_sizes: Frames from each keyframe up to the next one (or the end).
-        decode_pts: Every timestamped packet's pts in stream time-base ticks, in decode order,
+        decode_pts: Every counted packet's pts (`frame_count`) in stream time-base ticks, in decode order,
             as demuxing from the start gives them: after a seek, MPEG-PS (and any container
             that leaves some packets without a timestamp) interpolates them differently.
         timed: Whether the packets' own timestamps place every frame. A raw elementary stream
