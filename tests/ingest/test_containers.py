@@ -4,6 +4,8 @@ MPEG-TS and MPEG-PS carry no index and FFmpeg seeks in them only approximately: 
 verified, interval and seek decoding lost most GOPs of these files without a damaged packet.
 """
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +229,45 @@ def test_a_trimmed_mp4_is_shown_from_its_cut(make_test_video, tmp_path):
         assert torch.equal(feed.frames(0, len(feed)), expected.data[cut:][torch.from_numpy(indices)])
     live = list(StreamSource(trimmed, fps=25.0))
     assert torch.equal(torch.stack([f.rgb for f in live]), expected.data[cut:])
+
+
+def test_a_recording_with_a_gap_keeps_its_times(tmp_path):
+    """A camera that records on motion leaves gaps in one file's clock. With B-frames, the frame
+    after a gap is sent before the B-frames shown before it, a timestamp going back over the gap
+    that the probe took for a restarted clock (and timed the rest on past it: 120 s for 64). Every
+    path now keeps the file's times, and the live source samples the gap's far side at its rate
+    (it had taken every frame there until its count caught up with the clock)."""
+    import av
+
+    from vidsight.ingest.stream import StreamSource
+
+    times = np.concatenate([np.arange(100) / 25, 60 + np.arange(100) / 25])   # 4 s, 56 s of nothing, 4 s
+    path = tmp_path / "gap.mkv"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=25, options={"g": "25", "bf": "3"})
+        stream.width, stream.height, stream.pix_fmt, stream.time_base = 128, 96, "yuv420p", Fraction(1, 1000)
+        for k, time_s in enumerate(times):
+            image = np.zeros((96, 128, 3), np.uint8)
+            image[:, (3 * k) % 120 : (3 * k) % 120 + 8] = 255
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = round(time_s * 1000), Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    with av.open(str(path)) as container:   # a frame after the gap sent before frames shown before it
+        sent = [p.pts for p in container.demux(video=0) if p.size]
+        assert any(later > 60_000 > earlier for later, earlier in zip(sent, sent[1:]))
+    info = probe(path)
+    assert info.timed and info.frame_count == 200
+    np.testing.assert_allclose(info.pts_s, times, atol=1e-6)
+    everything = decode_frames(path, None, DecodeConfig(), info)
+    np.testing.assert_allclose(everything.pts_s.numpy(), times, atol=1e-6)
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    parallel = decode_parallel(path, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy="seek")
+    assert parallel.frames_lost == 0 and torch.equal(parallel.data, everything.data[torch.from_numpy(indices)])
+    live = list(StreamSource(path, fps=2.0))
+    grid = [t for t in np.arange(0, 64, 0.5) if t < 4 or t >= 60]   # the sample times that have frames
+    assert [f.pts_s for f in live] == pytest.approx([times[np.searchsorted(times, t - 1e-9)] for t in grid])
+    assert torch.equal(torch.stack([f.rgb for f in live]), everything.data[[int(np.searchsorted(times, t - 1e-9))
+                                                                          for t in grid]])

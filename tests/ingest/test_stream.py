@@ -323,7 +323,7 @@ def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path,
     import types
 
     class Undecodable:   # what PyAV opens: a video stream without a codec context
-        streams = types.SimpleNamespace(video=[types.SimpleNamespace(codec_context=None)])
+        streams = types.SimpleNamespace(video=[types.SimpleNamespace(codec_context=None, disposition=0)])
 
         def __enter__(self):
             return self

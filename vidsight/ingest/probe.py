@@ -3,6 +3,7 @@ frame (for its display rotation)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 from pathlib import Path
 
@@ -24,6 +25,9 @@ ONE_FRAME_S = 0.04
 # frames at most: a timestamp this far behind the latest is a discontinuity (MPEG-TS segments
 # joined, a camera's clock restarted), which FFmpeg's tools time on past.
 BACKWARD_JUMP_S = 1.0
+# Frames a decoder holds back at most to reorder them (H.264's and HEVC's largest picture buffer):
+# a timestamp at or below all of the last this many is a discontinuity, not a B-frame sent late.
+REORDER_DEPTH = 16
 # Packets the probe decodes, at most, for the first frame's display rotation (a decoder holding
 # frames back for B-frames gives its first within a few).
 PROBE_DECODE_PACKETS = 16
@@ -152,9 +156,11 @@ class _FirstFrameTurns:
 
 class Continuation:
     """Timestamps continued past each jump back of over ``jump`` from the latest so far: the value
-    after a jump lands ``step`` after that latest, and every later one moves with it (a decoder's
-    reordering steps back a few frames at most). The probe's ticks and the live source's seconds
-    go through the same rule.
+    after a jump lands ``step`` after that latest, and every later one moves with it. A value above
+    any of the last `REORDER_DEPTH` is not a jump, however far back: packets come in decode order,
+    and a B-frame shown before a gap in the recording (a camera that records on motion) is sent
+    after the frame that follows the gap. The probe's ticks and the live
+    source's seconds go through the same rule.
 
     Attributes:
         jumps: Jumps continued so far.
@@ -163,13 +169,15 @@ class Continuation:
     def __init__(self, jump: float, step: float):
         self.jump, self.step, self.jumps = jump, step, 0
         self._shift, self._latest = 0, None
+        self._recent: collections.deque = collections.deque(maxlen=REORDER_DEPTH)
 
     def __call__(self, value: float) -> float:
         value += self._shift
-        if self._latest is not None and value < self._latest - self.jump:
+        if self._latest is not None and value < self._latest - self.jump and value <= min(self._recent):
             gap = self._latest + self.step - value
             self._shift, value, self.jumps = self._shift + gap, value + gap, self.jumps + 1
         self._latest = value if self._latest is None else max(self._latest, value)
+        self._recent.append(value)
         return value
 
 

@@ -146,6 +146,7 @@ class StreamSource:
 
     def __iter__(self) -> Iterator[SampledFrame]:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
+        due = 0        # the sample grid's next time, in samples from the first frame's
         origin = None  # the first frame's time: streams rarely start at 0
         failing_since = None   # when the current run of failures began
         shown = None   # the first sampled frame's (height, width) as displayed, every frame's size
@@ -158,8 +159,11 @@ class StreamSource:
                     since.add(kind, step)
                     resume_after = pts_s
                     origin = pts_s if origin is None else origin
-                    if pts_s - origin < sampled / self.fps - 1e-6:
+                    if pts_s - origin < due / self.fps - 1e-6:
                         continue
+                    # Grid times a gap in the recording passed (a camera that records on motion)
+                    # are skipped, not made up by every frame after it.
+                    due = max(due + 1, math.floor((pts_s - origin) * self.fps + 1e-6) + 1)
                     turns = quarter_turns(frame)
                     shown = shown or stored_size(frame.height, displayed_width(frame.width, self.pixel_aspect), turns)
                     rgb = torch.from_numpy(upright(self._rgb(frame, stored_size(*shown, turns)), turns))
