@@ -53,3 +53,17 @@ def test_a_traceback_and_a_hang_are_caught_and_the_callers_memory_is_not_counted
     assert len(outcomes) == 4
     assert {(o.command, o.verdict) for o in outcomes} == {("probe", "traceback"), ("ask", "hang")}
     assert all(0 < o.peak_rss_bytes < MEMORY_LIMIT_BYTES / 2 for o in outcomes)
+
+
+def test_the_shaped_sources_are_shaped_as_named(tmp_path):
+    """The trimmed MP4 holds packets FFmpeg drops after decoding, the other lists a picture first."""
+    import av
+
+    from vidsight.bench.damage import SHAPED, TRIMMED_FRAMES
+
+    sources = {path.name: path for path in make_sources(tmp_path / "sources")}
+    assert set(SHAPED) <= set(sources)
+    with av.open(str(sources["h264-trimmed.mp4"])) as container:
+        assert sum(packet.is_discard for packet in container.demux(video=0)) == TRIMMED_FRAMES
+    with av.open(str(sources["h264-picture-first.mkv"])) as container:
+        assert [s.codec_context.name for s in container.streams.video] == ["mjpeg", "h264"]

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import av
 import numpy as np
 
 from vidsight.ingest.synthetic import SyntheticSpec, make_video
@@ -24,6 +25,11 @@ SOURCES = (
     ("mpeg4.avi", "mpeg4"), ("mjpeg.avi", "mjpeg"), ("vp9.webm", "vp9"), ("hevc.mp4", "hevc"),
     ("hevc.hevc", "hevc"),   # a raw elementary stream, as cameras dump it: no container, no timestamps
 )
+# Files as editors and downloads write them, the first source's packets remuxed: an MP4 trimmed
+# without re-encoding (an edit list starting after the GOP's first frames, which FFmpeg flags to be
+# decoded and dropped), and a Matroska file listing a one-frame picture track before the video.
+SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv")
+TRIMMED_FRAMES = 3
 # Where each container keeps its index (or the header a demuxer leans on), as bytes to find.
 INDEX_TAGS = (b"moov", b"idx1", b"\x1c\x53\xbb\x6b", b"\x11\x4d\x9b\x74")  # MP4, AVI, MKV Cues, MKV SeekHead
 
@@ -57,7 +63,32 @@ def make_sources(root: Path) -> list[Path]:
             make_video(path, spec)
             path.with_suffix(".json").unlink(missing_ok=True)
         paths.append(path)
+    for name in SHAPED:
+        path = root / name
+        if not path.exists():
+            _remux(paths[0], path)
+        paths.append(path)
     return paths
+
+
+def _remux(source: Path, path: Path) -> None:
+    """``source``'s packets in ``path``, shaped as `SHAPED` names it."""
+    with av.open(str(source)) as original, av.open(str(path), "w") as out:
+        stream = original.streams.video[0]
+        pictures = []
+        if "picture-first" in path.name:
+            picture = out.add_stream("mjpeg", rate=1)
+            picture.width, picture.height, picture.pix_fmt = 64, 64, "yuvj420p"
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 128, np.uint8), format="rgb24")
+            pictures = [*picture.encode(frame.reformat(format="yuvj420p")), *picture.encode()]
+        copy = out.add_stream_from_template(stream)
+        for packet in pictures:   # the header is written with the first packet, once every stream is added
+            out.mux(packet)
+        shift = round(TRIMMED_FRAMES / (float(stream.average_rate) * float(stream.time_base))) if "trimmed" in path.name else 0
+        for packet in original.demux(stream):
+            if packet.dts is not None:
+                packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+                out.mux(packet)
 
 
 def _bitflip(data: bytearray, rng: np.random.Generator) -> bytearray:
