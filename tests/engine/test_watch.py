@@ -5,7 +5,8 @@ import torch
 
 from vidsight.engine.steps import drive, encode_together
 from vidsight.engine.watch import WatchConfig, Watcher
-from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.windows import WindowConfig, sliding_windows
 
 from tests.settings import (assert_input_matters, assert_logits_close, assert_same_answer, exact_answers,
                             logits_error)

@@ -10,7 +10,7 @@ import torch
 
 from vidsight.errors import VideoError
 from vidsight.ingest import SyntheticSpec
-from vidsight.ingest.stream import PROTOCOL_WHITELIST, StreamSource, WindowConfig
+from vidsight.ingest.stream import PROTOCOL_WHITELIST, StreamSource
 from vidsight.ingest.synthetic import background, render_frame, square_track
 from vidsight.ingest.writer import write_video
 
@@ -171,14 +171,6 @@ def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
     monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
     with pytest.raises(VideoError, match="rtsp://camera.invalid/live: stream failed"):
         list(StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=2))
-
-
-@pytest.mark.parametrize("bad", [dict(fps=0), dict(window_s=0.5, fps=2), dict(stride_fraction=0)])
-def test_window_config_rejects_bad_values(bad):
-    from vidsight.errors import ConfigError
-
-    with pytest.raises(ConfigError):
-        WindowConfig(**bad)
 
 
 def test_sampling_counts_from_the_first_frame_when_the_stream_starts_late(make_test_video):

@@ -12,7 +12,8 @@ from vidsight.engine.watch import WatchConfig, Watcher
 from vidsight.errors import ConfigError
 from vidsight.ingest import FrameBatch, decode_frames, probe, sample_frames
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.stream import StreamSource, WindowConfig
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.windows import WindowConfig
 from vidsight.models.decoder import apply_rotary
 from vidsight.vision import preprocess_video
 

@@ -13,7 +13,8 @@ import torch
 from vidsight.bench.motion import QWEN_VIDEO, groups_covered
 from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
-from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.windows import WindowConfig, sliding_windows
 from vidsight.ingest.writer import write_video
 from vidsight.tasks.scenes import Scene, SceneObject
 from vidsight.vision.motion import MotionMasker, group_mask

@@ -103,7 +103,7 @@ def feed_config(settings: dict[str, Any]):
 def watch_config(settings: dict[str, Any]):
     """A `WatchConfig` from named settings (`WATCH_SETTINGS`)."""
     from vidsight.engine.watch import WatchConfig
-    from vidsight.ingest.stream import WindowConfig
+    from vidsight.ingest.windows import WindowConfig
 
     fields = _grouped(settings, WATCH_SETTINGS)
     return _build(WatchConfig, fields["watch"], windows=_build(WindowConfig, fields["windows"]),

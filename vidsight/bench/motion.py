@@ -27,7 +27,8 @@ from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_type, motion_source
 from vidsight.ingest.probe import declared_fps, probe
-from vidsight.ingest.stream import StreamSource, WindowConfig, sliding_windows
+from vidsight.ingest.stream import StreamSource
+from vidsight.ingest.windows import WindowConfig, sliding_windows
 from vidsight.ingest.writer import write_video
 from vidsight.models.base import VisionSpec
 from vidsight.models.loading import (CLIP_MEAN, CLIP_STD, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,

@@ -42,7 +42,7 @@ from vidsight.tasks.watch_scenes import FAMILIES as WATCH_FAMILIES, watch_scene
 from vidsight.engine.stats import WINDOW_STAGES
 from vidsight.engine.watch import WatchConfig, Watcher, WindowVerdict
 from vidsight.errors import ConfigError
-from vidsight.ingest.stream import WindowConfig
+from vidsight.ingest.windows import WindowConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.ingest.dynamic import RULES, SOFTWARE_ALPHA, MotionPruneConfig
 

@@ -26,7 +26,8 @@ from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
-from vidsight.ingest.stream import SampledFrame, StreamSource, WindowConfig, as_batch, sliding_windows
+from vidsight.ingest.stream import SampledFrame, StreamSource, as_batch
+from vidsight.ingest.windows import WindowConfig, sliding_windows
 from vidsight.kv import VIDEO
 from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
