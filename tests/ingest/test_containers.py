@@ -271,3 +271,41 @@ def test_a_recording_with_a_gap_keeps_its_times(tmp_path):
     assert [f.pts_s for f in live] == pytest.approx([times[np.searchsorted(times, t - 1e-9)] for t in grid])
     assert torch.equal(torch.stack([f.rgb for f in live]), everything.data[[int(np.searchsorted(times, t - 1e-9))
                                                                           for t in grid]])
+
+
+def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video):
+    """MJPEG (as many IP cameras and webcams send) codes every frame as an I-frame, so every sample
+    started a GOP and was kept whole: motion pruning pruned nothing. Its frames are now grouped
+    (`INTRA_ONLY_GOP`), judged by their pixels within a group, and every path gives the sequential
+    decoder's frames and signals; the moving square is found where it is."""
+    from vidsight.ingest.dynamic import MotionPruneConfig
+    from vidsight.ingest.probe import INTRA_ONLY_GOP
+    from vidsight.ingest.stream import StreamSource
+
+    path, truth = make_test_video(suffix=".avi", codec="mjpeg", width=160, height=120, fps=25, duration_s=24.0,
+                                  square_size=24)
+    info = probe(path)
+    assert info.intra_only and info.frame_count == 600
+    assert info.keyframe_indices.tolist() == [0, INTRA_ONLY_GOP, 2 * INTRA_ONLY_GOP]
+    motion = MotionPruneConfig(tau=0.25)
+    everything = decode_frames(path, None, DecodeConfig(motion=motion), info)
+    assert [k for k, c in enumerate(everything.codec) if c.frame_type == "I"] == info.keyframe_indices.tolist()
+    judged = [k for k, c in enumerate(everything.codec)   # estimates a group into it, the square moving
+              if c.dynamic is not None and k % INTRA_ONLY_GOP > 6 and truth["square_xy"][k - 2] != truth["square_xy"][k]]
+    assert len(judged) > 200
+    on_square = [everything.codec[k].dynamic[y // 4 : (y + 24) // 4 + 1, x // 4 : (x + 24) // 4 + 1].any()
+                 for k in judged for x, y in [truth["square_xy"][k]]]
+    assert np.mean(on_square) > 0.95 and max(everything.codec[k].dynamic.mean() for k in judged) < 0.5
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    sampled = decode_frames(path, indices, DecodeConfig(motion=motion), info)
+    assert sum(c.dynamic is None for c in sampled.codec) == 3   # one kept whole a group
+    for strategy in ("intervals", "seek"):
+        parallel = decode_parallel(path, indices, DecodeConfig(motion=motion), info, workers=3, strategy=strategy)
+        assert torch.equal(parallel.data, sampled.data)
+        assert all((a.dynamic is None and b.dynamic is None) or np.array_equal(a.dynamic, b.dynamic)
+                   for a, b in zip(sampled.codec, parallel.codec))
+    live = list(StreamSource(path, fps=2.0, motion=motion))   # its samples: the first frame at or after each time
+    same = decode_frames(path, np.array([f.frame_index for f in live]), DecodeConfig(motion=motion), info)
+    assert [f.codec.frame_type for f in live] == [c.frame_type for c in same.codec]
+    assert all((a.dynamic is None and b.codec.dynamic is None) or np.array_equal(a.dynamic, b.codec.dynamic)
+               for a, b in zip(same.codec, live))

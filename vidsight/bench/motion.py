@@ -25,7 +25,7 @@ import numpy as np
 from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.decode import configure_decoder
-from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_type, motion_source
+from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_kind, motion_source
 from vidsight.ingest.probe import declared_fps, probe
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.windows import WindowConfig, sliding_windows
@@ -254,8 +254,9 @@ def _judging_ms(path: Path, source: str) -> tuple[float, float]:
         stream = container.streams.video[0]
         configure_decoder(stream, with_motion=source == "codec", threads="NONE")
         judge = FrameJudge(MotionPruneConfig(source=source), source, declared_fps(stream))
+        intra_only = bool(stream.codec_context.codec.intra_only)
         for frame in container.decode(stream):
-            kind = frame_type(frame)
+            kind = frame_kind(frame, frames, intra_only)
             started = time.perf_counter()
             judged = judge.push(frame, kind, None)
             spent += time.perf_counter() - started

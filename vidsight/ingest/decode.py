@@ -16,7 +16,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import MAX_FRAME_SIDE, codec_name, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_type,
+from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_kind,
                                    frame_vectors, motion_source)
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
@@ -141,15 +141,19 @@ class FrameSink:
         if self.config.with_codec_info:
             gop = int(self.info.gop_index_of(np.array([index]))[0])
             if signals is not None:
-                codec = CodecInfo(frame_type(frame), gop, *signals[0])
+                codec = CodecInfo(self.kind(frame, index), gop, *signals[0])
             else:
                 motion = motion_map(frame_vectors(frame), frame.height, frame.width) if self.with_motion else None
-                codec = CodecInfo(frame_type(frame), gop, motion)
+                codec = CodecInfo(self.kind(frame, index), gop, motion)
             self.codec[slot] = upright_codec(codec, turns)
         with self._lock:
             self.got[slot] = True
             if self.on_frame is not None:
                 self.on_frame(int(self.got.sum()))
+
+    def kind(self, frame: av.VideoFrame, index: int) -> str:
+        """The type of ``frame``, the ``index``-th, as the motion rule reads it (`frame_kind`)."""
+        return frame_kind(frame, index, self.info.intra_only)
 
     @staticmethod
     def frame_bytes(info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig) -> int:
@@ -306,7 +310,7 @@ class _SpanJudge:
 
     def take(self, frame: av.VideoFrame, index: int) -> bool:
         if index >= self.first:
-            self._record(self.judge.push(frame, frame_type(frame), (frame, index), self.since.saturated))
+            self._record(self.judge.push(frame, self.sink.kind(frame, index), (frame, index), self.since.saturated))
         return index >= self.last and not self.judge.waiting
 
     def finish(self) -> None:
@@ -314,7 +318,7 @@ class _SpanJudge:
 
     def _record(self, judged) -> None:
         for (frame, index), signals in judged:
-            self.since.add(frame_type(frame), signals)
+            self.since.add(self.sink.kind(frame, index), signals)
             if index <= self.last and index in self.sink.slot_of:
                 self.sink.store(index, frame, self.since.take())
 
@@ -325,7 +329,8 @@ class _GopTrimmer:
     Every picture a frame refers to comes before it in decoding order, so once the packets of a
     GOP's wanted frames have all been sent, nothing later in that GOP is needed: the decoder is
     drained and the packets up to the next GOP with a wanted frame are skipped. Within a needed
-    GOP, an H.264 packet of an unwanted non-reference picture is not needed either. Wanted frames
+    GOP, an H.264 packet of an unwanted non-reference picture is not needed either, nor any
+    unwanted frame of an intra-only stream. Wanted frames
     are tracked by presentation index, so an open GOP's leading pictures (presented before their
     keyframe, sent after it) keep the previous GOP going until they are sent. With
     ``every_frame`` (a motion rule reads every frame), a GOP needs all its frames up to its last
@@ -347,11 +352,12 @@ class _GopTrimmer:
         self.gop_end = np.iinfo(np.int64).max  # unknown until the first keyframe's packet
         self.skipping = False
         self.h264 = codec_name(stream) == "h264"
+        self.intra_only = info.intra_only   # no frame refers to another: any unwanted one can go
         self.length_size = nal_length_size(stream.codec_context.extradata) if self.h264 else None
 
     def unwanted_non_reference(self, packet: av.Packet, index: int | None) -> bool:
-        return (self.h264 and index is not None and index not in self.wanted
-                and is_non_reference(bytes(packet), self.length_size))
+        return (index is not None and index not in self.wanted
+                and (self.intra_only or (self.h264 and is_non_reference(bytes(packet), self.length_size))))
 
     def enter(self, keyframe: int) -> None:
         """A keyframe's packet arrives: decode its GOP only if it has a wanted frame still to send."""

@@ -16,6 +16,7 @@ import numpy as np
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig, Verdict
 from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
 from vidsight.ingest.pixel_motion import Between, PixelMotion, frame_step, vector_side
+from vidsight.ingest.probe import INTRA_ONLY_GOP
 
 # (motion, intra, dynamic): block maps, each None when absent; dynamic is the rule's `Verdict` until a sample takes it.
 Signals = tuple
@@ -49,6 +50,15 @@ def motion_source(motion: MotionPruneConfig | None, codec: str) -> str | None:
 def frame_type(frame: av.VideoFrame) -> str:
     """``"I"``, ``"P"``, ``"B"`` or ``"?"``."""
     return _FRAME_TYPES.get(int(frame.pict_type), "?")
+
+
+def frame_kind(frame: av.VideoFrame, index: int, intra_only: bool) -> str:
+    """The type the motion rule and its signals read for ``frame``, the ``index``-th (presentation
+    order) of its stream: `frame_type`, but in an intra-only stream (`INTRA_ONLY_GOP`) an I-frame
+    only at the start of each of its groups, a P-frame elsewhere."""
+    if intra_only:
+        return "P" if index % INTRA_ONLY_GOP else "I"
+    return frame_type(frame)
 
 
 def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:

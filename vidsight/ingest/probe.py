@@ -28,6 +28,13 @@ BACKWARD_JUMP_S = 1.0
 # Frames a decoder holds back at most to reorder them (H.264's and HEVC's largest picture buffer):
 # a timestamp at or below all of the last this many is a discontinuity, not a B-frame sent late.
 REORDER_DEPTH = 16
+# An intra-only codec (MJPEG, as many IP cameras and webcams send; ProRes and DNxHD, as editors
+# write) makes every frame an I-frame, so no GOP holds frames for the motion rule to gather signals
+# over and every sample would be kept whole. Its frames are grouped as an encoder would group them,
+# this many to a group (x264's default keyframe interval): the first is the group's I-frame (kept
+# whole, where the rule starts over and decoders may start), the others are judged as P-frames by
+# their pixels, which need no prediction to compare.
+INTRA_ONLY_GOP = 250
 # Packets the probe decodes, at most, for the first frame's display rotation (a decoder holding
 # frames back for B-frames gives its first within a few).
 PROBE_DECODE_PACKETS = 16
@@ -92,6 +99,9 @@ def probe(path: str | Path) -> VideoInfo:
         order = np.argsort(decode_order_pts, kind="stable")
         pts_sorted = decode_order_pts[order]
         is_key = np.asarray(keyframe, dtype=bool)[order]
+        intra_only = bool(stream.codec_context.codec.intra_only)
+        if intra_only:
+            is_key = np.arange(len(is_key)) % INTRA_ONLY_GOP == 0
         if not is_key[0]:
             # Streams cut from the middle may start on a non-key frame; decoding starts there anyway.
             is_key[0] = True
@@ -129,6 +139,7 @@ def probe(path: str | Path) -> VideoInfo:
             timed=timed,
             rotation=90 * turns.turns,
             pixel_aspect=(aspect.numerator, aspect.denominator),
+            intra_only=intra_only,
         )
 
 

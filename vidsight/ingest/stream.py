@@ -28,7 +28,7 @@ from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_type, motion_source
+from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, motion_source
 from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import BACKWARD_JUMP_S, Continuation, declared_fps, nominal_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
@@ -226,12 +226,13 @@ class StreamSource:
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
+            intra_only, shown = bool(stream.codec_context.codec.intra_only), itertools.count()
             for frame in container.decode(stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
                 if pts_s is None:
                     continue
-                kind = frame_type(frame)
+                kind = frame_kind(frame, next(shown), intra_only)
                 gop += kind == "I"
                 if pts_s <= resume_after:
                     continue

@@ -36,7 +36,9 @@ class VideoInfo:
             MP4 edit list starts after: a trimmed video's GOP before its cut, decoded but not shown).
         has_b_frames: Whether any frame is presented before a frame decoded earlier.
         pts_s: Presentation time of every frame in presentation order, in seconds.
-        keyframe_indices: Frame indices (presentation order) of the keyframes.
+        keyframe_indices: Frame indices (presentation order) of the keyframes (of an
+            `intra_only` stream, where every frame is one, the first of each group of
+            `probe.INTRA_ONLY_GOP` frames).
         gop_sizes: Frames from each keyframe up to the next one (or the end).
         decode_pts: Every counted packet's pts (`frame_count`) in stream time-base ticks, in decode order,
             as demuxing from the start gives them: after a seek, MPEG-PS (and any container
@@ -49,6 +51,9 @@ class VideoInfo:
             frames stamped in the order they come out.
         rotation: Degrees counter-clockwise the stored frames are turned to be seen (a phone's
             portrait video: 90 or 270), as every decoded frame is (`vidsight.ingest.orientation`).
+        intra_only: Whether the codec codes every frame alone (MJPEG, ProRes, DNxHD): its frames
+            are grouped into GOPs for the motion rule (`probe.INTRA_ONLY_GOP`), and a decoder
+            needs no frame but those it shows.
         pixel_aspect: The stored pixels' displayed width over height, ``(numerator, denominator)``
             (a DVD's 720x480 16:9 picture: ``(32, 27)``); every decoded frame is scaled to square
             pixels, its rows kept.
@@ -72,6 +77,7 @@ class VideoInfo:
     timed: bool = True
     rotation: int = 0
     pixel_aspect: tuple[int, int] = (1, 1)
+    intra_only: bool = False
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -106,6 +112,7 @@ class VideoInfo:
             "timed": self.timed,
             "rotation": self.rotation,
             "pixel_aspect": f"{self.pixel_aspect[0]}:{self.pixel_aspect[1]}",
+            "intra_only": self.intra_only,
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }
