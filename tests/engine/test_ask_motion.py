@@ -87,7 +87,7 @@ def test_the_codecs_vectors_only_where_it_exports_none_encodes_every_patch(tiny_
                                      prefill=PrefillConfig(group_frames=4, motion=MotionPruneConfig(source="codec")))
     assert result.stats.encoded_visual_tokens == result.stats.visual_tokens
     assert result.stats.motion_source is None
-    assert "no motion vectors" in caplog.text
+    assert "motion is not judged" in caplog.text
 
 
 @pytest.mark.parametrize("codec, suffix", [("hevc", ".mp4"), ("vp9", ".webm")])

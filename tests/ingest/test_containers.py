@@ -273,11 +273,12 @@ def test_a_recording_with_a_gap_keeps_its_times(tmp_path):
                                                                           for t in grid]])
 
 
-def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video):
+def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video, caplog):
     """MJPEG (as many IP cameras and webcams send) codes every frame as an I-frame, so every sample
-    started a GOP and was kept whole: motion pruning pruned nothing. Its frames are now grouped
-    (`INTRA_ONLY_GOP`), judged by their pixels within a group, and every path gives the sequential
-    decoder's frames and signals; the moving square is found where it is."""
+    started a GOP and was kept whole: motion pruning pruned nothing. Judged by its pixels, its
+    frames are now grouped (`INTRA_ONLY_GOP`), judged within a group, and every path gives the
+    sequential decoder's frames and signals; the moving square is found where it is. ``auto``
+    leaves such a stream whole, saying so."""
     from vidsight.ingest.dynamic import MotionPruneConfig
     from vidsight.ingest.probe import INTRA_ONLY_GOP
     from vidsight.ingest.stream import StreamSource
@@ -287,7 +288,13 @@ def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video):
     info = probe(path)
     assert info.intra_only and info.frame_count == 600
     assert info.keyframe_indices.tolist() == [0, INTRA_ONLY_GOP, 2 * INTRA_ONLY_GOP]
-    motion = MotionPruneConfig(tau=0.25)
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    whole = decode_frames(path, indices, DecodeConfig(motion=MotionPruneConfig(tau=0.25)), info)   # auto
+    assert whole.motion is None and all(c.frame_type == "I" and c.dynamic is None for c in whole.codec)
+    watched = list(StreamSource(path, fps=2.0, motion=MotionPruneConfig(tau=0.25)))
+    assert all(f.codec.frame_type == "I" and f.codec.dynamic is None for f in watched)
+    assert "mjpeg codes every frame alone; --motion-source auto does not prune it" in caplog.text
+    motion = MotionPruneConfig(tau=0.25, source="pixels")
     everything = decode_frames(path, None, DecodeConfig(motion=motion), info)
     assert [k for k, c in enumerate(everything.codec) if c.frame_type == "I"] == info.keyframe_indices.tolist()
     judged = [k for k, c in enumerate(everything.codec)   # estimates a group into it, the square moving
@@ -296,7 +303,6 @@ def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video):
     on_square = [everything.codec[k].dynamic[y // 4 : (y + 24) // 4 + 1, x // 4 : (x + 24) // 4 + 1].any()
                  for k in judged for x, y in [truth["square_xy"][k]]]
     assert np.mean(on_square) > 0.95 and max(everything.codec[k].dynamic.mean() for k in judged) < 0.5
-    indices = sample_frames(info, SamplingConfig(fps=2.0))
     sampled = decode_frames(path, indices, DecodeConfig(motion=motion), info)
     assert sum(c.dynamic is None for c in sampled.codec) == 3   # one kept whole a group
     for strategy in ("intervals", "seek"):

@@ -112,3 +112,15 @@ def test_pixel_motion_estimated_in_batches_judges_each_frame_as_alone(tmp_path, 
     # 24-frame GOPs: at 30 fps motion is estimated from every second frame; at 12, from each.
     judged = [k % 24 for k, verdict in enumerate(batched) if verdict is not None]
     assert set(judged) == (set(range(2, 24, 2)) if fps == 30 else set(range(1, 24)))
+
+
+@pytest.mark.parametrize("source, codec, intra_only, expected", [
+    ("auto", "h264", False, "codec"), ("auto", "hevc", False, "pixels"), ("codec", "hevc", False, None),
+    ("auto", "mjpeg", True, None), ("pixels", "mjpeg", True, "pixels"), ("codec", "mjpeg", True, None),
+    ("pixels", "h264", False, "pixels"),
+])
+def test_where_motion_comes_from_by_codec_and_setting(source, codec, intra_only, expected):
+    from vidsight.ingest.judge import motion_source
+
+    assert motion_source(MotionPruneConfig(source=source), codec, intra_only) == expected
+    assert motion_source(None, codec, intra_only) is None

@@ -25,7 +25,7 @@ import numpy as np
 from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.decode import configure_decoder
-from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_kind, motion_source
+from vidsight.ingest.judge import MOTION_VECTOR_CODECS, FrameJudge, frame_kind, grouped, motion_source
 from vidsight.ingest.probe import declared_fps, probe
 from vidsight.ingest.stream import StreamSource
 from vidsight.ingest.windows import WindowConfig, sliding_windows
@@ -155,13 +155,16 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
             path = root / (stem + ("" if codec == "h264" else f"_{codec}") + rate + ".mp4")
             if not path.exists():
                 record(path, scene, codec, camera_fps)
-            sources = ("auto", "pixels") if codec == "h264" and len(codecs) > 1 else ("auto",)
+            # An intra-only codec is judged by its pixels only when asked (`auto` keeps it whole).
+            sources = (("auto", "pixels") if codec == "h264" and len(codecs) > 1
+                       else ("pixels",) if probe(path).intra_only else ("auto",))
             baseline_ms = _decode_ms(path, WINDOWS.fps)
             for source in sources:
                 label = (name + ("" if codec == "h264" and source == "auto" else f", {codec}")
                          + (" by pixels" if source == "pixels" else ""))
                 report["scenes"][label] = {
-                    "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), probe(path).codec),
+                    "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), probe(path).codec,
+                                                                   probe(path).intra_only),
                     "decode_ms_per_frame_without_vectors": baseline_ms,
                     "rules": {rule: pruning_on(path, scene, dataclasses.replace(prune, source=source), spec)
                               for rule, prune in rules.items()}}
@@ -206,8 +209,8 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row = {label: min(_decode_ms(path, CAMERA_FPS, motion) for _ in range(repeats)) for label, motion in runs.items()}
         row["decode"] = min(_plain_decode_ms(path) for _ in range(repeats))
         row["decode, one thread"] = min(_plain_decode_ms(path, "NONE") for _ in range(repeats))
-        codec_name = probe(path).codec
-        row["motion_source"] = motion_source(MotionPruneConfig(), codec_name)
+        codec_name, intra_only = probe(path).codec, probe(path).intra_only
+        row["motion_source"] = motion_source(MotionPruneConfig(), codec_name, intra_only)
         sources = ("pixels", "codec") if codec_name in MOTION_VECTOR_CODECS else ("pixels",)
         for source in sources:
             timings = [_judging_ms(path, source) for _ in range(repeats)]   # (ms, dynamic share) each
@@ -256,7 +259,7 @@ def _judging_ms(path: Path, source: str) -> tuple[float, float]:
         judge = FrameJudge(MotionPruneConfig(source=source), source, declared_fps(stream))
         intra_only = bool(stream.codec_context.codec.intra_only)
         for frame in container.decode(stream):
-            kind = frame_kind(frame, frames, intra_only)
+            kind = frame_kind(frame, frames, grouped(intra_only, source))
             started = time.perf_counter()
             judged = judge.push(frame, kind, None)
             spent += time.perf_counter() - started

@@ -216,7 +216,7 @@ class Asker:
         with clock.stage("decode"):
             info = probe(video)
             indices = sample_frames(info, sampling)
-        stats.motion_source = motion_source(prefill.motion, info.codec)
+        stats.motion_source = motion_source(prefill.motion, info.codec, info.intra_only)
         cpus = os.cpu_count() or 1
         workers = feed_config.workers
         if workers is not None and workers > cpus:

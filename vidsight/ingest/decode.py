@@ -16,7 +16,7 @@ import torch
 from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import MAX_FRAME_SIDE, codec_name, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_kind,
+from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_kind, grouped,
                                    frame_vectors, motion_source)
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
@@ -114,7 +114,7 @@ class FrameSink:
         self.got = np.zeros(len(wanted), dtype=bool)
         self.codec: list[CodecInfo | None] = [None] * len(wanted)
         # The motion rule and where its vectors come from, when this codec's motion can be judged.
-        self.motion_source = motion_source(config.motion, info.codec)
+        self.motion_source = motion_source(config.motion, info.codec, info.intra_only)
         # Export the codec's vectors: to judge by them, or to report them where no rule judges.
         self.with_motion = config.with_codec_info and info.codec in MOTION_VECTOR_CODECS and (
             config.motion is None or self.motion_source == "codec")
@@ -153,7 +153,7 @@ class FrameSink:
 
     def kind(self, frame: av.VideoFrame, index: int) -> str:
         """The type of ``frame``, the ``index``-th, as the motion rule reads it (`frame_kind`)."""
-        return frame_kind(frame, index, self.info.intra_only)
+        return frame_kind(frame, index, grouped(self.info.intra_only, self.motion_source))
 
     @staticmethod
     def frame_bytes(info: VideoInfo, indices: np.ndarray | None, config: DecodeConfig) -> int:

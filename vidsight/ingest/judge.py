@@ -36,15 +36,18 @@ MOTION_VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg2video", "mpeg1video"})
 AUTO_VECTOR_CODECS = frozenset({"h264"})
 
 
-def motion_source(motion: MotionPruneConfig | None, codec: str) -> str | None:
+def motion_source(motion: MotionPruneConfig | None, codec: str, intra_only: bool = False) -> str | None:
     """Where a ``codec`` stream's motion comes from under ``motion``: ``"codec"`` (exported
-    vectors), ``"pixels"`` (estimated, `pixel_motion`), or None (not judged: no rule, or the
-    codec's vectors asked for where it exports none)."""
+    vectors), ``"pixels"`` (estimated, `pixel_motion`), or None (not judged: no rule, the codec's
+    vectors asked for where it exports none, or ``auto`` on an ``intra_only`` stream, whose frames
+    only ``pixels`` judges, in groups: `frame_kind`)."""
     if motion is None:
         return None
-    if motion.source == "pixels" or (motion.source == "auto" and codec not in AUTO_VECTOR_CODECS):
+    if motion.source == "pixels":
         return "pixels"
-    return "codec" if codec in MOTION_VECTOR_CODECS else None
+    if motion.source == "auto" and not intra_only and codec not in AUTO_VECTOR_CODECS:
+        return "pixels"
+    return "codec" if codec in MOTION_VECTOR_CODECS and not intra_only else None
 
 
 def frame_type(frame: av.VideoFrame) -> str:
@@ -52,13 +55,19 @@ def frame_type(frame: av.VideoFrame) -> str:
     return _FRAME_TYPES.get(int(frame.pict_type), "?")
 
 
-def frame_kind(frame: av.VideoFrame, index: int, intra_only: bool) -> str:
+def frame_kind(frame: av.VideoFrame, index: int, grouped: bool) -> str:
     """The type the motion rule and its signals read for ``frame``, the ``index``-th (presentation
-    order) of its stream: `frame_type`, but in an intra-only stream (`INTRA_ONLY_GOP`) an I-frame
-    only at the start of each of its groups, a P-frame elsewhere."""
-    if intra_only:
+    order) of its stream: `frame_type`, but where an intra-only stream is ``grouped`` (judged by
+    its pixels: `INTRA_ONLY_GOP`) an I-frame only at the start of each group, a P-frame elsewhere.
+    Ungrouped, every frame of such a stream is an I-frame, kept whole."""
+    if grouped:
         return "P" if index % INTRA_ONLY_GOP else "I"
     return frame_type(frame)
+
+
+def grouped(intra_only: bool, source: str | None) -> bool:
+    """Whether a stream's frames are read in groups (`frame_kind`): an intra-only one judged by pixels."""
+    return intra_only and source == "pixels"
 
 
 def frame_vectors(frame: av.VideoFrame) -> np.ndarray | None:

@@ -28,7 +28,7 @@ from vidsight.errors import ConfigError, VideoError
 from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
-from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, motion_source
+from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, grouped, motion_source
 from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size, upright, upright_codec
 from vidsight.ingest.probe import BACKWARD_JUMP_S, Continuation, declared_fps, nominal_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
@@ -98,6 +98,7 @@ class StreamSource:
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
+        self.intra_only = False         # and whether its codec codes every frame alone
         self._first_coded: tuple[int, int] | None = None   # the first frame's stored size
         self._resized = False           # a frame of another size was scaled (said once)
 
@@ -105,7 +106,7 @@ class StreamSource:
     def motion_source(self) -> str | None:
         """Where the judged motion comes from (`judge.motion_source`): ``codec`` or ``pixels``; None
         before the stream is open or when motion is not judged."""
-        return motion_source(self.motion, self.codec) if self.codec is not None else None
+        return motion_source(self.motion, self.codec, self.intra_only) if self.codec is not None else None
 
     def __iter__(self) -> Iterator[SampledFrame]:
         attempt, sampled, resume_after, since = 0, 0, -math.inf, SampleSignals()
@@ -198,9 +199,16 @@ class StreamSource:
         for item in decoded:
             if judge is None:   # the codec is known once the stream is open
                 source = self.motion_source
+                if source is None and self.intra_only and self.motion.source == "auto":
+                    # Every frame comes as an I-frame, kept whole: the watch runs unpruned.
+                    log.warning("%s: %s codes every frame alone; --motion-source auto does not prune it "
+                                "(--motion-source pixels judges its pixels in groups of frames)", self.source, self.codec)
+                    yield item, NO_SIGNALS
+                    yield from ((rest, NO_SIGNALS) for rest in decoded)
+                    return
                 if source is None:
                     raise ConfigError(f"{self.source}: {self.codec} carries no motion vectors to prune by; "
-                                      "--motion-source auto or pixels estimates them from the decoded pixels")
+                                      "--motion-source pixels estimates them from the decoded pixels")
                 judge = FrameJudge(self.motion, source, self.frame_rate)
             yield from judge.push(item[0], item[3], item, since.saturated)
         if judge is not None:
@@ -226,13 +234,14 @@ class StreamSource:
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
-            intra_only, shown = bool(stream.codec_context.codec.intra_only), itertools.count()
+            self.intra_only, shown = bool(stream.codec_context.codec.intra_only), itertools.count()
+            in_groups = grouped(self.intra_only, self.motion_source)
             for frame in container.decode(stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
                 if pts_s is None:
                     continue
-                kind = frame_kind(frame, next(shown), intra_only)
+                kind = frame_kind(frame, next(shown), in_groups)
                 gop += kind == "I"
                 if pts_s <= resume_after:
                     continue

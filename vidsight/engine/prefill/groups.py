@@ -270,8 +270,9 @@ def _motion_masks(feed: FrameFeed, config: PrefillConfig, plan: VideoPlan, spec:
         return None
     check_prunable(spec)
     if feed.motion is None:
-        log.warning("no motion vectors to prune by (this codec exports none, and --motion-source codec asks for "
-                    "the codec's): every patch is encoded")
+        log.warning("motion is not judged on this video (its codec exports no vectors, which --motion-source codec "
+                    "asks for, or it codes every frame alone, which only --motion-source pixels judges): every patch "
+                    "is encoded")
         return None
     if feed.motion != config.motion:
         raise ConfigError(f"motion pruning by {config.motion}, but the decoders judged motion by {feed.motion}")
