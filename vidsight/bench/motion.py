@@ -155,16 +155,17 @@ def run_motion_bench(root: str | Path, rules: dict[str, MotionPruneConfig] = RUL
             path = root / (stem + ("" if codec == "h264" else f"_{codec}") + rate + ".mp4")
             if not path.exists():
                 record(path, scene, codec, camera_fps)
+            info = probe(path)
             # An intra-only codec is judged by its pixels only when asked (`auto` keeps it whole).
             sources = (("auto", "pixels") if codec == "h264" and len(codecs) > 1
-                       else ("pixels",) if probe(path).intra_only else ("auto",))
+                       else ("pixels",) if info.intra_only else ("auto",))
             baseline_ms = _decode_ms(path, WINDOWS.fps)
             for source in sources:
                 label = (name + ("" if codec == "h264" and source == "auto" else f", {codec}")
                          + (" by pixels" if source == "pixels" else ""))
                 report["scenes"][label] = {
-                    "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), probe(path).codec,
-                                                                   probe(path).intra_only),
+                    "codec": codec, "motion_source": motion_source(MotionPruneConfig(source=source), info.codec,
+                                                                   info.intra_only),
                     "decode_ms_per_frame_without_vectors": baseline_ms,
                     "rules": {rule: pruning_on(path, scene, dataclasses.replace(prune, source=source), spec)
                               for rule, prune in rules.items()}}
@@ -209,8 +210,9 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
         row = {label: min(_decode_ms(path, CAMERA_FPS, motion) for _ in range(repeats)) for label, motion in runs.items()}
         row["decode"] = min(_plain_decode_ms(path) for _ in range(repeats))
         row["decode, one thread"] = min(_plain_decode_ms(path, "NONE") for _ in range(repeats))
-        codec_name, intra_only = probe(path).codec, probe(path).intra_only
-        row["motion_source"] = motion_source(MotionPruneConfig(), codec_name, intra_only)
+        info = probe(path)
+        codec_name = info.codec
+        row["motion_source"] = motion_source(MotionPruneConfig(), codec_name, info.intra_only)
         sources = ("pixels", "codec") if codec_name in MOTION_VECTOR_CODECS else ("pixels",)
         for source in sources:
             timings = [_judging_ms(path, source) for _ in range(repeats)]   # (ms, dynamic share) each

@@ -47,7 +47,7 @@ def motion_source(motion: MotionPruneConfig | None, codec: str, intra_only: bool
         return "pixels"
     if motion.source == "auto" and not intra_only and codec not in AUTO_VECTOR_CODECS:
         return "pixels"
-    return "codec" if codec in MOTION_VECTOR_CODECS and not intra_only else None
+    return "codec" if codec in MOTION_VECTOR_CODECS else None
 
 
 def frame_type(frame: av.VideoFrame) -> str:
@@ -55,12 +55,12 @@ def frame_type(frame: av.VideoFrame) -> str:
     return _FRAME_TYPES.get(int(frame.pict_type), "?")
 
 
-def frame_kind(frame: av.VideoFrame, index: int, grouped: bool) -> str:
+def frame_kind(frame: av.VideoFrame, index: int, in_groups: bool) -> str:
     """The type the motion rule and its signals read for ``frame``, the ``index``-th (presentation
-    order) of its stream: `frame_type`, but where an intra-only stream is ``grouped`` (judged by
-    its pixels: `INTRA_ONLY_GOP`) an I-frame only at the start of each group, a P-frame elsewhere.
-    Ungrouped, every frame of such a stream is an I-frame, kept whole."""
-    if grouped:
+    order) of its stream: `frame_type`, but where an intra-only stream is read ``in_groups``
+    (`grouped`: judged by its pixels, `INTRA_ONLY_GOP`) an I-frame only at the start of each
+    group, a P-frame elsewhere. Otherwise every frame of such a stream is an I-frame, kept whole."""
+    if in_groups:
         return "P" if index % INTRA_ONLY_GOP else "I"
     return frame_type(frame)
 

@@ -172,8 +172,8 @@ class Continuation:
     after a jump lands ``step`` after that latest, and every later one moves with it. A value above
     any of the last `REORDER_DEPTH` is not a jump, however far back: packets come in decode order,
     and a B-frame shown before a gap in the recording (a camera that records on motion) is sent
-    after the frame that follows the gap. The probe's ticks and the live
-    source's seconds go through the same rule.
+    after the frame that follows the gap. The probe's ticks and the live source's seconds go
+    through the same rule.
 
     Attributes:
         jumps: Jumps continued so far.

@@ -208,7 +208,8 @@ class StreamSource:
                     return
                 if source is None:
                     raise ConfigError(f"{self.source}: {self.codec} carries no motion vectors to prune by; "
-                                      "--motion-source pixels estimates them from the decoded pixels")
+                                      f"--motion-source {'pixels' if self.intra_only else 'auto or pixels'} "
+                                      "estimates them from the decoded pixels")
                 judge = FrameJudge(self.motion, source, self.frame_rate)
             yield from judge.push(item[0], item[3], item, since.saturated)
         if judge is not None:
@@ -231,17 +232,17 @@ class StreamSource:
         with container:
             stream = video_stream(container, self.source)
             self.codec, self.pixel_aspect = codec_name(stream), pixel_aspect(stream, self.source)
+            self.intra_only = bool(stream.codec_context.codec.intra_only)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
-            self.intra_only, shown = bool(stream.codec_context.codec.intra_only), itertools.count()
-            in_groups = grouped(self.intra_only, self.motion_source)
+            position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
             for frame in container.decode(stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
                 if pts_s is None:
                     continue
-                kind = frame_kind(frame, next(shown), in_groups)
+                kind = frame_kind(frame, next(position), in_groups)
                 gop += kind == "I"
                 if pts_s <= resume_after:
                     continue
