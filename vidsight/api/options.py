@@ -61,8 +61,9 @@ def add_motion_source_option(parser: argparse.ArgumentParser | argparse._Argumen
 
     parser.add_argument("--motion-source", default=MotionPruneConfig.source, choices=SOURCES,
                         help="auto (default): the codec's motion vectors where FFmpeg exports them (H.264), vectors "
-                             "estimated from decoded pixels elsewhere (HEVC, AV1, VP9 ...); codec: the codec's only; "
-                             "pixels: pixels for every codec")
+                             "estimated from decoded pixels elsewhere (HEVC, AV1, VP9 ...), none for intra-only codecs "
+                             "(MJPEG, ProRes: every patch encoded); codec: the codec's only; pixels: pixels for every "
+                             "codec, intra-only ones in groups of 250 frames")
 
 
 def motion_note(source: str) -> str:

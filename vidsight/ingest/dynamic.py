@@ -64,8 +64,9 @@ class MotionPruneConfig:
         dilate_blocks: For ``persistent`` and ``max``: also mark this many blocks around each
             dynamic one (an object's edge that clips a block moves it less than its vector says).
         source: ``auto`` (default): the codec's motion vectors where FFmpeg exports them (H.264),
-            vectors estimated from the decoded pixels elsewhere (HEVC, AV1, VP9 ...); ``codec``:
-            the codec's only (no pruning where it exports none); ``pixels``: pixels everywhere.
+            vectors estimated from the decoded pixels elsewhere (HEVC, AV1, VP9 ...), but not on an
+            intra-only codec (MJPEG, ProRes: `probe.INTRA_ONLY_GOP`), kept whole; ``codec``: the
+            codec's only (no pruning where it exports none); ``pixels``: pixels everywhere.
     """
 
     tau: float = 0.25
