@@ -315,3 +315,31 @@ def test_an_intra_only_stream_is_judged_in_groups_of_frames(make_test_video, cap
     assert [f.codec.frame_type for f in live] == [c.frame_type for c in same.codec]
     assert all((a.dynamic is None and b.codec.dynamic is None) or np.array_equal(a.dynamic, b.codec.dynamic)
                for a, b in zip(same.codec, live))
+
+
+@pytest.mark.parametrize("name", ["h264-mpegts", "hevc-mkv", "h264-raw"])
+def test_a_capture_cut_mid_gop_starts_at_its_first_keyframe(make_test_video, tmp_path, name):
+    """A recording of a live stream, or a camera's segment, often starts inside a GOP: no decoder
+    shows the frames before the first keyframe (their references are not in the file), and the
+    probe counted them, so every decode warned of frames lost. Every path now gives the frames from
+    the first keyframe on, as the uncut file gives them."""
+    import av
+
+    source = container_video(make_test_video, name)
+    cut = tmp_path / f"cut{CONTAINERS[name]['suffix']}"
+    with av.open(str(source)) as original, av.open(str(cut), "w") as out:   # the packets from the 11th on
+        stream = out.add_stream_from_template(original.streams.video[0])
+        for k, packet in enumerate(p for p in original.demux(original.streams.video[0]) if p.size):
+            if k >= 10:
+                packet.stream = stream
+                out.mux(packet)
+    reference, info = probe(source), probe(cut)
+    first_key = int(reference.keyframe_indices[1])
+    assert info.frame_count == reference.frame_count - first_key
+    expected = decode_frames(source, None, DecodeConfig(), reference).data[first_key:]
+    everything = decode_frames(cut, None, DecodeConfig(), info)
+    assert everything.frames_lost == 0 and torch.equal(everything.data, expected)
+    indices = sample_frames(info, SamplingConfig(fps=2.0))
+    for strategy in ("intervals", "seek"):
+        parallel = decode_parallel(cut, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy=strategy)
+        assert parallel.frames_lost == 0 and torch.equal(parallel.data, expected[torch.from_numpy(indices)])

@@ -244,16 +244,16 @@ def _decode_packets(sink: FrameSink, stream: av.video.stream.VideoStream, packet
     gops = (_GopTrimmer(info, sink.wanted, first, last, stream, every_frame=judge is not None)
             if sink.config.trim_gops and info.timed else None)
 
-    def index_of(pts: int) -> int:
-        return info.frame_at(pts * time_base)
+    def index_of(pts: int) -> int | None:
+        return info.shown_at(pts * time_base)
 
     def take(frame: av.VideoFrame) -> bool:
         """Store ``frame`` if it is in the span; True once the span is complete."""
         if order_stamps is not None:
             frame.pts = next(order_stamps, None)
-        if frame.pts is None:
+        index = None if frame.pts is None else index_of(frame.pts)
+        if index is None:   # untimed, or not a frame of the probe's table
             return False
-        index = index_of(frame.pts)
         if judge is not None:
             return judge.take(frame, index)
         if first <= index <= last:

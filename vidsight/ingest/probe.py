@@ -60,14 +60,17 @@ def probe(path: str | Path) -> VideoInfo:
                         "players pick", path, streams, stream.index, codec_name(stream), stream.codec_context.width,
                         stream.codec_context.height)
         pts, keyframe, unstamped = [], [], []
+        keyed, lead = False, {True: 0, False: 0}   # a keyframe seen yet; packets before it, by whether stamped
         turns = _FirstFrameTurns(stream)
         try:
             for packet in container.demux(stream):
                 if packet.size == 0:
                     continue
                 turns.read(packet)
+                keyed = keyed or packet.is_keyframe
                 if packet.is_discard:   # before an edit list's start: decoded as a reference, never shown
                     continue
+                lead[packet.pts is not None] += not keyed
                 if packet.pts is None:
                     unstamped.append(packet.is_keyframe)
                     continue
@@ -80,6 +83,15 @@ def probe(path: str | Path) -> VideoInfo:
             log.warning("%s: container damaged after %d video packets; the rest of the file is not read (%s)",
                         path, len(pts), exc)
         stamped = bool(pts)
+        if keyed and (before := lead[stamped]):
+            # A capture cut mid-GOP (a recording of a live stream, a camera's segment): no decoder
+            # shows the frames before the first keyframe, whose references are not in the file.
+            log.info("%s: starts %d frames before its first keyframe, which no decoder shows; they are left out",
+                     path, before)
+            if stamped:
+                pts, keyframe = pts[before:], keyframe[before:]
+            else:
+                unstamped = unstamped[before:]
         if not stamped and unstamped:   # a raw elementary stream: every packet a frame, timed by its order
             pts, keyframe = _order_times(stream, len(unstamped)), unstamped
             log.info("%s: its packets carry no timestamps; frames timed by their order at %g fps",

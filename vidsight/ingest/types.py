@@ -88,6 +88,12 @@ class VideoInfo:
         """Presentation index of the frame presented at ``time_s`` (a decoded frame's or packet's pts)."""
         return int(np.searchsorted(self.pts_s, time_s - 1e-9))
 
+    def shown_at(self, time_s: float) -> int | None:
+        """`frame_at`, or None where no frame of the table is presented at ``time_s`` (a packet the
+        probe left out: before the first keyframe, or before an edit list's start)."""
+        index = self.frame_at(time_s)
+        return index if index < len(self.pts_s) and abs(self.pts_s[index] - time_s) < 1e-6 else None
+
     @property
     def keyframe_times_s(self) -> np.ndarray:
         return self.pts_s[self.keyframe_indices]
