@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -27,9 +28,19 @@ def postgres():
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     subprocess.run([*as_postgres, f"{PG_BIN}/initdb", "-D", str(data), "-A", "trust", "-U", "vidsight"],
                    check=True, capture_output=True)
-    port = 54000 + os.getpid() % 1000
-    subprocess.run([*as_postgres, f"{PG_BIN}/pg_ctl", "-D", str(data), "-l", str(root / "log"), "-w", "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    for attempt in range(5):
+        # A port the system just had free (a port derived from the pid was sometimes a client
+        # socket's of an earlier test: "could not bind ... Address already in use").
+        with socket.socket() as probe_socket:
+            probe_socket.bind(("127.0.0.1", 0))
+            port = probe_socket.getsockname()[1]
+        started = subprocess.run([*as_postgres, f"{PG_BIN}/pg_ctl", "-D", str(data), "-l", str(root / "log"), "-w",
+                                  "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
+                                 capture_output=True)
+        if started.returncode == 0:
+            break
+    else:
+        raise RuntimeError(f"PostgreSQL would not start: {(root / 'log').read_text()[-500:]}")
     try:
         yield f"postgresql://vidsight@127.0.0.1:{port}/postgres"
     finally:
