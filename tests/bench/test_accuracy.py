@@ -1,5 +1,6 @@
 import json
 
+import av
 import pytest
 
 from vidsight.bench.accuracy import format_report, normalise, precision_recall_f1, run_accuracy, video_positive
@@ -51,3 +52,27 @@ def test_accuracy_report_is_deterministic(tmp_path, tiny_adapter):
         assert score["interval"] == pytest.approx(wilson(score["correct"], score["total"]))
         assert score["interval"][0] <= score["accuracy"] <= score["interval"][1]
     assert "95 % Wilson" in format_report(first)
+
+
+def test_a_suite_stored_in_wide_pixels_shows_the_same_pictures(make_test_video, tmp_path):
+    """`store_in_wide_pixels` (the non-square-pixel check in docs/benchmarks.md): each video stored
+    at 3/4 of its width in 4:3 pixels, shown at its own size and close to its own pictures."""
+    import shutil
+
+    import numpy as np
+
+    from vidsight.bench.suite import store_in_wide_pixels
+    from vidsight.ingest import decode_frames, probe
+
+    video, _ = make_test_video(width=160, height=96, fps=8, duration_s=2.0)
+    source = tmp_path / "suite"
+    source.mkdir()
+    shutil.copy(video, source / "clip.mp4")
+    (source / "manifest.json").write_text("{}")
+    manifest = store_in_wide_pixels(source, tmp_path / "wide")
+    wide, plain = probe(manifest.parent / "clip.mp4"), probe(video)
+    assert wide.pixel_aspect == (4, 3) and (wide.width, wide.height, wide.frame_count) == (160, 96, plain.frame_count)
+    with av.open(str(manifest.parent / "clip.mp4")) as container:
+        assert container.streams.video[0].codec_context.width == 120
+    error = (decode_frames(manifest.parent / "clip.mp4").data.float() - decode_frames(video).data.float()) ** 2
+    assert 10 * np.log10(255**2 / error.mean().item()) > 25
