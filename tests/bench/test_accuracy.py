@@ -61,7 +61,7 @@ def test_a_suite_stored_in_wide_pixels_shows_the_same_pictures(make_test_video, 
 
     import numpy as np
 
-    from vidsight.bench.suite import store_in_wide_pixels
+    from vidsight.bench.storage import store_in_wide_pixels
     from vidsight.ingest import decode_frames, probe
 
     video, _ = make_test_video(width=160, height=96, fps=8, duration_s=2.0)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 from tqdm import tqdm
 
@@ -93,29 +90,3 @@ def build_suite(name: str, root: str | Path, progress: bool = False, split: str 
     manifest.write_text(json.dumps({"suite": name, "split": split, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,
                                     "anomaly_videos": videos}, indent=1))
     return manifest
-
-
-def store_in_wide_pixels(source: str | Path, target: str | Path, aspect: Fraction = Fraction(4, 3)) -> Path:
-    """Copy the built suite at ``source`` into ``target`` with every video stored in pixels
-    ``aspect`` as wide as high (HDV's 1440x1080 for 1920x1080: 4:3), each frame scaled to ``1 /
-    aspect`` of its width by FFmpeg's bicubic scaler and written by x264 at CRF 18: the same
-    pictures, shown at their size only by a reader that applies the pixel aspect. Returns the
-    copy's manifest."""
-    source, target = Path(source), Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source / "manifest.json", target / "manifest.json")
-    for video in sorted(source.glob("*.mp4")):
-        with av.open(str(video)) as original, av.open(str(target / video.name), "w") as out:
-            stream = original.streams.video[0]
-            narrow = out.add_stream("libx264", rate=stream.average_rate, options={"g": "8", "crf": "18", "preset": "fast"})
-            narrow.width, narrow.height, narrow.pix_fmt = round(stream.width / aspect), stream.height, "yuv420p"
-            narrow.time_base, narrow.codec_context.sample_aspect_ratio = stream.time_base, aspect
-            for frame in original.decode(stream):
-                scaled = frame.reformat(width=narrow.width, height=narrow.height, format="yuv420p",
-                                        interpolation="BICUBIC")
-                scaled.pts, scaled.time_base = frame.pts, frame.time_base
-                for packet in narrow.encode(scaled):
-                    out.mux(packet)
-            for packet in narrow.encode():
-                out.mux(packet)
-    return target / "manifest.json"

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
+from vidsight.ingest.colour import to_rgb
 from vidsight.ingest.container import MAX_FRAME_SIDE, codec_name, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_kind, grouped,
@@ -133,10 +134,9 @@ class FrameSink:
         turns = quarter_turns(frame)
         if self.config.resize is None:
             height, width = stored_size(self.height, self.width, turns)
-            self.data[slot] = torch.from_numpy(upright(frame.to_ndarray(format="rgb24", width=width, height=height,
-                                                                        interpolation="BICUBIC"), turns))
+            self.data[slot] = torch.from_numpy(upright(to_rgb(frame, (height, width)), turns))
         else:
-            coded = torch.from_numpy(upright(frame.to_ndarray(format="rgb24"), turns))[None]
+            coded = torch.from_numpy(upright(to_rgb(frame), turns))[None]
             self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
         if self.config.with_codec_info:
             gop = int(self.info.gop_index_of(np.array([index]))[0])

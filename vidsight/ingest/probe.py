@@ -11,6 +11,7 @@ import av
 import numpy as np
 
 from vidsight.errors import VideoError
+from vidsight.ingest.colour import mapping_of
 from vidsight.ingest.container import codec_name, open_video, video_streams
 from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size
 from vidsight.ingest.seek import DEMUX_ERRORS
@@ -61,12 +62,12 @@ def probe(path: str | Path) -> VideoInfo:
                         stream.codec_context.height)
         pts, keyframe, unstamped = [], [], []
         keyed, lead = False, {True: 0, False: 0}   # a keyframe seen yet; packets before it, by whether stamped
-        turns = _FirstFrameTurns(stream)
+        first = _FirstFrame(stream)
         try:
             for packet in container.demux(stream):
                 if packet.size == 0:
                     continue
-                turns.read(packet)
+                first.read(packet)
                 keyed = keyed or packet.is_keyframe
                 if packet.is_discard:   # before an edit list's start: decoded as a reference, never shown
                     continue
@@ -131,8 +132,10 @@ def probe(path: str | Path) -> VideoInfo:
         duration = max(float(pts_s[-1] - pts_s[0]) + frame_step, ONE_FRAME_S)
         average_fps = rate or len(pts_s) / duration
         aspect = pixel_aspect(stream, path)
+        # A stream's parameter sets declare its colours too, for when no frame came out in time.
+        colour = first.colour if first.decoded else mapping_of(stream.codec_context)
         height, width = stored_size(stream.codec_context.height, displayed_width(stream.codec_context.width, aspect),
-                                    turns.turns)
+                                    first.turns)
         return VideoInfo(
             path=Path(path),
             codec=codec_name(stream),
@@ -151,19 +154,22 @@ def probe(path: str | Path) -> VideoInfo:
             gop_sizes=gop_sizes,
             decode_pts=decode_order_pts,
             timed=timed,
-            rotation=90 * turns.turns,
+            rotation=90 * first.turns,
             pixel_aspect=(aspect.numerator, aspect.denominator),
             intra_only=intra_only,
+            dynamic_range=colour.transfer if colour else "sdr",
+            wide_gamut=bool(colour and colour.wide_gamut),
         )
 
 
-class _FirstFrameTurns:
-    """The display rotation of a stream's first frame (`quarter_turns`), read by decoding packets
-    during the probe's demux pass until one frame comes out (a phone's portrait video is stored
-    landscape); 0 where none does within `PROBE_DECODE_PACKETS` or the decoder fails."""
+class _FirstFrame:
+    """The display rotation of a stream's first frame (`quarter_turns`) and how its colours are
+    mapped to SDR (`colour.mapping_of`), read by decoding packets during the probe's demux pass
+    until one frame comes out (a phone's portrait video is stored landscape, its HDR is HLG); 0
+    and None, not ``decoded``, where none does within `PROBE_DECODE_PACKETS` or the decoder fails."""
 
     def __init__(self, stream: av.video.stream.VideoStream):
-        self.turns, self._tries = 0, PROBE_DECODE_PACKETS
+        self.turns, self.colour, self.decoded, self._tries = 0, None, False, PROBE_DECODE_PACKETS
         stream.codec_context.thread_count = 1   # frame threads would hold the first frame back
 
     def read(self, packet: av.Packet) -> None:
@@ -176,7 +182,8 @@ class _FirstFrameTurns:
             self._tries = 0
             return
         if frames:
-            self.turns, self._tries = quarter_turns(frames[0]), 0
+            self.turns, self.colour, self.decoded = quarter_turns(frames[0]), mapping_of(frames[0]), True
+            self._tries = 0
 
 
 class Continuation:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
+from vidsight.ingest.colour import to_rgb
 from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
@@ -161,7 +162,7 @@ class StreamSource:
         return 0 if self.network else Path(self.source).stat().st_size
 
     def _rgb(self, frame: av.VideoFrame, stored: tuple[int, int]) -> np.ndarray:
-        """``frame`` as RGB at ``stored``, the ``(height, width)`` the stream's first frame is shown at
+        """``frame`` as SDR RGB (`colour.to_rgb`) at ``stored``, the ``(height, width)`` the stream's first frame is shown at
         before it is turned (its width stretched by `pixel_aspect`): a stream whose size changes (an
         adaptive HLS rendition, a camera reconfigured) is scaled back to it, as `ask` scales every
         frame to the probe's size, so a window or a session sees one size."""
@@ -171,10 +172,7 @@ class StreamSource:
             self._resized = True
             log.warning("%s: frame size changed mid-stream from %dx%d to %dx%d; later frames are scaled to the first's",
                         self.source, self._first_coded[1], self._first_coded[0], frame.width, frame.height)
-        if coded == stored:
-            return frame.to_ndarray(format="rgb24")
-        height, width = stored
-        return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
+        return to_rgb(frame, None if coded == stored else stored)
 
     def _grew(self, size: int) -> bool:
         """For a followed file: whether it is, or within ``follow_idle_s`` becomes, larger than ``size`` bytes."""

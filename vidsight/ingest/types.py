@@ -57,6 +57,9 @@ class VideoInfo:
         pixel_aspect: The stored pixels' displayed width over height, ``(numerator, denominator)``
             (a DVD's 720x480 16:9 picture: ``(32, 27)``); every decoded frame is scaled to square
             pixels, its rows kept.
+        dynamic_range: ``"pq"`` or ``"hlg"`` for an HDR stream (its first frame's transfer),
+            else ``"sdr"``; every decoded HDR frame is mapped to SDR (`vidsight.ingest.colour`).
+        wide_gamut: Whether the first frame's primaries are BT.2020's (mapped to BT.709's).
     """
 
     path: Path
@@ -78,6 +81,8 @@ class VideoInfo:
     rotation: int = 0
     pixel_aspect: tuple[int, int] = (1, 1)
     intra_only: bool = False
+    dynamic_range: str = "sdr"
+    wide_gamut: bool = False
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -119,6 +124,8 @@ class VideoInfo:
             "rotation": self.rotation,
             "pixel_aspect": f"{self.pixel_aspect[0]}:{self.pixel_aspect[1]}",
             "intra_only": self.intra_only,
+            "dynamic_range": self.dynamic_range,
+            "wide_gamut": self.wide_gamut,
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }

@@ -1,0 +1,106 @@
+"""A built suite stored again the ways real files store pictures: wide pixels, HDR.
+
+Each copy holds the same pictures in a layout a reader must undo (scale to square pixels, map HDR
+light to SDR), so `bench accuracy` on the copy against the plain suite measures whether vidsight
+undoes it. The copies are made by the definitions (BT.2408's SDR-in-HDR placement, BT.2087's
+primaries), not by vidsight's reading code.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidsight.ingest.colour import REFERENCE_WHITE_NITS, SDR_GAMMA, pq_inverse_eotf
+
+# BT.2087's linear BT.709 -> BT.2020 matrix, as published (four places).
+BT709_TO_BT2020 = np.array([[0.6274, 0.3293, 0.0433], [0.0691, 0.9195, 0.0114], [0.0164, 0.0880, 0.8956]])
+_BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593])
+HLG_SYSTEM_GAMMA = 1.2   # BT.2100's OOTF at a 1,000-nit display
+HLG_DISPLAY_PEAK_NITS = 1000.0
+_X265_TRANSFER = {"pq": "smpte2084", "hlg": "arib-std-b67"}
+
+
+def store_in_wide_pixels(source: str | Path, target: str | Path, aspect: Fraction = Fraction(4, 3)) -> Path:
+    """Copy the built suite at ``source`` into ``target`` with every video stored in pixels
+    ``aspect`` as wide as high (HDV's 1440x1080 for 1920x1080: 4:3), each frame scaled to ``1 /
+    aspect`` of its width by FFmpeg's bicubic scaler and written by x264 at CRF 18: the same
+    pictures, shown at their size only by a reader that applies the pixel aspect. Returns the
+    copy's manifest."""
+    def setup(stream: av.video.stream.VideoStream, original: av.video.stream.VideoStream) -> None:
+        stream.width, stream.height, stream.pix_fmt = round(original.width / aspect), original.height, "yuv420p"
+        stream.codec_context.sample_aspect_ratio = aspect
+
+    def convert(frame: av.VideoFrame, stream: av.video.stream.VideoStream) -> av.VideoFrame:
+        return frame.reformat(width=stream.width, height=stream.height, format="yuv420p", interpolation="BICUBIC")
+
+    return _store_again(source, target, "libx264", {"g": "8", "crf": "18", "preset": "fast"}, setup, convert)
+
+
+def store_in_hdr(source: str | Path, target: str | Path, transfer: str) -> Path:
+    """Copy the built suite at ``source`` into ``target`` with every video stored as 10-bit HDR
+    (``transfer`` ``"pq"`` or ``"hlg"``, BT.2020 primaries) by x265 at CRF 12, each picture placed
+    as BT.2408 places SDR in HDR (`hdr_signal`): what a reader that maps HDR to SDR shows as the
+    original, and one that does not shows darker (PQ) or greyer (HLG), desaturated. Returns the
+    copy's manifest."""
+    tags = f"colorprim=bt2020:transfer={_X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited"
+
+    def setup(stream: av.video.stream.VideoStream, original: av.video.stream.VideoStream) -> None:
+        stream.width, stream.height, stream.pix_fmt = original.width, original.height, "yuv420p10le"
+
+    def convert(frame: av.VideoFrame, stream: av.video.stream.VideoStream) -> av.VideoFrame:
+        signal = av.VideoFrame.from_ndarray(hdr_signal(frame.to_ndarray(format="rgb24"), transfer), format="rgb48le")
+        return signal.reformat(format="yuv420p10le", dst_colorspace=av.video.reformatter.Colorspace.BT2020,
+                               dst_color_range=av.video.reformatter.ColorRange.MPEG)
+
+    return _store_again(source, target, "libx265",
+                        {"crf": "12", "preset": "fast", "x265-params": f"log-level=error:keyint=8:{tags}"},
+                        setup, convert)
+
+
+def hdr_signal(rgb: np.ndarray, transfer: str) -> np.ndarray:
+    """``rgb``, ``(H, W, 3)`` uint8 BT.709 SDR at gamma 2.4, as uint16 BT.2020 R'G'B' in
+    ``transfer`` (``"pq"``, ``"hlg"``) placed by BT.2408: SDR white at 203 nits of display light
+    (for HLG, the scene light a 1,000-nit display shows at that light)."""
+    nits = REFERENCE_WHITE_NITS * (rgb / 255.0) ** SDR_GAMMA @ BT709_TO_BT2020.T
+    if transfer == "pq":
+        code = pq_inverse_eotf(nits)
+    elif transfer == "hlg":
+        relative = nits / HLG_DISPLAY_PEAK_NITS
+        luminance = np.maximum(relative @ _BT2020_LUMA, 1e-12)[..., None]
+        scene = relative * luminance ** ((1 - HLG_SYSTEM_GAMMA) / HLG_SYSTEM_GAMMA)   # the OOTF undone
+        a = 0.17883277
+        b, c = 1 - 4 * a, 0.5 - a * np.log(4 * a)
+        code = np.where(scene <= 1 / 12, np.sqrt(3 * scene), a * np.log(np.maximum(12 * scene - b, 1e-12)) + c)
+    else:
+        raise ValueError(f"unknown HDR transfer {transfer!r} (pq, hlg)")
+    return np.rint(np.clip(code, 0.0, 1.0) * 65535).astype(np.uint16)
+
+
+def _store_again(source: str | Path, target: str | Path, codec: str, options: dict[str, str],
+                 setup: Callable[[av.video.stream.VideoStream, av.video.stream.VideoStream], None],
+                 convert: Callable[[av.VideoFrame, av.video.stream.VideoStream], av.VideoFrame]) -> Path:
+    """Copy the suite at ``source`` (its manifest and every ``.mp4``) into ``target``, each video's
+    frames ``convert``-ed and written by ``codec`` on a stream ``setup`` shapes, at their times."""
+    source, target = Path(source), Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "manifest.json", target / "manifest.json")
+    for video in sorted(source.glob("*.mp4")):
+        with av.open(str(video)) as original, av.open(str(target / video.name), "w") as out:
+            stream = original.streams.video[0]
+            written = out.add_stream(codec, rate=stream.average_rate, options=options)
+            setup(written, stream)
+            written.time_base = stream.time_base
+            for frame in original.decode(stream):
+                stored = convert(frame, written)
+                stored.pts, stored.time_base = frame.pts, frame.time_base
+                for packet in written.encode(stored):
+                    out.mux(packet)
+            for packet in written.encode():
+                out.mux(packet)
+    return target / "manifest.json"

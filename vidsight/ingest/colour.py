@@ -1,0 +1,165 @@
+"""Frames in the colours of an SDR picture: HDR (PQ, HLG) and wide-gamut (BT.2020) video mapped to BT.709.
+
+Phones record HDR by default (an iPhone's HEVC is HLG, as are many Android phones' HDR videos),
+streaming masters and graded exports are PQ. Their code values stand for light up to 1,000-10,000
+nits in BT.2020's wider primaries; read as SDR BT.709 (FFmpeg's RGB conversion applies the
+matrix, not the light), an HLG picture looks flat and grey, a PQ one dark, both washed out. The
+models learnt from SDR pictures, so every such frame is shown as a player shows HDR on an SDR
+display (BT.2408's display-light conversion):
+
+1. its light in nits: PQ's EOTF; HLG's inverse OETF and its OOTF at a 1,000-nit display; an SDR
+   transfer's gamma 2.4 (BT.1886) with white at `REFERENCE_WHITE_NITS`;
+2. highlights above the SDR range compressed by BT.2390's EETF, from the content's peak (its
+   MaxCLL, else its mastering display's peak, else `DEFAULT_PEAK_NITS`) down to HDR reference
+   white, which SDR white stands for (BT.2408), on each pixel's largest component so hues keep;
+3. BT.2020 primaries to BT.709's (colours outside BT.709 clipped);
+4. BT.709 code values at gamma 2.4, 8 bits.
+
+An SDR picture placed in an HDR stream as BT.2408 places it (its white at 203 nits) comes back as
+it was below the EETF's knee (about 100 nits, 74 % code value, for a 1,000-nit peak).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import av
+import numpy as np
+
+# FFmpeg's AVColorTransferCharacteristic and AVColorPrimaries values, as PyAV gives them.
+TRC_PQ, TRC_HLG, PRIMARIES_BT2020 = 16, 18, 9
+TRANSFERS = {TRC_PQ: "pq", TRC_HLG: "hlg"}
+
+REFERENCE_WHITE_NITS = 203.0   # BT.2408's HDR reference white, where SDR white is placed
+DEFAULT_PEAK_NITS = 1000.0     # BT.2408's usual mastering peak; HLG's nominal display (BT.2100)
+SDR_GAMMA = 2.4                # BT.1886
+
+# PQ (SMPTE ST 2084) and HLG (BT.2100) constants.
+_M1, _M2 = 2610 / 16384, 2523 / 4096 * 128
+_C1, _C2, _C3 = 3424 / 4096, 2413 / 4096 * 32, 2392 / 4096 * 32
+_HLG_A = 0.17883277
+_HLG_B, _HLG_C = 1 - 4 * _HLG_A, 0.5 - _HLG_A * np.log(4 * _HLG_A)
+_BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593], dtype=np.float32)
+
+
+def _rgb_to_xyz(primaries: list[tuple[float, float]], white: tuple[float, float]) -> np.ndarray:
+    """The linear RGB -> CIE XYZ matrix of primaries and white point given as CIE xy."""
+    columns = np.array([[x / y, 1.0, (1 - x - y) / y] for x, y in primaries]).T
+    white_xyz = np.array([white[0] / white[1], 1.0, (1 - white[0] - white[1]) / white[1]])
+    return columns * np.linalg.solve(columns, white_xyz)
+
+
+_D65 = (0.3127, 0.3290)
+BT2020_TO_BT709 = (np.linalg.inv(_rgb_to_xyz([(0.64, 0.33), (0.30, 0.60), (0.15, 0.06)], _D65))
+                   @ _rgb_to_xyz([(0.708, 0.292), (0.170, 0.797), (0.131, 0.046)], _D65)).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColourMapping:
+    """How one frame's colours reach BT.709 SDR.
+
+    Attributes:
+        transfer: ``"pq"``, ``"hlg"`` or ``"sdr"`` (every other transfer).
+        wide_gamut: Whether its primaries are BT.2020's.
+        peak_nits: The brightest light its content holds, which the EETF brings to SDR white.
+    """
+
+    transfer: str
+    wide_gamut: bool
+    peak_nits: float = DEFAULT_PEAK_NITS
+
+
+def mapping_of(frame: av.VideoFrame | av.video.codeccontext.VideoCodecContext) -> ColourMapping | None:
+    """How ``frame`` is mapped to SDR BT.709; None for a frame already in it (or near enough: the
+    SD and HD primaries players leave as they are). A decoder's context, before any frame, tells
+    what its parameter sets declare (no peak: that is frame metadata)."""
+    transfer = TRANSFERS.get(frame.color_trc, "sdr")
+    wide = frame.color_primaries == PRIMARIES_BT2020
+    if transfer == "sdr" and not wide:
+        return None
+    peak = content_peak(frame) if transfer == "pq" else (DEFAULT_PEAK_NITS if transfer == "hlg" else REFERENCE_WHITE_NITS)
+    return ColourMapping(transfer, wide, peak)
+
+
+def content_peak(frame: av.VideoFrame) -> float:
+    """The peak a PQ frame's metadata declares: its content light level (MaxCLL), else its mastering
+    display's, else `DEFAULT_PEAK_NITS`; within reference white..10,000 nits."""
+    declared = {data.type.name: bytes(data) for data in getattr(frame, "side_data", ())}
+    peak = 0.0
+    if len(light := declared.get("CONTENT_LIGHT_LEVEL", b"")) >= 4:
+        peak = float(struct.unpack_from("<I", light)[0])    # AVContentLightMetadata.MaxCLL
+    if not peak and len(display := declared.get("MASTERING_DISPLAY_METADATA", b"")) >= 88:
+        # AVMasteringDisplayMetadata: 8 rationals of primaries and white point, min and max
+        # luminance, then has_primaries and has_luminance.
+        numerator, denominator = struct.unpack_from("<ii", display, 72)
+        if struct.unpack_from("<i", display, 84)[0] and denominator > 0:
+            peak = numerator / denominator
+    return float(np.clip(peak or DEFAULT_PEAK_NITS, REFERENCE_WHITE_NITS, 10000.0))
+
+
+def to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndarray:
+    """``frame`` as 8-bit BT.709 SDR RGB ``(H, W, 3)``, scaled to ``size`` ``(height, width)`` by
+    FFmpeg's bicubic scaler, else as stored; an HDR or wide-gamut frame mapped (`to_sdr`)."""
+    scale = {} if size is None else {"height": size[0], "width": size[1], "interpolation": "BICUBIC"}
+    mapping = mapping_of(frame)
+    if mapping is None:
+        return frame.to_ndarray(format="rgb24", **scale)
+    return to_sdr(frame.to_ndarray(format="rgb48le", **scale), mapping)
+
+
+def to_sdr(signal: np.ndarray, mapping: ColourMapping) -> np.ndarray:
+    """``signal``, ``(H, W, 3)`` uint16 R'G'B' in ``mapping``'s transfer and primaries, as uint8
+    BT.709 SDR R'G'B' (the module's steps 1-4)."""
+    nits = display_light(signal.astype(np.float32) / 65535, mapping.transfer)
+    largest = nits.max(axis=-1, keepdims=True)
+    nits *= eetf(largest, mapping.peak_nits, REFERENCE_WHITE_NITS) / np.maximum(largest, 1e-6)
+    if mapping.wide_gamut:
+        nits = nits @ BT2020_TO_BT709.T
+    relative = np.clip(nits / REFERENCE_WHITE_NITS, 0.0, 1.0)
+    return np.rint(relative ** (1 / SDR_GAMMA) * 255).astype(np.uint8)
+
+
+def display_light(signal: np.ndarray, transfer: str) -> np.ndarray:
+    """Light in nits of ``signal`` (non-linear code values in 0..1, ``(..., 3)``) on its display."""
+    if transfer == "pq":
+        return pq_eotf(signal)
+    if transfer == "hlg":
+        scene = hlg_inverse_oetf(signal)
+        # The OOTF at a 1,000-nit display: system gamma 1.2 on the scene's luminance.
+        return DEFAULT_PEAK_NITS * (scene @ _BT2020_LUMA)[..., None] ** 0.2 * scene
+    return REFERENCE_WHITE_NITS * np.clip(signal, 0.0, 1.0) ** SDR_GAMMA
+
+
+def pq_eotf(signal: np.ndarray) -> np.ndarray:
+    """SMPTE ST 2084: PQ code values (0..1) to nits."""
+    power = np.clip(signal, 0.0, 1.0) ** (1 / _M2)
+    return 10000.0 * (np.maximum(power - _C1, 0.0) / (_C2 - _C3 * power)) ** (1 / _M1)
+
+
+def pq_inverse_eotf(nits: np.ndarray) -> np.ndarray:
+    """SMPTE ST 2084: nits to PQ code values (0..1)."""
+    power = (np.clip(nits, 0.0, 10000.0) / 10000.0) ** _M1
+    return ((_C1 + _C2 * power) / (1 + _C3 * power)) ** _M2
+
+
+def hlg_inverse_oetf(signal: np.ndarray) -> np.ndarray:
+    """BT.2100: HLG code values (0..1) to scene light (0..1)."""
+    signal = np.clip(signal, 0.0, 1.0)
+    upper = (np.exp((np.maximum(signal, 0.5) - _HLG_C) / _HLG_A) + _HLG_B) / 12
+    return np.where(signal <= 0.5, signal * signal / 3, upper).astype(signal.dtype)
+
+
+def eetf(nits: np.ndarray, source_peak: float, target_peak: float) -> np.ndarray:
+    """BT.2390's EETF: light up to ``source_peak`` nits brought within ``target_peak``, unchanged
+    below its knee, rolled off above it by a Hermite spline in PQ code values (black at 0 nits)."""
+    if source_peak <= target_peak:
+        return np.minimum(nits, target_peak)
+    source_top = pq_inverse_eotf(np.float32(source_peak))
+    top = pq_inverse_eotf(np.float32(target_peak)) / source_top
+    knee = 1.5 * top - 0.5
+    code = np.minimum(pq_inverse_eotf(nits) / source_top, 1.0)
+    t = np.clip((code - knee) / (1 - knee), 0.0, 1.0)
+    rolled = ((2 * t ** 3 - 3 * t ** 2 + 1) * knee + (t ** 3 - 2 * t ** 2 + t) * (1 - knee)
+              + (-2 * t ** 3 + 3 * t ** 2) * top)
+    return np.minimum(pq_eotf(np.where(code < knee, code, rolled) * source_top), target_peak)
