@@ -76,3 +76,30 @@ def test_a_suite_stored_in_wide_pixels_shows_the_same_pictures(make_test_video, 
         assert container.streams.video[0].codec_context.width == 120
     error = (decode_frames(manifest.parent / "clip.mp4").data.float() - decode_frames(video).data.float()) ** 2
     assert 10 * np.log10(255**2 / error.mean().item()) > 25
+
+
+@pytest.mark.parametrize("transfer", ["pq", "hlg"])
+def test_a_suite_stored_in_hdr_shows_the_same_pictures(make_test_video, tmp_path, transfer):
+    """`store_in_hdr` (the HDR check in docs/benchmarks.md): each video stored as 10-bit HDR, read
+    back close to its own pictures, and far from them when its code values are read as SDR."""
+    import shutil
+
+    import numpy as np
+
+    from vidsight.bench.storage import store_in_hdr
+    from vidsight.ingest import decode_frames, probe
+
+    video, _ = make_test_video(width=160, height=96, fps=8, duration_s=1.0)
+    source = tmp_path / "suite"
+    source.mkdir()
+    shutil.copy(video, source / "clip.mp4")
+    (source / "manifest.json").write_text("{}")
+    manifest = store_in_hdr(source, tmp_path / transfer, transfer)
+    stored, plain = probe(manifest.parent / "clip.mp4"), probe(video)
+    assert (stored.dynamic_range, stored.wide_gamut, stored.frame_count) == (transfer, True, plain.frame_count)
+    original = decode_frames(video).data.float()
+    error = (decode_frames(manifest.parent / "clip.mp4").data.float() - original) ** 2
+    assert 10 * np.log10(255**2 / error.mean().item()) > 30
+    with av.open(str(manifest.parent / "clip.mp4")) as container:
+        as_sdr = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    assert 10 * np.log10(255**2 / ((as_sdr - original.numpy()) ** 2).mean()) < 25

@@ -56,7 +56,8 @@ def test_a_traceback_and_a_hang_are_caught_and_the_callers_memory_is_not_counted
 
 
 def test_the_shaped_sources_are_shaped_as_named(tmp_path):
-    """The trimmed MP4 holds packets FFmpeg drops after decoding, the other lists a picture first."""
+    """The trimmed MP4 holds packets FFmpeg drops after decoding, the Matroska file lists a picture
+    first, the HDR file is PQ with its peak declared."""
     import av
 
     from vidsight.bench.damage import SHAPED, TRIMMED_FRAMES
@@ -67,3 +68,9 @@ def test_the_shaped_sources_are_shaped_as_named(tmp_path):
         assert sum(packet.is_discard for packet in container.demux(video=0)) == TRIMMED_FRAMES
     with av.open(str(sources["h264-picture-first.mkv"])) as container:
         assert [s.codec_context.name for s in container.streams.video] == ["mjpeg", "h264"]
+    from vidsight.ingest import probe
+    from vidsight.ingest.colour import content_peak
+
+    assert (probe(sources["hevc-pq.mp4"]).dynamic_range, probe(sources["hevc-pq.mp4"]).codec) == ("pq", "hevc")
+    with av.open(str(sources["hevc-pq.mp4"])) as container:
+        assert content_peak(next(container.decode(video=0))) == 1500.0

@@ -17,6 +17,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidsight.bench.storage import video_in_hdr
 from vidsight.ingest.synthetic import SyntheticSpec, make_video
 
 # (file name, codec) of the good videos the damage starts from: the codecs and containers users bring.
@@ -25,10 +26,11 @@ SOURCES = (
     ("mpeg4.avi", "mpeg4"), ("mjpeg.avi", "mjpeg"), ("vp9.webm", "vp9"), ("hevc.mp4", "hevc"),
     ("hevc.hevc", "hevc"),   # a raw elementary stream, as cameras dump it: no container, no timestamps
 )
-# Files as editors and downloads write them, the first source's packets remuxed: an MP4 trimmed
+# Files as editors, downloads and phones write them, made from the first source: an MP4 trimmed
 # without re-encoding (an edit list starting after the GOP's first frames, which FFmpeg flags to be
-# decoded and dropped), and a Matroska file listing a one-frame picture track before the video.
-SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv")
+# decoded and dropped), a Matroska file listing a one-frame picture track before the video (both
+# its packets remuxed), and 10-bit HEVC HDR in PQ with its light levels declared (re-encoded).
+SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv", "hevc-pq.mp4")
 TRIMMED_FRAMES = 3
 # Where each container keeps its index (or the header a demuxer leans on), as bytes to find.
 INDEX_TAGS = (b"moov", b"idx1", b"\x1c\x53\xbb\x6b", b"\x11\x4d\x9b\x74")  # MP4, AVI, MKV Cues, MKV SeekHead
@@ -65,7 +67,9 @@ def make_sources(root: Path) -> list[Path]:
         paths.append(path)
     for name in SHAPED:
         path = root / name
-        if not path.exists():
+        if not path.exists() and name.startswith("hevc-pq"):
+            video_in_hdr(paths[0], path, "pq", max_cll=1500)
+        elif not path.exists():
             _remux(paths[0], path)
         paths.append(path)
     return paths

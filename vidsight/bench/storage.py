@@ -39,16 +39,25 @@ def store_in_wide_pixels(source: str | Path, target: str | Path, aspect: Fractio
     def convert(frame: av.VideoFrame, stream: av.video.stream.VideoStream) -> av.VideoFrame:
         return frame.reformat(width=stream.width, height=stream.height, format="yuv420p", interpolation="BICUBIC")
 
-    return _store_again(source, target, "libx264", {"g": "8", "crf": "18", "preset": "fast"}, setup, convert)
+    return _copy_suite(source, target, lambda video, path: _write_again(
+        video, path, "libx264", {"g": "8", "crf": "18", "preset": "fast"}, setup, convert))
 
 
 def store_in_hdr(source: str | Path, target: str | Path, transfer: str) -> Path:
     """Copy the built suite at ``source`` into ``target`` with every video stored as 10-bit HDR
-    (``transfer`` ``"pq"`` or ``"hlg"``, BT.2020 primaries) by x265 at CRF 12, each picture placed
-    as BT.2408 places SDR in HDR (`hdr_signal`): what a reader that maps HDR to SDR shows as the
-    original, and one that does not shows darker (PQ) or greyer (HLG), desaturated. Returns the
-    copy's manifest."""
+    (`video_in_hdr`): what a reader that maps HDR to SDR shows as the original, and one that does
+    not shows darker (PQ) or greyer (HLG), desaturated. Returns the copy's manifest."""
+    return _copy_suite(source, target, lambda video, path: video_in_hdr(video, path, transfer))
+
+
+def video_in_hdr(source: str | Path, target: str | Path, transfer: str, max_cll: int | None = None) -> None:
+    """``source``'s pictures at ``target`` as 10-bit HDR (``transfer`` ``"pq"`` or ``"hlg"``, BT.2020
+    primaries) written by x265 at CRF 12, each placed as BT.2408 places SDR in HDR (`hdr_signal`);
+    with ``max_cll``, the content light level and a 4,000-nit mastering display declared too."""
     tags = f"colorprim=bt2020:transfer={_X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited"
+    if max_cll is not None:
+        tags += (f":max-cll={max_cll},400:master-display=G(13250,34500)B(7500,3000)R(34000,16000)"
+                 "WP(15635,16450)L(40000000,50)")
 
     def setup(stream: av.video.stream.VideoStream, original: av.video.stream.VideoStream) -> None:
         stream.width, stream.height, stream.pix_fmt = original.width, original.height, "yuv420p10le"
@@ -58,9 +67,8 @@ def store_in_hdr(source: str | Path, target: str | Path, transfer: str) -> Path:
         return signal.reformat(format="yuv420p10le", dst_colorspace=av.video.reformatter.Colorspace.BT2020,
                                dst_color_range=av.video.reformatter.ColorRange.MPEG)
 
-    return _store_again(source, target, "libx265",
-                        {"crf": "12", "preset": "fast", "x265-params": f"log-level=error:keyint=8:{tags}"},
-                        setup, convert)
+    _write_again(Path(source), Path(target), "libx265",
+                 {"crf": "12", "preset": "fast", "x265-params": f"log-level=error:keyint=8:{tags}"}, setup, convert)
 
 
 def hdr_signal(rgb: np.ndarray, transfer: str) -> np.ndarray:
@@ -82,25 +90,31 @@ def hdr_signal(rgb: np.ndarray, transfer: str) -> np.ndarray:
     return np.rint(np.clip(code, 0.0, 1.0) * 65535).astype(np.uint16)
 
 
-def _store_again(source: str | Path, target: str | Path, codec: str, options: dict[str, str],
-                 setup: Callable[[av.video.stream.VideoStream, av.video.stream.VideoStream], None],
-                 convert: Callable[[av.VideoFrame, av.video.stream.VideoStream], av.VideoFrame]) -> Path:
-    """Copy the suite at ``source`` (its manifest and every ``.mp4``) into ``target``, each video's
-    frames ``convert``-ed and written by ``codec`` on a stream ``setup`` shapes, at their times."""
+def _copy_suite(source: str | Path, target: str | Path, store: Callable[[Path, Path], None]) -> Path:
+    """The suite at ``source`` copied into ``target``: its manifest, and each ``.mp4`` as ``store``
+    writes it. Returns the copy's manifest."""
     source, target = Path(source), Path(target)
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "manifest.json", target / "manifest.json")
     for video in sorted(source.glob("*.mp4")):
-        with av.open(str(video)) as original, av.open(str(target / video.name), "w") as out:
-            stream = original.streams.video[0]
-            written = out.add_stream(codec, rate=stream.average_rate, options=options)
-            setup(written, stream)
-            written.time_base = stream.time_base
-            for frame in original.decode(stream):
-                stored = convert(frame, written)
-                stored.pts, stored.time_base = frame.pts, frame.time_base
-                for packet in written.encode(stored):
-                    out.mux(packet)
-            for packet in written.encode():
-                out.mux(packet)
+        store(video, target / video.name)
     return target / "manifest.json"
+
+
+def _write_again(video: Path, target: Path, codec: str, options: dict[str, str],
+                 setup: Callable[[av.video.stream.VideoStream, av.video.stream.VideoStream], None],
+                 convert: Callable[[av.VideoFrame, av.video.stream.VideoStream], av.VideoFrame]) -> None:
+    """``video``'s frames ``convert``-ed and written at ``target`` by ``codec`` on a stream ``setup``
+    shapes, at their times."""
+    with av.open(str(video)) as original, av.open(str(target), "w") as out:
+        stream = original.streams.video[0]
+        written = out.add_stream(codec, rate=stream.average_rate, options=options)
+        setup(written, stream)
+        written.time_base = stream.time_base
+        for frame in original.decode(stream):
+            stored = convert(frame, written)
+            stored.pts, stored.time_base = frame.pts, frame.time_base
+            for packet in written.encode(stored):
+                out.mux(packet)
+        for packet in written.encode():
+            out.mux(packet)
