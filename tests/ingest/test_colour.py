@@ -12,7 +12,8 @@ import torch
 from vidsight.bench.storage import BT709_TO_BT2020, hdr_signal
 from vidsight.ingest import DecodeConfig, decode_frames, probe
 from vidsight.ingest.colour import (BT2020_TO_BT709, REFERENCE_WHITE_NITS, ColourMapping, content_peak, display_light,
-                                    eetf, mapping_of, pq_eotf, pq_inverse_eotf, to_rgb, to_sdr)
+                                    eetf, mapping_of, pq_eotf, pq_inverse_eotf, sdr_luma, to_rgb, to_sdr)
+from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.parallel import decode_parallel
 from vidsight.ingest.stream import StreamSource
 
@@ -30,19 +31,27 @@ def picture() -> np.ndarray:
     return np.repeat(np.repeat(image, 8, 0), 8, 1)
 
 
-def store_hdr(path, transfer: str, image: np.ndarray, metadata: str = "") -> None:
-    """``image`` in every frame, 10-bit HEVC in ``transfer`` with BT.2020 primaries (`hdr_signal`)."""
-    tags = f"colorprim=bt2020:transfer={X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited"
+def store_hdr(path, transfer: str | None, images: np.ndarray, metadata: str = "", keyint: int = 3) -> None:
+    """``images`` (``(H, W, 3)``: that picture in `FRAMES` frames), 10-bit HEVC in ``transfer`` with
+    BT.2020 primaries (`hdr_signal`); 8-bit SDR BT.709 when ``transfer`` is None."""
+    images = np.repeat(images[None], FRAMES, axis=0) if images.ndim == 3 else images
+    tags = "colorprim=bt709:transfer=bt709:colormatrix=bt709:range=limited" if transfer is None else (
+        f"colorprim=bt2020:transfer={X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited")
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx265", rate=FPS, options={
-            "crf": "4", "x265-params": f"log-level=error:keyint=3:bframes=0:{tags}{metadata}"})
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, PIXELS
-        signal = av.VideoFrame.from_ndarray(hdr_signal(image, transfer), format="rgb48le").reformat(
-            format=PIXELS, dst_colorspace=av.video.reformatter.Colorspace.BT2020,
-            dst_color_range=av.video.reformatter.ColorRange.MPEG)
-        for k in range(FRAMES):
-            signal.pts, signal.time_base = k, Fraction(1, FPS)
-            for packet in stream.encode(signal):
+            "crf": "4", "x265-params": f"log-level=error:keyint={keyint}:bframes=0:{tags}{metadata}"})
+        stream.width, stream.height = WIDTH, HEIGHT
+        stream.pix_fmt = "yuv444p" if transfer is None else PIXELS
+        for k, image in enumerate(images):
+            if transfer is None:
+                stored = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
+                    format="yuv444p", dst_colorspace=av.video.reformatter.Colorspace.ITU709)
+            else:
+                stored = av.VideoFrame.from_ndarray(hdr_signal(image, transfer), format="rgb48le").reformat(
+                    format=PIXELS, dst_colorspace=av.video.reformatter.Colorspace.BT2020,
+                    dst_color_range=av.video.reformatter.ColorRange.MPEG)
+            stored.pts, stored.time_base = k, Fraction(1, FPS)
+            for packet in stream.encode(stored):
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
@@ -137,3 +146,36 @@ def test_sdr_frames_are_read_as_before_and_bt2020_sdr_is_only_reprimaried(make_t
     signal = np.rint(linear ** (1 / 2.4) * 65535).astype(np.uint16)
     back = to_sdr(signal, ColourMapping("sdr", wide_gamut=True, peak_nits=REFERENCE_WHITE_NITS))
     assert np.abs(back.astype(int) - colours).max() <= 1
+
+
+@pytest.mark.parametrize("transfer", ["pq", "hlg"])
+def test_the_motion_rule_judges_hdr_as_its_sdr_picture(tmp_path, transfer):
+    """Judged by pixels, a square crossing a noisy still scene stored as HDR moves the same blocks
+    as stored as SDR: the rule reads the HDR luma as its SDR picture's (`sdr_luma`)."""
+    generator = np.random.default_rng(1)
+    scene = generator.integers(60, 160, (HEIGHT, WIDTH, 3)).astype(np.int16)
+    texture = generator.integers(0, 256, (24, 24, 3))
+    images = []
+    for k in range(24):
+        image = scene + generator.normal(0, 3, scene.shape)
+        image[36:60, 4 + 4 * k : 28 + 4 * k] = texture
+        images.append(np.clip(image, 0, 255).astype(np.uint8))
+    images = np.stack(images)
+    store_hdr(tmp_path / "sdr.mp4", None, images, keyint=24)
+    store_hdr(tmp_path / "hdr.mp4", transfer, images, keyint=24)
+    with av.open(str(tmp_path / "sdr.mp4")) as plain, av.open(str(tmp_path / "hdr.mp4")) as hdr:
+        sdr_frame, hdr_frame = next(plain.decode(video=0)), next(hdr.decode(video=0))
+        sdr_grey = sdr_frame.to_ndarray(format="gray").astype(int)
+        mapped = np.abs(sdr_luma(hdr_frame).astype(int) - sdr_grey).mean()
+        unmapped = np.abs(hdr_frame.to_ndarray(format="gray").astype(int) - sdr_grey).mean()
+        # Within 8-bit steps of HDR luma (PQ spends 148 of them on SDR's range) and colour's share of it.
+        assert mapped < 4 and unmapped > 2 * mapped and np.array_equal(sdr_luma(sdr_frame), sdr_grey)
+    config = DecodeConfig(motion=MotionPruneConfig(tau=0.25, source="pixels"))
+    maps = [[info.dynamic for info in decode_frames(tmp_path / f"{name}.mp4", None, config).codec]
+            for name in ("sdr", "hdr")]
+    judged = [(a, b) for a, b in zip(*maps) if a is not None and b is not None]
+    assert len(judged) >= 20
+    moved_in_sdr = sum(int(a.sum()) for a, _ in judged)
+    moved_in_both = sum(int((a & b).sum()) for a, b in judged)
+    moved_in_hdr = sum(int(b.sum()) for _, b in judged)
+    assert moved_in_sdr > 0 and moved_in_both >= 0.9 * moved_in_sdr and moved_in_hdr <= 1.25 * moved_in_sdr

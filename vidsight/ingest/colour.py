@@ -22,6 +22,7 @@ it was below the EETF's knee (about 100 nits, 74 % code value, for a 1,000-nit p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 
 import av
@@ -106,6 +107,26 @@ def to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndar
     if mapping is None:
         return frame.to_ndarray(format="rgb24", **scale)
     return to_sdr(frame.to_ndarray(format="rgb48le", **scale), mapping)
+
+
+def is_hdr(frame: av.VideoFrame) -> bool:
+    """Whether ``frame``'s transfer is PQ or HLG."""
+    return frame.color_trc in TRANSFERS
+
+
+def sdr_luma(frame: av.VideoFrame) -> np.ndarray:
+    """``frame``'s luma, 8-bit full range ``(H, W)``, an HDR frame's as its SDR picture's (each
+    grey level mapped by `to_sdr`): the motion rule's thresholds, set on SDR pictures, hold for
+    HDR (PQ puts SDR's whole range in 58 % of its code values)."""
+    luma = frame.to_ndarray(format="gray")
+    return _luma_table(mapping_of(frame))[luma] if is_hdr(frame) else luma
+
+
+@functools.lru_cache(maxsize=16)
+def _luma_table(mapping: ColourMapping) -> np.ndarray:
+    """The SDR code value of each of the 256 grey levels in ``mapping``'s transfer."""
+    grey = np.rint(np.arange(256) * (65535 / 255)).astype(np.uint16)
+    return to_sdr(np.repeat(grey[:, None, None], 3, axis=2), dataclasses.replace(mapping, wide_gamut=False))[:, 0, 0]
 
 
 def to_sdr(signal: np.ndarray, mapping: ColourMapping) -> np.ndarray:

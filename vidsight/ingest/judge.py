@@ -13,6 +13,7 @@ from typing import Any
 import av
 import numpy as np
 
+from vidsight.ingest.colour import sdr_luma
 from vidsight.ingest.dynamic import BlockMotion, MotionPruneConfig, Verdict
 from vidsight.ingest.motion import BLOCK, destination_blocks, grid_shape, intra_blocks, motion_map
 from vidsight.ingest.pixel_motion import Between, PixelMotion, frame_step, vector_side
@@ -118,7 +119,7 @@ class FrameJudge:
         if saturated and kind != "I" and not self.waiting and all(held[1] != "I" for held in self._held):
             blocks = grid_shape(frame.height, frame.width)
             return [*self._release(None), (item, (None, None, Verdict(np.ones(blocks, dtype=bool), 1, blocks, 0)))]
-        luma = frame.to_ndarray(format="gray") if self._residuals else None
+        luma = sdr_luma(frame) if self._residuals else None
         if self._pixels is not None:
             self._pixels.add(frame, kind)
         self._held.append((frame, kind, item, luma))

@@ -23,6 +23,7 @@ import functools
 import av
 import numpy as np
 
+from vidsight.ingest.colour import is_hdr, sdr_luma
 from vidsight.ingest.block_search import best_shifts
 from vidsight.ingest.motion import Cover
 
@@ -117,11 +118,11 @@ def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndar
     the last block, part of the rule's grid, must still be judged: it holds the picture's last
     `BLOCK` reduced rows (and columns), overlapping the block before it, so that its change is
     measured over as many pixels as any other's and its noise stands out no more often."""
-    if frame.format.name in _EIGHT_BIT_LUMA:
+    if frame.format.name in _EIGHT_BIT_LUMA and not is_hdr(frame):
         plane = frame.planes[0]   # read in place: no conversion
         luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
-    else:                         # deeper or packed formats: FFmpeg's conversion
-        luma = frame.to_ndarray(format="gray")
+    else:                         # deeper or packed formats, HDR: FFmpeg's conversion, mapped to SDR
+        luma = sdr_luma(frame)
     scale = reduction(frame.width)
     rows, cols = luma.shape[0] // scale, luma.shape[1] // scale
     luma = luma[: rows * scale, : cols * scale]
