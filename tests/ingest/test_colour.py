@@ -11,8 +11,9 @@ import torch
 
 from vidsight.bench.storage import BT709_TO_BT2020, hdr_signal
 from vidsight.ingest import DecodeConfig, decode_frames, probe
-from vidsight.ingest.colour import (BT2020_TO_BT709, REFERENCE_WHITE_NITS, ColourMapping, content_peak, display_light,
-                                    eetf, mapping_of, pq_eotf, pq_inverse_eotf, sdr_luma, to_rgb, to_sdr)
+from vidsight.ingest.colour import (BT2020_TO_BT709, REFERENCE_WHITE_NITS, ColourMapping, channel_light,
+                                    content_peak, eetf, hlg_inverse_oetf, hlg_ootf, mapping_of, pq_eotf,
+                                    pq_inverse_eotf, sdr_luma, to_rgb, to_sdr)
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.parallel import decode_parallel
 from vidsight.ingest.stream import StreamSource
@@ -71,7 +72,7 @@ def test_transfer_functions_and_matrices_match_their_published_values():
                                                                                          rel=1e-6)
     # BT.2408: HLG's 75 % signal is reference white, 203 nits on a 1,000-nit display; 100 % is the peak.
     grey = np.array([[0.75] * 3, [1.0] * 3])
-    assert display_light(grey, "hlg")[:, 0] == pytest.approx([203.0, 1000.0], rel=2e-3)
+    assert hlg_ootf(hlg_inverse_oetf(grey))[:, 0] == pytest.approx([203.0, 1000.0], rel=2e-3)
     # BT.2087: linear BT.709 -> BT.2020 (our BT.2020 -> BT.709 is derived from the primaries).
     assert np.linalg.inv(BT2020_TO_BT709) == pytest.approx(BT709_TO_BT2020, abs=6e-5)
 
@@ -90,6 +91,23 @@ def test_the_eetf_keeps_the_sdr_range_and_rolls_highlights_off_into_it(peak):
     assert np.all(mapped[nits > knee * 1.05] < nits[nits > knee * 1.05])
     assert np.all(mapped <= np.minimum(nits, REFERENCE_WHITE_NITS) * (1 + 1e-5))
     assert eetf(np.array([100.0, 500.0]), 150.0, REFERENCE_WHITE_NITS) == pytest.approx([100.0, REFERENCE_WHITE_NITS])
+
+
+@pytest.mark.parametrize("mapping", [ColourMapping("pq", True, 1000.0), ColourMapping("pq", True, 4000.0),
+                                     ColourMapping("hlg", True), ColourMapping("sdr", True, REFERENCE_WHITE_NITS)])
+def test_the_tabulated_mapping_is_the_definition_computed_in_full(mapping):
+    """`to_sdr` reads tables in float32; the same steps computed in float64 per pixel differ by at
+    most one code value, at a rounding boundary, but in the darkest codes, where gamma 2.4 is
+    steepest and a colour outside BT.709 leaves a channel as a difference of large terms."""
+    signal = np.random.default_rng(2).integers(0, 65536, (64, 64, 3)).astype(np.uint16)
+    light = channel_light(signal / 65535, mapping.transfer)
+    light = hlg_ootf(light) if mapping.transfer == "hlg" else light
+    largest = light.max(axis=-1, keepdims=True)
+    light = light * eetf(largest, mapping.peak_nits, REFERENCE_WHITE_NITS) / np.maximum(largest, 1e-12)
+    light = light @ np.linalg.inv(BT709_TO_BT2020).T   # BT.2087's matrix, inverted
+    expected = np.rint(np.clip(light / REFERENCE_WHITE_NITS, 0, 1) ** (1 / 2.4) * 255)
+    difference = np.abs(to_sdr(signal, mapping).astype(int) - expected)
+    assert difference[expected > 4].max() <= 1 and difference.max() <= 4 and (difference > 0).mean() < 0.01
 
 
 @pytest.mark.parametrize("transfer", ["pq", "hlg"])

@@ -131,25 +131,73 @@ def _luma_table(mapping: ColourMapping) -> np.ndarray:
 
 def to_sdr(signal: np.ndarray, mapping: ColourMapping) -> np.ndarray:
     """``signal``, ``(H, W, 3)`` uint16 R'G'B' in ``mapping``'s transfer and primaries, as uint8
-    BT.709 SDR R'G'B' (the module's steps 1-4)."""
-    nits = display_light(signal.astype(np.float32) / 65535, mapping.transfer)
-    largest = nits.max(axis=-1, keepdims=True)
-    nits *= eetf(largest, mapping.peak_nits, REFERENCE_WHITE_NITS) / np.maximum(largest, 1e-6)
+    BT.709 SDR R'G'B' (the module's steps 1-4). Each step that is a function of one value reads a
+    table (`_Tables`): a 1280x720 frame is mapped in tens of milliseconds, not over a hundred."""
+    tables = _tables(mapping)
+    light = np.take(tables.light, signal)                 # (H, W, 3) float32: nits; HLG's scene light
+    if mapping.transfer == "hlg":
+        light = hlg_ootf(light)
+    if tables.gain is not None:
+        # (numpy's max over a last axis of 3 is an order slower than two maximums)
+        position = np.maximum(np.maximum(light[..., 0], light[..., 1]), light[..., 2]) * (_STEPS / mapping.peak_nits)
+        gain = np.take(tables.gain, np.minimum(position, _STEPS).astype(np.int32))
+        if position.max() > _STEPS:   # light above the declared peak: brought to the target as the peak is
+            gain *= np.minimum(1.0, _STEPS / np.maximum(position, 1.0))
+        light *= gain[..., None]
     if mapping.wide_gamut:
-        nits = nits @ BT2020_TO_BT709.T
-    relative = np.clip(nits / REFERENCE_WHITE_NITS, 0.0, 1.0)
-    return np.rint(relative ** (1 / SDR_GAMMA) * 255).astype(np.uint8)
+        light = (light.reshape(-1, 3) @ BT2020_TO_BT709.T).reshape(light.shape)   # one BLAS product
+    relative = np.clip(light, 0.0, REFERENCE_WHITE_NITS, out=light)
+    return np.take(tables.code, np.rint(np.sqrt(relative * (1 / REFERENCE_WHITE_NITS)) * _STEPS).astype(np.int32))
 
 
-def display_light(signal: np.ndarray, transfer: str) -> np.ndarray:
-    """Light in nits of ``signal`` (non-linear code values in 0..1, ``(..., 3)``) on its display."""
+_STEPS = 65535
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tables:
+    """`to_sdr`'s one-value steps for one mapping, each tabulated at 65,536 points.
+
+    Attributes:
+        light: Each 16-bit code value's light per channel (`channel_light`).
+        gain: The EETF's factor on light at ``i / 65535`` of the peak (exactly 1 below its knee,
+            where the steps are 0.015 nits at a 1,000-nit peak); None where nothing is above SDR.
+        code: The 8-bit gamma-2.4 code of light at ``(i / 65535) ** 2`` of reference white: the
+            square root spreads the dark end, where a code value spans the least light.
+    """
+
+    light: np.ndarray
+    gain: np.ndarray | None
+    code: np.ndarray
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(mapping: ColourMapping) -> _Tables:
+    steps = np.arange(_STEPS + 1, dtype=np.float64) / _STEPS
+    gain = None
+    if mapping.peak_nits > REFERENCE_WHITE_NITS:
+        nits = steps * mapping.peak_nits
+        gain = eetf(nits, mapping.peak_nits, REFERENCE_WHITE_NITS) / np.maximum(nits, 1e-12)
+        gain[0] = 1.0
+        gain = gain.astype(np.float32)
+    code = np.rint(steps ** (2 / SDR_GAMMA) * 255).astype(np.uint8)
+    return _Tables(channel_light(steps, mapping.transfer).astype(np.float32), gain, code)
+
+
+def channel_light(signal: np.ndarray, transfer: str) -> np.ndarray:
+    """Each channel's light from its non-linear code value (0..1): PQ's nits, HLG's scene light
+    (0..1, which `hlg_ootf` shows on a display), an SDR transfer's nits with white at reference white."""
     if transfer == "pq":
         return pq_eotf(signal)
     if transfer == "hlg":
-        scene = hlg_inverse_oetf(signal)
-        # The OOTF at a 1,000-nit display: system gamma 1.2 on the scene's luminance.
-        return DEFAULT_PEAK_NITS * (scene @ _BT2020_LUMA)[..., None] ** 0.2 * scene
+        return hlg_inverse_oetf(signal)
     return REFERENCE_WHITE_NITS * np.clip(signal, 0.0, 1.0) ** SDR_GAMMA
+
+
+def hlg_ootf(scene: np.ndarray) -> np.ndarray:
+    """BT.2100's HLG OOTF at a 1,000-nit display: scene light ``(..., 3)`` (BT.2020) to nits, system
+    gamma 1.2 applied on the scene's luminance."""
+    luminance = (scene.reshape(-1, 3) @ _BT2020_LUMA).reshape(scene.shape[:-1])
+    return DEFAULT_PEAK_NITS * luminance[..., None] ** 0.2 * scene
 
 
 def pq_eotf(signal: np.ndarray) -> np.ndarray:
