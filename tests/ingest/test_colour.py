@@ -32,9 +32,10 @@ def picture() -> np.ndarray:
     return np.repeat(np.repeat(image, 8, 0), 8, 1)
 
 
-def store_hdr(path, transfer: str | None, images: np.ndarray, metadata: str = "", keyint: int = 3) -> None:
+def store_hdr(path, transfer: str | None, images: np.ndarray, metadata: str = "", keyint: int = 3,
+              sdr_pixels: str = "yuv444p") -> None:
     """``images`` (``(H, W, 3)``: that picture in `FRAMES` frames), 10-bit HEVC in ``transfer`` with
-    BT.2020 primaries (`hdr_signal`); 8-bit SDR BT.709 when ``transfer`` is None."""
+    BT.2020 primaries (`hdr_signal`); SDR BT.709 in ``sdr_pixels`` when ``transfer`` is None."""
     images = np.repeat(images[None], FRAMES, axis=0) if images.ndim == 3 else images
     tags = "colorprim=bt709:transfer=bt709:colormatrix=bt709:range=limited" if transfer is None else (
         f"colorprim=bt2020:transfer={X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited")
@@ -42,11 +43,12 @@ def store_hdr(path, transfer: str | None, images: np.ndarray, metadata: str = ""
         stream = out.add_stream("libx265", rate=FPS, options={
             "crf": "4", "x265-params": f"log-level=error:keyint={keyint}:bframes=0:{tags}{metadata}"})
         stream.width, stream.height = WIDTH, HEIGHT
-        stream.pix_fmt = "yuv444p" if transfer is None else PIXELS
+        stream.pix_fmt = sdr_pixels if transfer is None else PIXELS
         for k, image in enumerate(images):
             if transfer is None:
-                stored = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
-                    format="yuv444p", dst_colorspace=av.video.reformatter.Colorspace.ITU709)
+                stored = av.VideoFrame.from_ndarray(image.astype(np.uint16) * 257, format="rgb48le").reformat(
+                    format=sdr_pixels, dst_colorspace=av.video.reformatter.Colorspace.ITU709,
+                    dst_color_range=av.video.reformatter.ColorRange.MPEG)
             else:
                 stored = av.VideoFrame.from_ndarray(hdr_signal(image, transfer), format="rgb48le").reformat(
                     format=PIXELS, dst_colorspace=av.video.reformatter.Colorspace.BT2020,
@@ -197,3 +199,27 @@ def test_the_motion_rule_judges_hdr_as_its_sdr_picture(tmp_path, transfer):
     moved_in_both = sum(int((a & b).sum()) for a, b in judged)
     moved_in_hdr = sum(int(b.sum()) for _, b in judged)
     assert moved_in_sdr > 0 and moved_in_both >= 0.9 * moved_in_sdr and moved_in_hdr <= 1.25 * moved_in_sdr
+
+
+def test_the_pixel_rule_reads_10_bit_and_hdr_luma_in_place_as_8_bit_sdr(tmp_path):
+    """`reduced_luma` samples a 10-bit plane where it lies and reads each sample as the 8-bit SDR
+    picture's luma (`luma_codes`): the same picture stored in 8-bit SDR, 10-bit SDR, PQ and HLG
+    gives the same reduced luma, to the rounding of an 8-bit level per sample."""
+    from vidsight.ingest.pixel_motion import reduced_luma, reduction
+
+    ramp = np.linspace(20, 235, WIDTH)[None, :, None] * np.linspace(0.5, 1.0, HEIGHT)[:, None, None]
+    image = np.repeat(np.rint(ramp), 3, axis=2).astype(np.uint8)   # greys: luma is the picture itself
+    for name, transfer, pixels in [("sdr8", None, "yuv444p"), ("sdr10", None, "yuv444p10le"), ("pq", "pq", None),
+                                   ("hlg", "hlg", None)]:
+        store_hdr(tmp_path / f"{name}.mp4", transfer, image, sdr_pixels=pixels or "yuv444p")
+    reduced = {}
+    for name in ("sdr8", "sdr10", "pq", "hlg"):
+        with av.open(str(tmp_path / f"{name}.mp4")) as container:
+            frame = next(container.decode(video=0))
+            assert frame.format.name == ("yuv444p" if name == "sdr8" else "yuv444p10le")
+            reduced[name] = reduced_luma(frame).astype(int)
+    scale = reduction(WIDTH)
+    low = image[::scale, ::scale, 0] <= 0.7 * 255   # below the EETF's knee
+    for name in ("sdr10", "pq", "hlg"):
+        difference = np.abs(reduced[name] - reduced["sdr8"])   # sums of four samples
+        assert difference.mean() < 2.5 and difference[low].max() <= 6, name

@@ -115,18 +115,32 @@ def is_hdr(frame: av.VideoFrame) -> bool:
 
 
 def sdr_luma(frame: av.VideoFrame) -> np.ndarray:
-    """``frame``'s luma, 8-bit full range ``(H, W)``, an HDR frame's as its SDR picture's (each
-    grey level mapped by `to_sdr`): the motion rule's thresholds, set on SDR pictures, hold for
-    HDR (PQ puts SDR's whole range in 58 % of its code values)."""
+    """``frame``'s luma, 8-bit full range ``(H, W)`` (FFmpeg's conversion), an HDR frame's as its
+    SDR picture's (`luma_codes`)."""
     luma = frame.to_ndarray(format="gray")
-    return _luma_table(mapping_of(frame))[luma] if is_hdr(frame) else luma
+    return np.take(_hdr_luma_codes(mapping_of(frame), 8, True), luma) if is_hdr(frame) else luma
+
+
+def luma_codes(frame: av.VideoFrame) -> np.ndarray | None:
+    """A table reading each luma value of ``frame``'s planar 8- or 10-bit format as the 8-bit luma
+    an SDR picture has in the same range: a 10-bit SDR frame's its top 8 bits; an HDR frame's, the
+    luma of its grey's SDR picture (`to_sdr`), so the motion rule's thresholds, set on SDR
+    pictures, hold for HDR (PQ puts SDR's whole range in 58 % of its code values). None where the
+    values are that already (8-bit SDR)."""
+    bits = 10 if frame.format.name.endswith("p10le") else 8
+    if not is_hdr(frame):
+        return None if bits == 8 else (np.arange(1024) >> 2).astype(np.uint8)
+    return _hdr_luma_codes(mapping_of(frame), bits, frame.color_range == av.video.reformatter.ColorRange.JPEG)
 
 
 @functools.lru_cache(maxsize=16)
-def _luma_table(mapping: ColourMapping) -> np.ndarray:
-    """The SDR code value of each of the 256 grey levels in ``mapping``'s transfer."""
-    grey = np.rint(np.arange(256) * (65535 / 255)).astype(np.uint16)
-    return to_sdr(np.repeat(grey[:, None, None], 3, axis=2), dataclasses.replace(mapping, wide_gamut=False))[:, 0, 0]
+def _hdr_luma_codes(mapping: ColourMapping, bits: int, full_range: bool) -> np.ndarray:
+    """`luma_codes` of an HDR mapping, for ``bits``-bit luma in full or limited range."""
+    codes, scale = np.arange(2**bits), 2 ** (bits - 8)
+    signal = codes / (2**bits - 1) if full_range else (codes - 16 * scale) / (219 * scale)
+    grey = np.rint(np.clip(signal, 0.0, 1.0) * 65535).astype(np.uint16)
+    shown = to_sdr(np.repeat(grey[:, None, None], 3, axis=2), dataclasses.replace(mapping, wide_gamut=False))[:, 0, 0]
+    return shown if full_range else np.rint(16 + shown * (219 / 255)).astype(np.uint8)
 
 
 def to_sdr(signal: np.ndarray, mapping: ColourMapping) -> np.ndarray:

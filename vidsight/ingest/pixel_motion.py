@@ -23,7 +23,7 @@ import functools
 import av
 import numpy as np
 
-from vidsight.ingest.colour import is_hdr, sdr_luma
+from vidsight.ingest.colour import luma_codes, sdr_luma
 from vidsight.ingest.block_search import best_shifts
 from vidsight.ingest.motion import Cover
 
@@ -77,7 +77,8 @@ ESTIMATES_PER_SECOND = 15
 # A declared rate above this is not a camera's: FFmpeg guesses a stream's timestamp clock (90 kHz)
 # for some network streams, which would leave nearly every frame unjudged.
 MAX_CAMERA_FPS = 240
-_EIGHT_BIT_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray"})
+_PLANAR_LUMA = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "nv12", "gray",
+                          "yuv420p10le", "yuv422p10le", "yuv444p10le"})
 
 # FFmpeg's AVMotionVector, as PyAV's MotionVectors.to_ndarray() gives it.
 VECTOR_DTYPE = np.dtype({"names": ["source", "w", "h", "src_x", "src_y", "dst_x", "dst_y", "flags", "motion_x",
@@ -118,24 +119,27 @@ def reduced_luma(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndar
     the last block, part of the rule's grid, must still be judged: it holds the picture's last
     `BLOCK` reduced rows (and columns), overlapping the block before it, so that its change is
     measured over as many pixels as any other's and its noise stands out no more often."""
-    if frame.format.name in _EIGHT_BIT_LUMA and not is_hdr(frame):
-        plane = frame.planes[0]   # read in place: no conversion
-        luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
-    else:                         # deeper or packed formats, HDR: FFmpeg's conversion, mapped to SDR
+    codes = None
+    if frame.format.name in _PLANAR_LUMA:   # read in place: no conversion
+        plane, dtype = frame.planes[0], np.uint16 if frame.format.name.endswith("p10le") else np.uint8
+        luma = np.frombuffer(plane, dtype).reshape(-1, plane.line_size // dtype().itemsize)[: frame.height, : frame.width]
+        codes = luma_codes(frame)   # 10-bit and HDR values, read as 8-bit SDR luma where sampled
+    else:                           # packed and other formats: FFmpeg's conversion
         luma = sdr_luma(frame)
     scale = reduction(frame.width)
     rows, cols = luma.shape[0] // scale, luma.shape[1] // scale
     luma = luma[: rows * scale, : cols * scale]
-    (first, second, *others) = [(r * scale // 4, c * scale // 4) for r, c in SAMPLES]
     out = np.empty(reduced_shape(frame.height, frame.width), np.int16) if out is None else out
     if rows < BLOCK or cols < BLOCK:   # smaller than one block: nothing to see motion in
         out[:] = 0
         return out
+    first, second, *others = [luma[r * scale // 4 :: scale, c * scale // 4 :: scale] for r, c in SAMPLES]
+    if codes is not None:
+        first, second, *others = [np.take(codes, picked) for picked in (first, second, *others)]
     sampled = out[:rows, :cols]
-    np.add(luma[first[0]::scale, first[1]::scale], luma[second[0]::scale, second[1]::scale], out=sampled,
-           dtype=np.int16)
-    for dy, dx in others:
-        sampled += luma[dy::scale, dx::scale]
+    np.add(first, second, out=sampled, dtype=np.int16)
+    for picked in others:
+        sampled += picked
     height, width = out.shape
     if height > rows:
         out[height - BLOCK :, :cols] = out[rows - BLOCK : rows, :cols]
