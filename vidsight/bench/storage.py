@@ -16,13 +16,11 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidsight.ingest.colour import REFERENCE_WHITE_NITS, SDR_GAMMA, pq_inverse_eotf
+from vidsight.ingest.colour import (BT2020_LUMA, DEFAULT_PEAK_NITS, HLG_A, HLG_B, HLG_C, HLG_SYSTEM_GAMMA,
+                                    REFERENCE_WHITE_NITS, SDR_GAMMA, pq_inverse_eotf)
 
 # BT.2087's linear BT.709 -> BT.2020 matrix, as published (four places).
 BT709_TO_BT2020 = np.array([[0.6274, 0.3293, 0.0433], [0.0691, 0.9195, 0.0114], [0.0164, 0.0880, 0.8956]])
-_BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593])
-HLG_SYSTEM_GAMMA = 1.2   # BT.2100's OOTF at a 1,000-nit display
-HLG_DISPLAY_PEAK_NITS = 1000.0
 _X265_TRANSFER = {"pq": "smpte2084", "hlg": "arib-std-b67"}
 
 
@@ -79,12 +77,11 @@ def hdr_signal(rgb: np.ndarray, transfer: str) -> np.ndarray:
     if transfer == "pq":
         code = pq_inverse_eotf(nits)
     elif transfer == "hlg":
-        relative = nits / HLG_DISPLAY_PEAK_NITS
-        luminance = np.maximum(relative @ _BT2020_LUMA, 1e-12)[..., None]
+        relative = nits / DEFAULT_PEAK_NITS   # on HLG's nominal 1,000-nit display
+        luminance = np.maximum(relative @ BT2020_LUMA.astype(np.float64), 1e-12)[..., None]
         scene = relative * luminance ** ((1 - HLG_SYSTEM_GAMMA) / HLG_SYSTEM_GAMMA)   # the OOTF undone
-        a = 0.17883277
-        b, c = 1 - 4 * a, 0.5 - a * np.log(4 * a)
-        code = np.where(scene <= 1 / 12, np.sqrt(3 * scene), a * np.log(np.maximum(12 * scene - b, 1e-12)) + c)
+        code = np.where(scene <= 1 / 12, np.sqrt(3 * scene),
+                        HLG_A * np.log(np.maximum(12 * scene - HLG_B, 1e-12)) + HLG_C)   # BT.2100's OETF
     else:
         raise ValueError(f"unknown HDR transfer {transfer!r} (pq, hlg)")
     return np.rint(np.clip(code, 0.0, 1.0) * 65535).astype(np.uint16)

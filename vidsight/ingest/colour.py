@@ -39,9 +39,10 @@ SDR_GAMMA = 2.4                # BT.1886
 # PQ (SMPTE ST 2084) and HLG (BT.2100) constants.
 _M1, _M2 = 2610 / 16384, 2523 / 4096 * 128
 _C1, _C2, _C3 = 3424 / 4096, 2413 / 4096 * 32, 2392 / 4096 * 32
-_HLG_A = 0.17883277
-_HLG_B, _HLG_C = 1 - 4 * _HLG_A, 0.5 - _HLG_A * np.log(4 * _HLG_A)
-_BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593], dtype=np.float32)
+HLG_A = 0.17883277
+HLG_B, HLG_C = 1 - 4 * HLG_A, 0.5 - HLG_A * np.log(4 * HLG_A)
+HLG_SYSTEM_GAMMA = 1.2   # its OOTF's at a 1,000-nit display
+BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593], dtype=np.float32)
 
 
 def _rgb_to_xyz(primaries: list[tuple[float, float]], white: tuple[float, float]) -> np.ndarray:
@@ -210,8 +211,8 @@ def channel_light(signal: np.ndarray, transfer: str) -> np.ndarray:
 def hlg_ootf(scene: np.ndarray) -> np.ndarray:
     """BT.2100's HLG OOTF at a 1,000-nit display: scene light ``(..., 3)`` (BT.2020) to nits, system
     gamma 1.2 applied on the scene's luminance."""
-    luminance = (scene.reshape(-1, 3) @ _BT2020_LUMA).reshape(scene.shape[:-1])
-    return DEFAULT_PEAK_NITS * luminance[..., None] ** 0.2 * scene
+    luminance = (scene.reshape(-1, 3) @ BT2020_LUMA).reshape(scene.shape[:-1])
+    return DEFAULT_PEAK_NITS * luminance[..., None] ** (HLG_SYSTEM_GAMMA - 1) * scene
 
 
 def pq_eotf(signal: np.ndarray) -> np.ndarray:
@@ -229,7 +230,7 @@ def pq_inverse_eotf(nits: np.ndarray) -> np.ndarray:
 def hlg_inverse_oetf(signal: np.ndarray) -> np.ndarray:
     """BT.2100: HLG code values (0..1) to scene light (0..1)."""
     signal = np.clip(signal, 0.0, 1.0)
-    upper = (np.exp((np.maximum(signal, 0.5) - _HLG_C) / _HLG_A) + _HLG_B) / 12
+    upper = (np.exp((np.maximum(signal, 0.5) - HLG_C) / HLG_A) + HLG_B) / 12
     return np.where(signal <= 0.5, signal * signal / 3, upper).astype(signal.dtype)
 
 
