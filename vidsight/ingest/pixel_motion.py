@@ -23,8 +23,8 @@ import functools
 import av
 import numpy as np
 
-from vidsight.ingest.colour import luma_codes, sdr_luma
 from vidsight.ingest.block_search import best_shifts
+from vidsight.ingest.colour import luma_codes, sdr_luma
 from vidsight.ingest.motion import Cover
 
 # The luma is reduced by a whole factor (at least 2) to about this width: the cost per frame stays
