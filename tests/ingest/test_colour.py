@@ -13,7 +13,8 @@ from vidsight.bench.storage import BT709_TO_BT2020, hdr_signal
 from vidsight.ingest import DecodeConfig, decode_frames, probe
 from vidsight.ingest.colour import (BT2020_TO_BT709, REFERENCE_WHITE_NITS, ColourMapping, channel_light,
                                     content_peak, eetf, hlg_inverse_oetf, hlg_ootf, mapping_of, pq_eotf,
-                                    pq_inverse_eotf, sdr_luma, to_rgb, to_sdr)
+                                    pq_inverse_eotf, sdr_luma, to_sdr)
+from vidsight.ingest.picture import to_rgb
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.parallel import decode_parallel
 from vidsight.ingest.stream import StreamSource

@@ -10,7 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vidsight.errors import ConfigError
-from vidsight.ingest.writer import write_video
+from vidsight.ingest.writer import weave, write_video
 from vidsight.tasks.families import ANOMALY_QUERY, FAMILIES, FRAME, SAMPLE_FPS, anomaly_label, anomaly_scene, make_sample
 from vidsight.tasks.splits import split_seed, split_seeds
 
@@ -38,11 +38,16 @@ def window_starts(frames: int) -> list[int]:
     return list(range(0, frames - WINDOW_FRAMES + 1, STRIDE_FRAMES))
 
 
-def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8, codec: str = "h264") -> None:
-    """Render ``scene`` at ``VIDEO_FPS`` with ``codec`` (H.264 by default; B-frames for odd seeds)."""
+def write_scene(path: Path, scene, duration_s: float, seed: int, gop: int = 8, codec: str = "h264",
+                interlaced: bool = False) -> None:
+    """Render ``scene`` at ``VIDEO_FPS`` with ``codec`` (H.264 by default; B-frames for odd seeds);
+    ``interlaced``: each frame two fields, rendered half a frame apart, coded as fields."""
     times = np.arange(int(round(duration_s * VIDEO_FPS))) / VIDEO_FPS
-    write_video(path, (scene.render(t) for t in times), times, VIDEO_FPS, gop=gop, bframes=seed % 2 == 1,
-                codec=codec)
+    if interlaced:
+        frames = (weave(scene.render(t), scene.render(t + 0.5 / VIDEO_FPS)) for t in times)
+    else:
+        frames = (scene.render(t) for t in times)
+    write_video(path, frames, times, VIDEO_FPS, gop=gop, bframes=seed % 2 == 1, codec=codec, interlaced=interlaced)
 
 
 def anomaly_video_scene(number: int, split: str = "validation"):
@@ -55,14 +60,16 @@ def anomaly_video_scene(number: int, split: str = "validation"):
     return scene, seed, labels
 
 
-def build_suite(name: str, root: str | Path, progress: bool = False, split: str = "validation") -> Path:
+def build_suite(name: str, root: str | Path, progress: bool = False, split: str = "validation",
+                interlaced: bool = False) -> Path:
     """Write suite ``name`` of ``split`` (`tasks.splits`: validation for choosing, test for
     reporting) under ``root/name`` (``root/name-test`` for the test split), reusing what is there,
     and return its manifest path.
 
     The manifest lists every clip with its question and answer, and every anomaly video with its
     per-window labels and its video label. Everything follows from the seeds: building twice gives
-    the same suite.
+    the same suite. ``interlaced`` writes each video as a broadcast would (`write_scene`), for
+    the check that reading it undoes the interlacing.
     """
     if name not in SUITES:
         raise ConfigError(f"unknown suite {name!r} (known: {', '.join(SUITES)})")
@@ -78,13 +85,13 @@ def build_suite(name: str, root: str | Path, progress: bool = False, split: str 
     for family, i in tqdm(jobs, desc=f"suite {name}", disable=not progress):
         sample = make_sample(family, split_seed("families", split, i))
         path = directory / f"{family}_{i:03d}.mp4"
-        write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed)
+        write_scene(path, sample.scene, sample.frames / SAMPLE_FPS, sample.seed, interlaced=interlaced)
         clips.append({"family": family, "video": path.name, "question": sample.question, "answer": sample.answer,
                       "frames": sample.frames, "scene": sample.scene.to_dict()})
     for i in range(spec.anomaly_videos):
         scene, seed, labels = anomaly_video_scene(i, split)
         path = directory / f"anomaly_video_{i:03d}.mp4"
-        write_scene(path, scene, ANOMALY_VIDEO_S, seed)
+        write_scene(path, scene, ANOMALY_VIDEO_S, seed, interlaced=interlaced)
         videos.append({"video": path.name, "query": ANOMALY_QUERY, "label": any(labels), "window_labels": labels,
                        "scene": scene.to_dict()})
     manifest.write_text(json.dumps({"suite": name, "split": split, "frame": FRAME, "sample_fps": SAMPLE_FPS, "clips": clips,

@@ -100,16 +100,6 @@ def content_peak(frame: av.VideoFrame) -> float:
     return float(np.clip(peak or DEFAULT_PEAK_NITS, REFERENCE_WHITE_NITS, 10000.0))
 
 
-def to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndarray:
-    """``frame`` as 8-bit BT.709 SDR RGB ``(H, W, 3)``, scaled to ``size`` ``(height, width)`` by
-    FFmpeg's bicubic scaler, else as stored; an HDR or wide-gamut frame mapped (`to_sdr`)."""
-    scale = {} if size is None else {"height": size[0], "width": size[1], "interpolation": "BICUBIC"}
-    mapping = mapping_of(frame)
-    if mapping is None:
-        return frame.to_ndarray(format="rgb24", **scale)
-    return to_sdr(frame.to_ndarray(format="rgb48le", **scale), mapping)
-
-
 def is_hdr(frame: av.VideoFrame) -> bool:
     """Whether ``frame``'s transfer is PQ or HLG."""
     return frame.color_trc in TRANSFERS

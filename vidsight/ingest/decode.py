@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.colour import to_rgb
 from vidsight.ingest.container import MAX_FRAME_SIDE, codec_name, open_video
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSignals, Signals, frame_kind, grouped,
@@ -22,6 +21,7 @@ from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSigna
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
+from vidsight.ingest.picture import to_rgb
 from vidsight.ingest.probe import probe
 from vidsight.ingest.seek import demux_packets, packets_from_keyframe, shown
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo

@@ -41,6 +41,8 @@ INTRA_ONLY_GOP = 250
 # Packets the probe decodes, at most, for the first frame's display rotation (a decoder holding
 # frames back for B-frames gives its first within a few).
 PROBE_DECODE_PACKETS = 16
+# FFmpeg's AVFieldOrder values of interlaced streams (TT, BB, TB, BT), which parameter sets declare.
+INTERLACED_FIELD_ORDERS = frozenset({2, 3, 4, 5})
 
 
 def probe(path: str | Path) -> VideoInfo:
@@ -134,6 +136,7 @@ def probe(path: str | Path) -> VideoInfo:
         aspect = pixel_aspect(stream, path)
         # A stream's parameter sets declare its colours too, for when no frame came out in time.
         colour = first.colour if first.decoded else mapping_of(stream.codec_context)
+        interlaced = first.interlaced if first.decoded else stream.codec_context.field_order in INTERLACED_FIELD_ORDERS
         height, width = stored_size(stream.codec_context.height, displayed_width(stream.codec_context.width, aspect),
                                     first.turns)
         return VideoInfo(
@@ -159,17 +162,19 @@ def probe(path: str | Path) -> VideoInfo:
             intra_only=intra_only,
             dynamic_range=colour.transfer if colour else "sdr",
             wide_gamut=bool(colour and colour.wide_gamut),
+            interlaced=interlaced,
         )
 
 
 class _FirstFrame:
-    """The display rotation of a stream's first frame (`quarter_turns`) and how its colours are
-    mapped to SDR (`colour.mapping_of`), read by decoding packets during the probe's demux pass
-    until one frame comes out (a phone's portrait video is stored landscape, its HDR is HLG); 0
-    and None, not ``decoded``, where none does within `PROBE_DECODE_PACKETS` or the decoder fails."""
+    """The display rotation of a stream's first frame (`quarter_turns`), how its colours are
+    mapped to SDR (`colour.mapping_of`) and whether it is interlaced, read by decoding packets
+    during the probe's demux pass until one frame comes out (a phone's portrait video is stored
+    landscape, its HDR is HLG); 0, None and False, not ``decoded``, where none does within
+    `PROBE_DECODE_PACKETS` or the decoder fails."""
 
     def __init__(self, stream: av.video.stream.VideoStream):
-        self.turns, self.colour, self.decoded, self._tries = 0, None, False, PROBE_DECODE_PACKETS
+        self.turns, self.colour, self.interlaced, self.decoded, self._tries = 0, None, False, False, PROBE_DECODE_PACKETS
         stream.codec_context.thread_count = 1   # frame threads would hold the first frame back
 
     def read(self, packet: av.Packet) -> None:
@@ -183,6 +188,7 @@ class _FirstFrame:
             return
         if frames:
             self.turns, self.colour, self.decoded = quarter_turns(frames[0]), mapping_of(frames[0]), True
+            self.interlaced = bool(frames[0].interlaced_frame)
             self._tries = 0
 
 

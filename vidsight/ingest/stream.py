@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.colour import to_rgb
 from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, grouped, motion_source
 from vidsight.ingest.orientation import displayed_width, pixel_aspect, quarter_turns, stored_size, upright, upright_codec
+from vidsight.ingest.picture import to_rgb
 from vidsight.ingest.probe import BACKWARD_JUMP_S, Continuation, declared_fps, nominal_fps, untimed_fps
 from vidsight.ingest.seek import DEMUX_ERRORS
 from vidsight.ingest.types import CodecInfo, FrameBatch

@@ -60,6 +60,8 @@ class VideoInfo:
         dynamic_range: ``"pq"`` or ``"hlg"`` for an HDR stream (its first frame's transfer),
             else ``"sdr"``; every decoded HDR frame is mapped to SDR (`vidsight.ingest.colour`).
         wide_gamut: Whether the first frame's primaries are BT.2020's (mapped to BT.709's).
+        interlaced: Whether the first frame holds two fields (broadcast, DVD, DV): every frame
+            flagged so is shown by its top field (`vidsight.ingest.picture`).
     """
 
     path: Path
@@ -83,6 +85,7 @@ class VideoInfo:
     intra_only: bool = False
     dynamic_range: str = "sdr"
     wide_gamut: bool = False
+    interlaced: bool = False
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
@@ -126,6 +129,7 @@ class VideoInfo:
             "intra_only": self.intra_only,
             "dynamic_range": self.dynamic_range,
             "wide_gamut": self.wide_gamut,
+            "interlaced": self.interlaced,
             "keyframe_times_s": [round(float(t), 6) for t in self.keyframe_times_s],
             "gop_sizes": [int(g) for g in self.gop_sizes],
         }

@@ -27,6 +27,20 @@ ENCODERS = {
 }
 
 
+# Codecs coded field by field when asked to (`write_video`'s ``interlaced``), as broadcast and DVDs
+# are: the options added to `_encoder_options`' (MPEG-2's flags keep its closed GOPs).
+INTERLACED_CODECS = {"h264": {"x264-params": "interlaced=1:tff=1"},
+                     "mpeg2video": {"flags": "+cgop+ilme+ildct", "top": "1"}}
+
+
+def weave(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """An interlaced frame of two pictures taken a field apart: the top field (even rows) from
+    ``first``, the bottom field (odd rows) from ``second``."""
+    frame = first.copy()
+    frame[1::2] = second[1::2]
+    return frame
+
+
 def _encoder_options(codec: str, gop: int, bframes: bool, crf: int, preset: str | None) -> dict[str, str]:
     if codec == "h264":
         return {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0",
@@ -51,7 +65,7 @@ def _encoder_options(codec: str, gop: int, bframes: bool, crf: int, preset: str 
 
 def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterable[float], fps: float,
                 gop: int = 16, bframes: bool = False, crf: int = 18, codec: str = "h264",
-                preset: str | None = None) -> Path:
+                preset: str | None = None, interlaced: bool = False) -> Path:
     """Encode RGB frames to a video file; the container follows ``path``'s suffix (.mp4, .mkv, .ts, ...).
 
     Args:
@@ -67,9 +81,13 @@ def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterabl
         preset: x264/x265 speed preset (default: veryfast for H.264, ultrafast for HEVC, quick to
             write; ``"medium"`` is x264's own default, what a camera-like encode with several
             reference frames and sub-pixel motion search gives).
+        interlaced: Code each frame as two fields, top first (`weave` makes such frames), as
+            broadcasts and DVDs are; H.264 and MPEG-2 (`INTERLACED_CODECS`).
     """
     if codec not in ENCODERS:
         raise ConfigError(f"codec must be one of {', '.join(ENCODERS)}, got {codec!r}")
+    if interlaced and codec not in INTERLACED_CODECS:
+        raise ConfigError(f"interlaced coding is written for {', '.join(INTERLACED_CODECS)}, not {codec!r}")
     path = Path(path)
     with av.open(str(path), mode="w") as out:
         rate = Fraction(fps).limit_denominator(1001)
@@ -78,7 +96,8 @@ def write_video(path: str | Path, frames: Iterable[np.ndarray], times_s: Iterabl
         stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
         stream.time_base = time_base
         stream.codec_context.time_base = time_base
-        stream.options = _encoder_options(codec, gop, bframes, crf, preset)
+        stream.options = _encoder_options(codec, gop, bframes, crf, preset) | (
+            INTERLACED_CODECS[codec] if interlaced else {})
         for image, t in zip(frames, times_s):
             if (stream.height, stream.width) != image.shape[:2]:  # a 640-wide frame matches the default width
                 stream.width, stream.height = image.shape[1], image.shape[0]
