@@ -3,7 +3,8 @@
 Each copy holds the same pictures in a layout a reader must undo (scale to square pixels, map HDR
 light to SDR), so `bench accuracy` on the copy against the plain suite measures whether vidsight
 undoes it. The copies are made by the definitions (BT.2408's SDR-in-HDR placement, BT.2087's
-primaries), not by vidsight's reading code.
+primaries, BT.2100's HLG OETF), not by vidsight's reading code, but for the PQ curve, which the
+tests hold to its published values.
 """
 
 from __future__ import annotations
