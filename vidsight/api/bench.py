@@ -121,8 +121,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                                   "refresh, align, reuse_in_place, stride, gop (no axis named: all of them)")
     bench_watch.add_argument("--static-scenes", nargs="*", default=None, metavar="CODEC",
                              help="also measure the motion rules on noisy static-camera scenes (kept share, recall) "
-                                  "encoded with each CODEC (h264 by its vectors; hevc, av1, vp9 ... by pixels; none "
-                                  "named: h264), and judging's cost per codec at 1280x720")
+                                  "encoded with each CODEC (h264 by its vectors; hevc, av1, vp9 ... by pixels; "
+                                  "hevc-10bit, hevc-pq, hevc-hlg: x265's 10-bit SDR and HDR; none named: h264), and "
+                                  "judging's cost per codec at 1280x720")
     bench_watch.add_argument("--camera-fps", type=_float, default=None, metavar="FPS",
                              help="with --static-scenes: the scenes' frame rate (default: 15, the rate the pixel "
                                   "path's thresholds were chosen at)")
@@ -266,11 +267,17 @@ def _run_bench_ask_set(args) -> int:
 
 
 def _run_bench_watch(args) -> int:
+    from vidsight.bench.motion import TEN_BIT_HEVC
     from vidsight.bench.suite import ANOMALY_VIDEO_S
     from vidsight.bench.watch import (SUITE_WINDOWS, SWEEP_AXES, anomaly_videos, format_watch_report, hard_videos,
                                       labelled_folder, run_watch_bench, write_watch_report)
+    from vidsight.ingest.writer import ENCODERS
     from vidsight.models import load_model
     from vidsight.models.shapes import build_shape
+
+    if unknown := [codec for codec in args.static_scenes or () if codec not in ENCODERS and codec not in TEN_BIT_HEVC]:
+        raise ConfigError(f"--static-scenes: unknown codec {', '.join(unknown)} "
+                          f"(known: {', '.join([*ENCODERS, *TEN_BIT_HEVC])})")
 
     axes = () if args.sweeps is None else tuple(args.sweeps) or SWEEP_AXES
     unknown = set(axes) - set(SWEEP_AXES)

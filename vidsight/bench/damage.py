@@ -17,7 +17,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidsight.bench.storage import video_in_hdr
+from vidsight.bench.storage import video_in_ten_bits
 from vidsight.ingest.synthetic import SyntheticSpec, make_video
 
 # (file name, codec) of the good videos the damage starts from: the codecs and containers users bring.
@@ -68,7 +68,7 @@ def make_sources(root: Path) -> list[Path]:
     for name in SHAPED:
         path = root / name
         if not path.exists() and name.startswith("hevc-pq"):
-            video_in_hdr(paths[0], path, "pq", max_cll=1500)
+            video_in_ten_bits(paths[0], path, "pq", max_cll=1500)
         elif not path.exists():
             _remux(paths[0], path)
         paths.append(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidsight.bench.storage import video_in_ten_bits
 from vidsight.engine.prompt import plan_for
 from vidsight.ingest.dynamic import SOFTWARE_ALPHA, MotionPruneConfig
 from vidsight.ingest.decode import configure_decoder
@@ -43,6 +44,9 @@ RULES = {"max (first rule)": MotionPruneConfig(rule="max"),
          "persistent (default)": MotionPruneConfig(),
          "persistent, alpha software": MotionPruneConfig(alpha=SOFTWARE_ALPHA)}
 CAMERA_FPS, GOP_S = 15, 10.0
+# Static-scene "codecs" that are HEVC stored as phones and cameras store it (`bench.storage`):
+# 10-bit SDR, and 10-bit HDR in PQ and in HLG (their HDR transfer, or None for SDR).
+TEN_BIT_HEVC = {"hevc-10bit": None, "hevc-pq": "pq", "hevc-hlg": "hlg"}
 QWEN_VIDEO = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
                         min_pixels=VIDEO_MIN_PIXELS, max_pixels=VIDEO_MAX_PIXELS, total_pixels=VIDEO_TOTAL_PIXELS,
                         tokens_per_second=2.0)
@@ -91,9 +95,17 @@ def fast_objects(duration_s: float, rng: np.random.Generator) -> list[SceneObjec
 
 def record(path: str | Path, scene: Scene, codec: str = "h264", fps: float = CAMERA_FPS) -> Path:
     """``scene`` encoded as a camera would: ``fps`` frames a second, CRF 23 (x264's default preset;
-    the other encoders' own presets at the same quality), 10-s GOPs."""
+    the other encoders' own presets at the same quality), 10-s GOPs; a `TEN_BIT_HEVC` name, by
+    x265 from the scene written nearly losslessly by x264 (CRF 4)."""
     times = np.arange(int(scene.duration_s * fps)) / fps
-    return write_video(path, (scene.render(t) for t in times), times, fps, gop=int(GOP_S * fps), crf=23,
+    gop = int(GOP_S * fps)
+    if codec in TEN_BIT_HEVC:
+        master = Path(path).with_name(f"{Path(path).stem}-master.mp4")
+        write_video(master, (scene.render(t) for t in times), times, fps, gop=gop, crf=4, preset="fast")
+        video_in_ten_bits(master, path, TEN_BIT_HEVC[codec], crf=23, keyint=gop)
+        master.unlink()
+        return Path(path)
+    return write_video(path, (scene.render(t) for t in times), times, fps, gop=gop, crf=23,
                        preset="medium" if codec == "h264" else None, codec=codec)
 
 
@@ -225,6 +237,9 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
 
 
 def _reencode(video: str | Path, path: Path, codec: str) -> None:
+    if codec in TEN_BIT_HEVC:
+        video_in_ten_bits(video, path, TEN_BIT_HEVC[codec], crf=23, keyint=250)
+        return
     with av.open(str(video)) as container:
         stream = container.streams.video[0]
         rate = float(stream.average_rate or 25)

@@ -1,8 +1,9 @@
-"""A built suite stored again the ways real files store pictures: wide pixels, HDR.
+"""Videos stored again the ways real files store pictures: wide pixels, 10 bits, HDR.
 
 Each copy holds the same pictures in a layout a reader must undo (scale to square pixels, map HDR
-light to SDR), so `bench accuracy` on the copy against the plain suite measures whether vidsight
-undoes it. The copies are made by the definitions (BT.2408's SDR-in-HDR placement, BT.2087's
+light to SDR), so `bench accuracy` on a copy of the suite against the plain suite measures whether
+vidsight undoes it, and the motion bench's static scenes stored so whether the rule still judges
+them alike. The copies are made by the definitions (BT.2408's SDR-in-HDR placement, BT.2087's
 primaries, BT.2100's HLG OETF), not by vidsight's reading code, but for the PQ curve, which the
 tests hold to its published values.
 """
@@ -44,16 +45,22 @@ def store_in_wide_pixels(source: str | Path, target: str | Path, aspect: Fractio
 
 def store_in_hdr(source: str | Path, target: str | Path, transfer: str) -> Path:
     """Copy the built suite at ``source`` into ``target`` with every video stored as 10-bit HDR
-    (`video_in_hdr`): what a reader that maps HDR to SDR shows as the original, and one that does
-    not shows darker (PQ) or greyer (HLG), desaturated. Returns the copy's manifest."""
-    return _copy_suite(source, target, lambda video, path: video_in_hdr(video, path, transfer))
+    (`video_in_ten_bits`): what a reader that maps HDR to SDR shows as the original, and one that
+    does not shows darker (PQ) or greyer (HLG), desaturated. Returns the copy's manifest."""
+    return _copy_suite(source, target, lambda video, path: video_in_ten_bits(video, path, transfer))
 
 
-def video_in_hdr(source: str | Path, target: str | Path, transfer: str, max_cll: int | None = None) -> None:
-    """``source``'s pictures at ``target`` as 10-bit HDR (``transfer`` ``"pq"`` or ``"hlg"``, BT.2020
-    primaries) written by x265 at CRF 12, each placed as BT.2408 places SDR in HDR (`hdr_signal`);
-    with ``max_cll``, the content light level and a 4,000-nit mastering display declared too."""
-    tags = f"colorprim=bt2020:transfer={_X265_TRANSFER[transfer]}:colormatrix=bt2020nc:range=limited"
+def video_in_ten_bits(source: str | Path, target: str | Path, transfer: str | None = None, crf: int = 12,
+                      keyint: int = 8, max_cll: int | None = None) -> None:
+    """``source``'s pictures at ``target`` as 10-bit HEVC written by x265 at ``crf`` with a keyframe
+    every ``keyint`` frames: HDR in ``transfer`` (``"pq"`` or ``"hlg"``, BT.2020 primaries), each
+    picture placed as BT.2408 places SDR in HDR (`hdr_signal`), or SDR BT.709 when None; with
+    ``max_cll``, HDR's content light level and a 4,000-nit mastering display declared too."""
+    if transfer is None:
+        tags, colorspace = "colorprim=bt709:transfer=bt709:colormatrix=bt709", av.video.reformatter.Colorspace.ITU709
+    else:
+        tags = f"colorprim=bt2020:transfer={_X265_TRANSFER[transfer]}:colormatrix=bt2020nc"
+        colorspace = av.video.reformatter.Colorspace.BT2020
     if max_cll is not None:
         tags += (f":max-cll={max_cll},400:master-display=G(13250,34500)B(7500,3000)R(34000,16000)"
                  "WP(15635,16450)L(40000000,50)")
@@ -62,12 +69,15 @@ def video_in_hdr(source: str | Path, target: str | Path, transfer: str, max_cll:
         stream.width, stream.height, stream.pix_fmt = original.width, original.height, "yuv420p10le"
 
     def convert(frame: av.VideoFrame, stream: av.video.stream.VideoStream) -> av.VideoFrame:
-        signal = av.VideoFrame.from_ndarray(hdr_signal(frame.to_ndarray(format="rgb24"), transfer), format="rgb48le")
-        return signal.reformat(format="yuv420p10le", dst_colorspace=av.video.reformatter.Colorspace.BT2020,
-                               dst_color_range=av.video.reformatter.ColorRange.MPEG)
+        rgb = frame.to_ndarray(format="rgb24")
+        signal = rgb.astype(np.uint16) * 257 if transfer is None else hdr_signal(rgb, transfer)
+        return av.VideoFrame.from_ndarray(signal, format="rgb48le").reformat(
+            format="yuv420p10le", dst_colorspace=colorspace, dst_color_range=av.video.reformatter.ColorRange.MPEG)
 
-    _write_again(Path(source), Path(target), "libx265",
-                 {"crf": "12", "preset": "fast", "x265-params": f"log-level=error:keyint=8:{tags}"}, setup, convert)
+    _write_again(Path(source), Path(target), "libx265", {
+        "crf": str(crf), "preset": "fast",
+        "x265-params": f"log-level=error:keyint={keyint}:{tags}:range=limited"},
+        setup, convert)
 
 
 def hdr_signal(rgb: np.ndarray, transfer: str) -> np.ndarray:
