@@ -80,7 +80,10 @@ def mapping_of(frame: av.VideoFrame | av.video.codeccontext.VideoCodecContext) -
     wide = frame.color_primaries == PRIMARIES_BT2020
     if transfer == "sdr" and not wide:
         return None
-    peak = content_peak(frame) if transfer == "pq" else (DEFAULT_PEAK_NITS if transfer == "hlg" else REFERENCE_WHITE_NITS)
+    if transfer == "pq":
+        peak = content_peak(frame)
+    else:   # HLG's nominal display; an SDR transfer's white, which the EETF leaves as it is
+        peak = DEFAULT_PEAK_NITS if transfer == "hlg" else REFERENCE_WHITE_NITS
     return ColourMapping(transfer, wide, peak)
 
 
@@ -120,8 +123,11 @@ def luma_codes(frame: av.VideoFrame) -> np.ndarray | None:
     values are that already (8-bit SDR)."""
     bits = 10 if frame.format.name.endswith("p10le") else 8
     if not is_hdr(frame):
-        return None if bits == 8 else (np.arange(1024) >> 2).astype(np.uint8)
+        return None if bits == 8 else _TOP_EIGHT_OF_TEN
     return _hdr_luma_codes(mapping_of(frame), bits, frame.color_range == av.video.reformatter.ColorRange.JPEG)
+
+
+_TOP_EIGHT_OF_TEN = (np.arange(1024) >> 2).astype(np.uint8)
 
 
 @functools.lru_cache(maxsize=16)
