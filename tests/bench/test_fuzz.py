@@ -57,7 +57,7 @@ def test_a_traceback_and_a_hang_are_caught_and_the_callers_memory_is_not_counted
 
 def test_the_shaped_sources_are_shaped_as_named(tmp_path):
     """The trimmed MP4 holds packets FFmpeg drops after decoding, the Matroska file lists a picture
-    first, the HDR file is PQ with its peak declared."""
+    first, the HDR file is PQ with its peak declared, the MPEG-2 file interlaced."""
     import av
 
     from vidsight.bench.damage import SHAPED, TRIMMED_FRAMES
@@ -74,3 +74,4 @@ def test_the_shaped_sources_are_shaped_as_named(tmp_path):
     assert (probe(sources["hevc-pq.mp4"]).dynamic_range, probe(sources["hevc-pq.mp4"]).codec) == ("pq", "hevc")
     with av.open(str(sources["hevc-pq.mp4"])) as container:
         assert content_peak(next(container.decode(video=0))) == 1500.0
+    assert probe(sources["mpeg2-interlaced.mpg"]).interlaced

@@ -19,6 +19,7 @@ import numpy as np
 
 from vidsight.bench.storage import video_in_ten_bits
 from vidsight.ingest.synthetic import SyntheticSpec, make_video
+from vidsight.ingest.writer import weave, write_video
 
 # (file name, codec) of the good videos the damage starts from: the codecs and containers users bring.
 SOURCES = (
@@ -29,8 +30,9 @@ SOURCES = (
 # Files as editors, downloads and phones write them, made from the first source: an MP4 trimmed
 # without re-encoding (an edit list starting after the GOP's first frames, which FFmpeg flags to be
 # decoded and dropped), a Matroska file listing a one-frame picture track before the video (both
-# its packets remuxed), and 10-bit HEVC HDR in PQ with its light levels declared (re-encoded).
-SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv", "hevc-pq.mp4")
+# its packets remuxed), 10-bit HEVC HDR in PQ with its light levels declared, and interlaced
+# MPEG-2 as a DVD or a broadcast holds it, each frame woven from two (both re-encoded).
+SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv", "hevc-pq.mp4", "mpeg2-interlaced.mpg")
 TRIMMED_FRAMES = 3
 # Where each container keeps its index (or the header a demuxer leans on), as bytes to find.
 INDEX_TAGS = (b"moov", b"idx1", b"\x1c\x53\xbb\x6b", b"\x11\x4d\x9b\x74")  # MP4, AVI, MKV Cues, MKV SeekHead
@@ -69,10 +71,22 @@ def make_sources(root: Path) -> list[Path]:
         path = root / name
         if not path.exists() and name.startswith("hevc-pq"):
             video_in_ten_bits(paths[0], path, "pq", max_cll=1500)
+        elif not path.exists() and name.startswith("mpeg2-interlaced"):
+            _interlace(paths[0], path)
         elif not path.exists():
             _remux(paths[0], path)
         paths.append(path)
     return paths
+
+
+def _interlace(source: Path, path: Path) -> None:
+    """``source``'s frames two by two, woven into interlaced MPEG-2 frames at half its rate."""
+    with av.open(str(source)) as original:
+        stream = original.streams.video[0]
+        rate = float(stream.average_rate or 12)
+        frames = [frame.to_ndarray(format="rgb24") for frame in original.decode(stream)]
+    woven = [weave(first, second) for first, second in zip(frames[0::2], frames[1::2])]
+    write_video(path, woven, np.arange(len(woven)) * 2 / rate, rate / 2, gop=6, codec="mpeg2video", interlaced=True)
 
 
 def _remux(source: Path, path: Path) -> None:
