@@ -44,6 +44,7 @@ RULES = {"max (first rule)": MotionPruneConfig(rule="max"),
          "persistent (default)": MotionPruneConfig(),
          "persistent, alpha software": MotionPruneConfig(alpha=SOFTWARE_ALPHA)}
 CAMERA_FPS, GOP_S = 15, 10.0
+COST_GOP = 250   # the cost video's re-encodes: x264's default keyframe interval
 # Static-scene "codecs" that are HEVC stored as phones and cameras store it (`bench.storage`):
 # 10-bit SDR, and 10-bit HDR in PQ and in HLG (their HDR transfer, or None for SDR).
 TEN_BIT_HEVC = {"hevc-10bit": None, "hevc-pq": "pq", "hevc-hlg": "hlg"}
@@ -238,13 +239,13 @@ def judging_cost(root: Path, codecs: tuple[str, ...], video: str | Path | None =
 
 def _reencode(video: str | Path, path: Path, codec: str) -> None:
     if codec in TEN_BIT_HEVC:
-        video_in_ten_bits(video, path, TEN_BIT_HEVC[codec], crf=23, keyint=250)
+        video_in_ten_bits(video, path, TEN_BIT_HEVC[codec], crf=23, keyint=COST_GOP)
         return
     with av.open(str(video)) as container:
         stream = container.streams.video[0]
         rate = float(stream.average_rate or 25)
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-    write_video(path, iter(frames), np.arange(len(frames)) / rate, rate, gop=250, crf=23, codec=codec,
+    write_video(path, iter(frames), np.arange(len(frames)) / rate, rate, gop=COST_GOP, crf=23, codec=codec,
                 preset="medium" if codec == "h264" else None)
 
 
