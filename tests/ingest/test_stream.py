@@ -1,5 +1,8 @@
 """Live sources: growing files and dropped network streams, each frame decoded once."""
 
+import io
+import os
+import shutil
 import threading
 import time
 
@@ -328,3 +331,57 @@ def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path,
     monkeypatch.setattr(av, "open", lambda *args, **kwargs: Undecodable())
     with pytest.raises(VideoError, match=f"{path}: video stream uses a codec FFmpeg cannot decode"):
         list(StreamSource(path, fps=2.0))
+
+
+def pipe_of(path) -> io.BufferedReader:
+    """A pipe's reading end (it cannot seek) that a thread fills with ``path``'s bytes, as a shell
+    pipeline's standard input is filled."""
+    read_end, write_end = os.pipe()
+
+    def writer():
+        with open(path, "rb") as source, os.fdopen(write_end, "wb") as out:
+            try:
+                shutil.copyfileobj(source, out)
+            except BrokenPipeError:   # the reader stopped early
+                pass
+
+    threading.Thread(target=writer, daemon=True).start()
+    return os.fdopen(read_end, "rb")
+
+
+@pytest.mark.parametrize("suffix, codec", [(".ts", "h264"), (".mkv", "hevc"), (".h264", "h264")])
+def test_a_pipe_is_read_as_the_file_it_carries(make_test_video, suffix, codec):
+    """Standard input or a named pipe gives the samples the file gives: the same frames, times and
+    judged motion (pixels, so that the rule runs on HEVC too), read once from the front."""
+    from vidsight.ingest.dynamic import MotionPruneConfig
+
+    path, _ = make_test_video(suffix, width=128, height=96, duration_s=2.0, fps=8, gop=8, codec=codec, seed=3)
+    motion = MotionPruneConfig(source="pixels")
+    from_file = list(StreamSource(path, fps=4.0, motion=motion))
+    with pipe_of(path) as pipe:
+        assert not pipe.seekable()
+        source = StreamSource(pipe, fps=4.0, motion=motion)
+        from_pipe = list(source)
+    # (A raw stream has no timestamps: both are timed at FFmpeg's 25 fps, 3 samples of its 16 frames.)
+    assert source.source == "<pipe>" and source.codec == codec and len(from_pipe) == len(from_file) >= 3
+    for a, b in zip(from_pipe, from_file):
+        assert (a.index, a.frame_index, a.pts_s, a.gop_start) == (b.index, b.frame_index, b.pts_s, b.gop_start)
+        assert torch.equal(a.rgb, b.rgb)
+        assert a.codec.frame_type == b.codec.frame_type
+        assert np.array_equal(a.codec.dynamic, b.codec.dynamic)
+
+
+def test_an_mp4_from_a_pipe_is_refused_saying_what_can_be_piped(make_test_video):
+    # Its index written last, 200 kB in: more than FFmpeg's read buffer lets it seek back over.
+    path, _ = make_test_video(".mp4", width=320, height=240, duration_s=4.0, fps=8, gop=8)
+    with pipe_of(path) as pipe, pytest.raises(VideoError, match=r"<pipe>: .*needs seeking.*MPEG-TS"):
+        list(StreamSource(pipe, fps=2.0))
+    with open(path, "rb") as seekable:   # standard input redirected from the file can seek: read as the file
+        assert [f.pts_s for f in StreamSource(seekable, fps=2.0)] == [f.pts_s for f in StreamSource(path, fps=2.0)]
+
+
+def test_following_a_pipe_is_refused(make_test_video):
+    from vidsight.errors import ConfigError
+
+    with pipe_of(make_test_video(".ts", duration_s=1.0)[0]) as pipe, pytest.raises(ConfigError, match="pipe"):
+        StreamSource(pipe, fps=2.0, follow_idle_s=1.0)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, motion_note
+from vidsight.api.pipes import whole_file
 from vidsight.api.settings import ask_configs, feed_config
 
 
@@ -15,7 +16,8 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
 
     ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file")
-    ask.add_argument("video", help="video file")
+    ask.add_argument("video", help="video file, or - (or a named pipe) for a video piped in, read whole "
+                                    "into a temporary file first")
     ask.add_argument("question", nargs="+",
                      help="the question, in quotes; several are answered in turn, the video decoded and "
                           "prefilled once (each later question continues its KV) unless KV pruning is on")
@@ -43,8 +45,15 @@ def run_ask(args) -> int:
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
     asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
+    with whole_file(args.video) as video:
+        _answer(args, asker, video, sampling, generation, prefill)
+    return 0
+
+
+def _answer(args, asker, video: str, sampling, generation, prefill) -> None:
+    """Answer each of ``args.question`` about ``video`` in turn, printing each answer."""
     for question in args.question:
-        result = asker.ask(args.video, question, sampling=sampling, generation=generation, prefill=prefill,
+        result = asker.ask(video, question, sampling=sampling, generation=generation, prefill=prefill,
                            feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
         if args.json:   # one object per question, a line each
             print(json.dumps({**({"question": question} if len(args.question) > 1 else {}), **result.to_dict()}),
@@ -59,4 +68,3 @@ def run_ask(args) -> int:
         print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept{motion}), "
               f"{s.generated_tokens} generated{cached}; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)
-    return 0

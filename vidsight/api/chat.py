@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from vidsight.api.options import _float, add_policy_options, add_tier_options, foreign_policy_flags, policy_settings
+from vidsight.api.pipes import STDIN, live_source
 from vidsight.api.settings import chat_configs
 from vidsight.errors import ConfigError
 
@@ -22,7 +23,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     chat = commands.add_parser("chat", parents=parents, help="ask questions at any moment about a stream seen so far")
     chat.set_defaults(run=run_chat)
-    chat.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
+    chat.add_argument("source", help="video file, - for standard input (questions then from --questions), a "
+                                        "named pipe, or a stream URL (rtsp://, http://, ...)")
     chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
     chat.add_argument("--policy", default="full", choices=list(POLICIES),
@@ -99,14 +101,17 @@ def run_chat(args) -> int:
     from vidsight.ingest.stream import StreamSource
     from vidsight.models import load_model
 
+    if args.source == STDIN and not args.questions:
+        raise ConfigError("-: the video comes on standard input, so the questions cannot be typed there: "
+                          "give them with --questions FILE.jsonl")
     scheduled = read_questions(args.questions) if args.questions else None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     config, tiers = chat_configs(vars(args))
     policy = chat_policy(args)
-    source = StreamSource(args.source, fps=args.fps, realtime=args.realtime,
-                          follow_idle_s=args.follow)
-    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
-        return _converse(args, session, source, scheduled, generation)
+    with live_source(args.source) as opened:
+        source = StreamSource(opened, fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
+        with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
+            return _converse(args, session, source, scheduled, generation)
 
 
 def _converse(args, session, source, scheduled, generation) -> int:

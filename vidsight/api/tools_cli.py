@@ -9,7 +9,7 @@ import json
 def add_probe_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     probe = commands.add_parser("probe", parents=parents,
                                 help="describe a video's stream from its packets (decoding only its first frame)")
-    probe.add_argument("video")
+    probe.add_argument("video", help="video file, or - (or a named pipe) for a video piped in")
     probe.add_argument("--json", action="store_true", help="print JSON")
     probe.set_defaults(run=run_probe)
 
@@ -28,9 +28,11 @@ def add_model_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run_probe(args) -> int:
+    from vidsight.api.pipes import whole_file
     from vidsight.ingest import probe
 
-    info = probe(args.video).to_dict()
+    with whole_file(args.video) as video:
+        info = probe(video).to_dict()
     if args.json:
         print(json.dumps(info))
     else:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from vidsight.api.options import _float, add_motion_options, motion_note
+from vidsight.api.pipes import live_source
 from vidsight.api.settings import watch_config
 
 
@@ -15,7 +16,9 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch = commands.add_parser("watch", parents=parents,
                                 help="a standing Yes/No query over sliding windows of a file or stream")
     watch.set_defaults(run=run_watch)
-    watch.add_argument("source", help="video file, or a stream URL (rtsp://, http://, ...)")
+    watch.add_argument("source", help="video file, - for standard input, a named pipe (either read as it comes: "
+                                         "MPEG-TS, Matroska, fragmented MP4, raw H.264/HEVC), or a stream URL "
+                                         "(rtsp://, http://, ...)")
     watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
     watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     watch.add_argument("--window", dest="window_s", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
@@ -60,8 +63,14 @@ def run_watch(args) -> int:
     from vidsight.models import load_model
 
     config = watch_config(vars(args))
-    source = config.open(args.source, realtime=args.realtime, follow_idle_s=args.follow)
-    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
+    with live_source(args.source) as opened:
+        source = config.open(opened, realtime=args.realtime, follow_idle_s=args.follow)
+        _watch(args, source, Watcher(load_model(args.model, device=args.device), args.query, config))
+    return 0
+
+
+def _watch(args, source, watcher) -> None:
+    """Print each window's verdict and alert as ``watcher`` reaches it, then what ``source`` decoded."""
     for verdict in watcher.watch(source):
         for record in verdict_records(verdict, args.query):
             if args.json:
@@ -76,4 +85,3 @@ def run_watch(args) -> int:
     motion = f"; {motion_note(source.motion_source)}" if source.motion_source else ""
     print(json.dumps(end_record(source)) if args.json else
           f"[{source.frames_decoded} frames{codec} decoded{motion}]", flush=True)
-    return 0

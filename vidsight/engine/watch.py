@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -73,7 +74,7 @@ class WatchConfig:
         if self.alert_after < 1:
             raise ConfigError(f"alert_after must be at least 1, got {self.alert_after}")
 
-    def open(self, source: str | Path, realtime: bool = False, follow_idle_s: float | None = None,
+    def open(self, source: str | Path | BinaryIO, realtime: bool = False, follow_idle_s: float | None = None,
              ffmpeg_options: dict | None = None, reconnect_tries: int = 5,
              reconnect_window_s: float = 60.0) -> StreamSource:
         """Open ``source`` the way this watch needs it: at its sampling rate, with motion vectors

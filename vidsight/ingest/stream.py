@@ -2,8 +2,9 @@
 cuts the samples into watch's sliding windows).
 
 A source is a video file (replayed as fast as possible or at its real rate, or followed while it
-grows, as a recorder writes MPEG-TS) or a network stream FFmpeg can open (RTSP, HTTP, ...),
-reopened with exponential back-off when it drops. Reopening resumes after the last frame seen. Frames are
+grows, as a recorder writes MPEG-TS), a pipe read as it comes (a shell pipeline's standard input,
+a named pipe), or a network stream FFmpeg can open (RTSP, HTTP, ...), reopened with exponential
+back-off when it drops. Reopening resumes after the last frame seen. Frames are
 sampled at a fixed rate by presentation time; a sampled frame carries the codec signals of every
 frame decoded since the previous sample (CodecSight section 3.3): the largest motion, the
 intra-coded blocks, and the blocks the motion rule (`MotionPruneConfig`) found dynamic.
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -64,7 +66,10 @@ class StreamSource:
     """Decodes a file or network stream once and yields frames sampled at ``fps``.
 
     Args:
-        source: A file path or a stream URL.
+        source: A file path, a stream URL, or a binary file object read once from its current
+            position (a pipe: `sys.stdin.buffer`, an opened FIFO), in a format FFmpeg can read
+            without seeking unless the object can seek (MPEG-TS, Matroska, fragmented MP4, a raw
+            H.264 or HEVC stream; not an MP4 or MOV with its index at the end).
         fps: Sampling rate.
         realtime: Pace a file at its own frame rate, as a camera would deliver it.
         motion: Collect H.264 motion vectors and judge each frame's blocks by this rule (for
@@ -81,15 +86,19 @@ class StreamSource:
             gets its scheme's protocol whitelist.
     """
 
-    def __init__(self, source: str | Path, fps: float, realtime: bool = False, motion: MotionPruneConfig | None = None,
+    def __init__(self, source: str | Path | BinaryIO, fps: float, realtime: bool = False, motion: MotionPruneConfig | None = None,
                  reconnect_tries: int = 5, follow_idle_s: float | None = None, ffmpeg_options: dict | None = None,
                  reconnect_window_s: float = 60.0):
-        self.source = str(source)
+        self.pipe = None if isinstance(source, (str, Path)) else source
+        self.source = str(source) if self.pipe is None else _pipe_name(source)
         self.ffmpeg_options = dict(ffmpeg_options or {})
-        self.network = self.source.startswith(NETWORK_SCHEMES)
+        self.network = self.pipe is None and self.source.startswith(NETWORK_SCHEMES)
         if follow_idle_s is not None and not follow_idle_s > 0:
             raise ConfigError(f"follow idle time must be positive seconds, got {follow_idle_s}")
-        if not self.network:
+        if follow_idle_s is not None and self.pipe is not None:
+            raise ConfigError(f"{self.source}: a pipe is read as it comes and ends when its writer closes it; "
+                              "following is for a file a recorder is still writing")
+        if not self.network and self.pipe is None:
             check_readable(self.source, allow_empty=follow_idle_s is not None)
         self.fps, self.realtime, self.motion = fps, realtime, motion
         self.reconnect_tries = reconnect_tries if self.network else 0
@@ -148,7 +157,7 @@ class StreamSource:
                 if isinstance(exc, VideoError):
                     raise
                 if isinstance(exc, av.error.InvalidDataError) and self.frames_decoded == decoded_before:
-                    raise VideoError(f"{self.source}: not a video stream ({exc})") from exc
+                    raise self._unreadable(exc) from exc
                 failing_since = time.monotonic() if failing_since is None else failing_since
                 if attempt >= self.reconnect_tries or time.monotonic() - failing_since > self.reconnect_window_s:
                     raise VideoError(f"{self.source}: stream failed {attempt + 1} times in a row "
@@ -159,7 +168,7 @@ class StreamSource:
                 attempt += 1
 
     def _size(self) -> int:
-        return 0 if self.network else Path(self.source).stat().st_size
+        return 0 if self.network or self.pipe is not None else Path(self.source).stat().st_size
 
     def _rgb(self, frame: av.VideoFrame, stored: tuple[int, int]) -> np.ndarray:
         """``frame`` as SDR RGB (`colour.to_rgb`) at ``stored``, the ``(height, width)`` the stream's first frame is shown at
@@ -173,6 +182,15 @@ class StreamSource:
             log.warning("%s: frame size changed mid-stream from %dx%d to %dx%d; later frames are scaled to the first's",
                         self.source, self._first_coded[1], self._first_coded[0], frame.width, frame.height)
         return to_rgb(frame, None if coded == stored else stored)
+
+    def _unreadable(self, exc: av.error.InvalidDataError) -> VideoError:
+        """The error for a source whose first frames FFmpeg found no video stream in."""
+        if self.pipe is None:
+            return VideoError(f"{self.source}: not a video stream ({exc})")
+        # An MP4 or MOV is read by seeking to each frame's offset, which a pipe cannot do.
+        return VideoError(f"{self.source}: not a video stream FFmpeg can read from a pipe (an MP4 or MOV needs "
+                          "seeking: give it as a file, or pipe MPEG-TS, Matroska, fragmented MP4 or a raw H.264 "
+                          "or HEVC stream)")
 
     def _grew(self, size: int) -> bool:
         """For a followed file: whether it is, or within ``follow_idle_s`` becomes, larger than ``size`` bytes."""
@@ -221,11 +239,13 @@ class StreamSource:
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""
         try:
-            container = av.open(self.source, mode="r", timeout=10.0 if self.network else None,
-                                options=self._options())
+            container = av.open(self.source if self.pipe is None else self.pipe, mode="r",
+                                timeout=10.0 if self.network else None, options=self._options())
         except av.error.FFmpegError as exc:
             if self.network:
                 raise
+            if self.pipe is not None and isinstance(exc, av.error.InvalidDataError):
+                raise self._unreadable(exc) from exc
             raise open_error(self.source, exc) from exc
         with container:
             stream = video_stream(container, self.source)
@@ -249,6 +269,12 @@ class StreamSource:
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
+
+
+def _pipe_name(pipe: BinaryIO) -> str:
+    """What messages call a pipe: its file name (``<stdin>``, a FIFO's path), else ``<pipe>``."""
+    name = getattr(pipe, "name", None)
+    return name if isinstance(name, str) else "<pipe>"
 
 
 class _FrameClock:

@@ -1,0 +1,113 @@
+"""Video piped to the command line: standard input (``-``) and named pipes, read as the file they carry."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from vidsight.api.cli import main
+
+from tests.ingest.test_stream import pipe_of
+
+WATCH = ["--query", "Is there a red object in the zone? Answer Yes or No.", "--window", "2", "--stride", "0.5",
+         "--prune-tau", "0.25", "--json"]
+
+
+class _Stdin:
+    """Standard input as a shell pipeline gives it: ``buffer`` a pipe (or a terminal, ``tty``)."""
+
+    def __init__(self, buffer, tty: bool = False):
+        self.buffer, self._tty = buffer, tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+def _lines(capsys) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "stages_s"}
+            for line in capsys.readouterr().out.splitlines()]
+
+
+def test_ask_answers_a_video_piped_to_its_standard_input(make_test_video, tiny_model_dir, tmp_path):
+    """A real pipeline (``... | vidsight ask - ...``): the video read whole into a temporary file,
+    then answered as the file is, and the temporary file removed."""
+    path, _ = make_test_video(".mp4", width=224, height=168, duration_s=3.0, fps=8, gop=8, seed=4)
+    args = ["ask", "-", "What colour is the square?", "--model", str(tiny_model_dir), "--max-new-tokens", "4",
+            "--json"]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    piped = subprocess.run([sys.executable, "-m", "vidsight.api.cli", *args], input=path.read_bytes(),
+                           capture_output=True, timeout=600, env={**os.environ, "TMPDIR": str(scratch)})
+    assert piped.returncode == 0, piped.stderr.decode()
+    assert list(scratch.iterdir()) == []
+    direct = subprocess.run([sys.executable, "-m", "vidsight.api.cli", *args[:1], str(path), *args[2:]],
+                            capture_output=True, timeout=600)
+    assert direct.returncode == 0, direct.stderr.decode()
+    a, b = json.loads(piped.stdout), json.loads(direct.stdout)
+    assert a["answer"] == b["answer"]
+    assert {k: a["stats"][k] for k in ("frames", "visual_tokens", "generated_tokens")} == \
+        {k: b["stats"][k] for k in ("frames", "visual_tokens", "generated_tokens")}
+
+
+def test_watch_reads_standard_input_as_the_file(make_test_video, tiny_model_dir, capsys, monkeypatch):
+    path, _ = make_test_video(".ts", width=224, height=168, duration_s=4.0, fps=8, gop=8, seed=6)
+    assert main(["watch", str(path), "--model", str(tiny_model_dir), *WATCH]) == 0
+    expected = _lines(capsys)
+    with pipe_of(path) as pipe:
+        monkeypatch.setattr(sys, "stdin", _Stdin(pipe))
+        assert main(["watch", "-", "--model", str(tiny_model_dir), *WATCH]) == 0
+    assert _lines(capsys) == expected and len(expected) >= 4
+
+
+def test_watch_and_chat_read_a_named_pipe(make_test_video, tiny_model_dir, tmp_path, capsys):
+    """``mkfifo cam; ffmpeg ... -f mpegts cam & vidsight watch cam ...``: read as it comes (a FIFO is
+    refused where a file is read more than once), questions still typed on standard input for chat."""
+    path, _ = make_test_video(".ts", width=224, height=168, duration_s=4.0, fps=8, gop=8, seed=6)
+    fifo = tmp_path / "cam"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as out:   # waits for the reader, as a recorder writing a FIFO does
+            out.write(path.read_bytes())
+
+    assert main(["watch", str(path), "--model", str(tiny_model_dir), *WATCH]) == 0
+    expected = _lines(capsys)
+    writer = threading.Thread(target=feed)
+    writer.start()
+    assert main(["watch", str(fifo), "--model", str(tiny_model_dir), *WATCH]) == 0
+    writer.join(timeout=60)
+    assert _lines(capsys) == expected
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"time_s": 3.0, "question": "What colour is the square?"}) + "\n")
+    writer = threading.Thread(target=feed)
+    writer.start()
+    assert main(["chat", str(fifo), "--model", str(tiny_model_dir), "--questions", str(questions),
+                 "--max-new-tokens", "2", "--json"]) == 0
+    writer.join(timeout=60)
+    records = _lines(capsys)
+    assert [r["type"] for r in records].count("answer") == 1 and records[-1]["frames_seen"] == 4
+
+
+@pytest.mark.parametrize("command, stdin, message", [
+    (["ask", "-", "What?"], b"", "<stdin>: the pipe gave no bytes"),
+    (["ask", "-", "What?"], None, "standard input is a terminal"),
+    (["watch", "-", "--query", "Yes?"], None, "standard input is a terminal"),
+    (["probe", "-"], b"not a video at all", "stdin: not a readable video file"),
+    (["chat", "-"], b"", "give them with --questions"),
+    (["watch", "-", "--query", "Yes?", "--follow", "2"], b"x", "a pipe is read as it comes"),
+])
+def test_what_cannot_be_read_from_a_pipe_is_refused_naming_it(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                               command, stdin, message):
+    if stdin is None:
+        monkeypatch.setattr(sys, "stdin", _Stdin(None, tty=True))
+    else:
+        (tmp_path / "in").write_bytes(stdin)
+        monkeypatch.setattr(sys, "stdin", _Stdin(pipe_of(tmp_path / "in")))
+    model = [] if command[0] == "probe" else ["--model", str(tiny_model_dir)]
+    assert main([*command, *model]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
