@@ -29,6 +29,21 @@ def test_help_flag_errors_and_probe_errors_stay_light(args):
     assert run(*args).startswith("HEAVY none EXIT ")
 
 
+def test_version_names_the_libraries_without_importing_them():
+    import importlib.metadata
+
+    import av
+
+    assert run("--version") == "HEAVY none EXIT 0"
+    shown = subprocess.run([sys.executable, "-m", "vidsight.api.cli", "--version"], capture_output=True, text=True,
+                           timeout=120).stdout
+    for name, version in (("vidsight", importlib.metadata.version("vidsight")),
+                          ("torch", importlib.metadata.version("torch")), ("PyAV", av.__version__),
+                          ("transformers", importlib.metadata.version("transformers")),
+                          ("FFmpeg", av.ffmpeg_version_info)):
+        assert f"{name} {version}" in shown
+
+
 def test_probe_stays_light(make_test_video):
     path, _ = make_test_video(duration_s=1.0)
     assert run("probe", str(path), "--json") == "HEAVY none EXIT 0"

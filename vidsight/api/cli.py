@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
+import platform
 import sys
 
 from vidsight.api.ask_cli import add_ask_parser
@@ -26,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     must start fast); each sets ``run``, the function that carries it out."""
     parser = argparse.ArgumentParser(prog="vidsight", description="Video understanding with vision-language models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action=_PrintVersion, nargs=0,
+                        help="show vidsight's version and those of the libraries it runs on, and exit")
     # --debug is accepted after the subcommand too; SUPPRESS keeps it from resetting the global one.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logs")
@@ -34,6 +38,29 @@ def build_parser() -> argparse.ArgumentParser:
                 add_model_parser, add_bench_parser, add_train_parser, add_demo_parser):
         add(commands, [common])
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: `version_line`, unwrapped (argparse's own action wraps it at the terminal's width)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """vidsight's version and its libraries' (what a bug report needs), read from the installed
+    packages' metadata: nothing heavy is imported."""
+    import av
+
+    def installed(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"vidsight {installed('vidsight')} (Python {platform.python_version()}; torch {installed('torch')}, "
+            f"transformers {installed('transformers')}, PyAV {av.__version__} with FFmpeg {av.ffmpeg_version_info})")
 
 
 def main(argv: list[str] | None = None) -> int:
