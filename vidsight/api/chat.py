@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from vidsight.api.options import _float, add_policy_options, add_tier_options, foreign_policy_flags, policy_settings
-from vidsight.api.pipes import STDIN, live_source
+from vidsight.api.sources import STDIN, live_source
 from vidsight.api.settings import chat_configs
 from vidsight.errors import ConfigError
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from vidsight.api.options import _float, add_motion_options, motion_note
-from vidsight.api.pipes import live_source
+from vidsight.api.sources import live_source
 from vidsight.api.settings import watch_config
 
 

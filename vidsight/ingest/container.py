@@ -12,6 +12,9 @@ import av
 
 from vidsight.errors import VideoError
 
+# The URLs a live source opens as a network stream (FFmpeg's protocols for them).
+NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+
 # The largest frame side decoded: 8K, the largest video FFmpeg's common decoders are used for; a
 # larger header is damaged or hostile, and one frame of it would take gigabytes.
 MAX_FRAME_SIDE = 8192

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import check_readable, codec_name, open_error, video_stream
+from vidsight.ingest.container import NETWORK_SCHEMES, check_readable, codec_name, open_error, video_stream
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, grouped, motion_source
@@ -40,7 +40,6 @@ from vidsight.ingest.types import CodecInfo, FrameBatch
 log = logging.getLogger(__name__)
 
 
-NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 # FFmpeg opens further resources from inside a stream (an HLS playlist's segments and keys, RTSP's
 # transports): a network source may use only its own scheme's protocols, so a playlist cannot make
 # FFmpeg read `file:`, `concat:`, `subfile:`, a pipe or any other protocol.

@@ -20,7 +20,7 @@ from vidsight.api.serve.config import ServeConfig
 from vidsight.api.serve.egress import EgressRefused, pinned, send_checked
 from vidsight.api.serve.stream_proxy import proxy_for
 from vidsight.errors import VidsightError
-from vidsight.ingest.stream import NETWORK_SCHEMES
+from vidsight.ingest.container import NETWORK_SCHEMES
 
 # Live streams: a watch may follow one; a question needs a whole file (http(s) is fetched as one).
 STREAM_SCHEMES = tuple(scheme for scheme in NETWORK_SCHEMES if not scheme.startswith("http"))

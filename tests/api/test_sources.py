@@ -1,5 +1,8 @@
-"""Video piped to the command line: standard input (``-``) and named pipes, read as the file they carry."""
+"""Video the command line reads besides files: standard input (``-``), named pipes and http(s)
+URLs, each read as the file it carries."""
 
+import functools
+import http.server
 import json
 import os
 import subprocess
@@ -111,3 +114,55 @@ def test_what_cannot_be_read_from_a_pipe_is_refused_naming_it(tiny_model_dir, tm
     assert main([*command, *model]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.fixture
+def web_root(tmp_path):
+    """``(root directory, base URL)``: a loopback HTTP server serving the directory's files."""
+    root = tmp_path / "web"
+    root.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_ask_and_probe_download_an_http_url_and_answer_as_for_the_file(make_test_video, tiny_model_dir, web_root,
+                                                                      capsys):
+    path, _ = make_test_video(".mp4", width=224, height=168, duration_s=3.0, fps=8, gop=8, seed=4)
+    root, base = web_root
+    (root / "clip.mp4").write_bytes(path.read_bytes())
+    answers = []
+    for video in (str(path), f"{base}/clip.mp4"):
+        assert main(["ask", video, "What colour is the square?", "--model", str(tiny_model_dir),
+                     "--max-new-tokens", "4", "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        answers.append((record["answer"], record["stats"]["visual_tokens"]))
+    assert answers[0] == answers[1]
+    assert main(["probe", f"{base}/clip.mp4", "--json"]) == 0
+    probed = json.loads(capsys.readouterr().out)
+    assert main(["probe", str(path), "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert probed.pop("path").endswith("clip.mp4") and probed == {k: v for k, v in direct.items() if k != "path"}
+
+
+@pytest.mark.parametrize("url, message", [
+    ("{base}/missing.mp4", "{base}/missing.mp4: the server answered 404"),
+    ("{base}/empty.mp4", "the server sent no bytes"),
+    ("{base}/notes.txt", "notes.txt: not a readable video file"),
+    ("http://127.0.0.1:9/clip.mp4", "http://127.0.0.1:9/clip.mp4: cannot fetch"),
+    ("rtsp://127.0.0.1/cam", "a live stream has no end to answer about"),
+    ("ftp://127.0.0.1/clip.mp4", "unsupported URL scheme"),
+])
+def test_a_url_ask_cannot_read_is_refused_naming_it(web_root, tiny_model_dir, capsys, url, message):
+    root, base = web_root
+    (root / "empty.mp4").write_bytes(b"")
+    (root / "notes.txt").write_text("not a video")
+    assert main(["ask", url.format(base=base), "What?", "--model", str(tiny_model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert message.format(base=base) in err and "Traceback" not in err

@@ -1,0 +1,121 @@
+"""What the command line reads video from besides a file: a pipe (standard input as ``-``, a named
+pipe) and, for a whole video, an http(s) URL.
+
+A shell pipeline feeds a camera or a download through a pipe (``ffmpeg -i rtsp://cam ... -f
+mpegts - | vidsight watch - ...``). A pipe can be read once, front to back: `watch` and `chat`
+read it as a live stream (`StreamSource` takes the open pipe; a URL they open as a network
+stream). `ask` and `probe`, which probe a file, seek it and decode its intervals in parallel,
+read a pipe or download a URL whole into a temporary file first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from vidsight.errors import VideoError
+from vidsight.ingest.container import NETWORK_SCHEMES
+
+STDIN = "-"
+DOWNLOAD_TIMEOUT_S = 30.0   # a connection or a read that waits longer has failed
+_CHUNK_BYTES = 1 << 20
+
+
+def is_pipe(source: str) -> bool:
+    """Whether ``source`` names standard input or a named pipe."""
+    if source == STDIN:
+        return True
+    try:
+        return stat.S_ISFIFO(os.stat(source).st_mode)
+    except (OSError, ValueError):   # not a path at all (a URL): FFmpeg's to open
+        return False
+
+
+@contextlib.contextmanager
+def live_source(source: str) -> Iterator[str | BinaryIO]:
+    """``source`` as `StreamSource` reads it: a pipe opened for reading (standard input as it is),
+    anything else as given."""
+    if not is_pipe(source):
+        yield source
+    elif source == STDIN:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise VideoError("-: standard input is a terminal, not a pipe: pipe a video into it "
+                             "(... | vidsight COMMAND - ...) or name a file")
+        yield sys.stdin.buffer
+    else:
+        with open(source, "rb") as pipe:   # waits for a writer, as reading a FIFO does
+            yield pipe
+
+
+@contextlib.contextmanager
+def whole_file(source: str) -> Iterator[str]:
+    """A path holding ``source``'s whole video: ``source`` itself, or a temporary file (removed
+    afterwards) that a pipe was read into or an http(s) URL downloaded to.
+
+    Raises:
+        VideoError: a live stream's URL (it has no end), another scheme, a pipe that gave no bytes,
+            a download that failed, or bytes that could not be written (a full disk).
+    """
+    if source.startswith(("http://", "https://")):
+        name, fill = Path(urllib.parse.urlparse(source).path).name or "video", _download
+    elif source.startswith(NETWORK_SCHEMES):
+        raise VideoError(f"{source}: a live stream has no end to answer about: watch it (vidsight watch) or "
+                         "chat about it (vidsight chat), or record a part of it to a file")
+    elif "://" in source:
+        raise VideoError(f"{source}: unsupported URL scheme (a file, -, a named pipe, or an http(s) URL)")
+    elif is_pipe(source):
+        name, fill = "stdin" if source == STDIN else Path(source).name, _read_pipe
+    else:
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="vidsight-input-") as scratch:
+        target = Path(scratch) / name   # what FFmpeg's messages, and ours, call it
+        try:
+            fill(source, target)
+        except OSError as exc:   # the scratch file: a full disk, a read-only $TMPDIR
+            raise VideoError(f"{source}: could not be written to a temporary file in {scratch} "
+                             f"({exc.strerror or exc})") from None
+        yield str(target)
+
+
+def _read_pipe(source: str, target: Path) -> None:
+    with live_source(source) as pipe, open(target, "wb") as out:
+        shutil.copyfileobj(pipe, out, _CHUNK_BYTES)
+    if target.stat().st_size == 0:
+        raise VideoError(f"{'<stdin>' if source == STDIN else source}: the pipe gave no bytes")
+
+
+def _download(url: str, target: Path) -> None:
+    """``url``'s body into ``target``, with a progress bar on a terminal (proxies from the environment)."""
+    from tqdm import tqdm
+
+    request = urllib.request.Request(url, headers={"User-Agent": "vidsight"})
+    try:
+        with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_S) as response, open(target, "wb") as out:
+            length = response.headers.get("Content-Length", "")
+            with tqdm(total=int(length) if length.isdigit() else None, unit="B", unit_scale=True, desc="download",
+                      disable=not sys.stderr.isatty(), leave=False) as bar:
+                while chunk := response.read(_CHUNK_BYTES):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except urllib.error.HTTPError as exc:
+        raise VideoError(f"{url}: the server answered {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise VideoError(f"{url}: cannot fetch ({exc.reason})") from None
+    except TimeoutError:
+        raise VideoError(f"{url}: no answer within {DOWNLOAD_TIMEOUT_S:g} s") from None
+    except (ConnectionError, http.client.HTTPException) as exc:   # cut off partway
+        raise VideoError(f"{url}: the download failed ({type(exc).__name__}: {exc})") from None
+    if target.stat().st_size == 0:
+        raise VideoError(f"{url}: the server sent no bytes")
