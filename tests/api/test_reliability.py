@@ -109,6 +109,7 @@ def test_a_huge_declared_frame_and_a_fifo_get_messages_that_say_so(tmp_path, cap
     assert "declares values FFmpeg rejects" in messages[huge] and "busy" not in messages[huge].split("(")[0]
     assert "declares a 9000x4000 frame" in messages[wide]
     assert "FIFO" in messages[fifo] and "empty" not in messages[fifo]
+    assert f"standard input: vidsight COMMAND - ... < {fifo}" in messages[fifo]
 
 
 def test_watch_names_the_nearest_workable_stride(make_test_video, tiny_model_dir, capsys):

@@ -1,5 +1,5 @@
-"""Video the command line reads besides files: standard input (``-``), named pipes and http(s)
-URLs, each read as the file it carries."""
+"""Video the command line reads besides files: standard input (``-``) and http(s) URLs, each read
+as the file it carries."""
 
 import functools
 import http.server
@@ -65,34 +65,21 @@ def test_watch_reads_standard_input_as_the_file(make_test_video, tiny_model_dir,
     assert _lines(capsys) == expected and len(expected) >= 4
 
 
-def test_watch_and_chat_read_a_named_pipe(make_test_video, tiny_model_dir, tmp_path, capsys):
-    """``mkfifo cam; ffmpeg ... -f mpegts cam & vidsight watch cam ...``: read as it comes (a FIFO is
-    refused where a file is read more than once), questions still typed on standard input for chat."""
+def test_chat_reads_standard_input_with_its_questions_from_a_file(make_test_video, tiny_model_dir, tmp_path,
+                                                                  capsys, monkeypatch):
     path, _ = make_test_video(".ts", width=224, height=168, duration_s=4.0, fps=8, gop=8, seed=6)
-    fifo = tmp_path / "cam"
-    os.mkfifo(fifo)
-
-    def feed():
-        with open(fifo, "wb") as out:   # waits for the reader, as a recorder writing a FIFO does
-            out.write(path.read_bytes())
-
-    assert main(["watch", str(path), "--model", str(tiny_model_dir), *WATCH]) == 0
-    expected = _lines(capsys)
-    writer = threading.Thread(target=feed)
-    writer.start()
-    assert main(["watch", str(fifo), "--model", str(tiny_model_dir), *WATCH]) == 0
-    writer.join(timeout=60)
-    assert _lines(capsys) == expected
-
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"time_s": 3.0, "question": "What colour is the square?"}) + "\n")
-    writer = threading.Thread(target=feed)
-    writer.start()
-    assert main(["chat", str(fifo), "--model", str(tiny_model_dir), "--questions", str(questions),
-                 "--max-new-tokens", "2", "--json"]) == 0
-    writer.join(timeout=60)
+    chat = ["--model", str(tiny_model_dir), "--questions", str(questions), "--max-new-tokens", "2", "--json"]
+    assert main(["chat", str(path), *chat]) == 0
+    expected = _lines(capsys)
+    with pipe_of(path) as pipe:
+        monkeypatch.setattr(sys, "stdin", _Stdin(pipe))
+        assert main(["chat", "-", *chat]) == 0
     records = _lines(capsys)
-    assert [r["type"] for r in records].count("answer") == 1 and records[-1]["frames_seen"] == 4
+    answers = [r for r in records if r["type"] == "answer"]
+    assert len(answers) == 1 and records[-1] == expected[-1] == {"type": "end", "frames_seen": 4, "frames_dropped": 0}
+    assert answers[0]["answer"] == [r for r in expected if r["type"] == "answer"][0]["answer"]
 
 
 @pytest.mark.parametrize("command, stdin, message", [

@@ -16,8 +16,8 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
 
     ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file")
-    ask.add_argument("video", help="video file; or an http(s) URL, or - (or a named pipe) for a video piped "
-                                    "in, either read whole into a temporary file first")
+    ask.add_argument("video", help="video file; or an http(s) URL, or - for a video piped in, either read "
+                                    "whole into a temporary file first")
     ask.add_argument("question", nargs="+",
                      help="the question, in quotes; several are answered in turn, the video decoded and "
                           "prefilled once (each later question continues its KV) unless KV pruning is on")

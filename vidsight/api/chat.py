@@ -23,8 +23,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 
     chat = commands.add_parser("chat", parents=parents, help="ask questions at any moment about a stream seen so far")
     chat.set_defaults(run=run_chat)
-    chat.add_argument("source", help="video file, - for standard input (questions then from --questions), a "
-                                        "named pipe, or a stream URL (rtsp://, http://, ...)")
+    chat.add_argument("source", help="video file, - for standard input (questions then from --questions), or "
+                                        "a stream URL (rtsp://, http://, ...)")
     chat.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     chat.add_argument("--fps", type=_float, default=1.0, help="frames sampled per second (default: 1; ReKV's is 0.5)")
     chat.add_argument("--policy", default="full", choices=list(POLICIES),
@@ -108,10 +108,9 @@ def run_chat(args) -> int:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     config, tiers = chat_configs(vars(args))
     policy = chat_policy(args)
-    with live_source(args.source) as opened:
-        source = StreamSource(opened, fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
-        with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
-            return _converse(args, session, source, scheduled, generation)
+    source = StreamSource(live_source(args.source), fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
+    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
+        return _converse(args, session, source, scheduled, generation)
 
 
 def _converse(args, session, source, scheduled, generation) -> int:

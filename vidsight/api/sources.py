@@ -1,20 +1,19 @@
-"""What the command line reads video from besides a file: a pipe (standard input as ``-``, a named
-pipe) and, for a whole video, an http(s) URL.
+"""What the command line reads video from besides a file: standard input (``-``) and, for a whole
+video, an http(s) URL.
 
-A shell pipeline feeds a camera or a download through a pipe (``ffmpeg -i rtsp://cam ... -f
-mpegts - | vidsight watch - ...``). A pipe can be read once, front to back: `watch` and `chat`
-read it as a live stream (`StreamSource` takes the open pipe; a URL they open as a network
-stream). `ask` and `probe`, which probe a file, seek it and decode its intervals in parallel,
-read a pipe or download a URL whole into a temporary file first.
+A shell pipeline feeds a camera or a download through standard input (``ffmpeg -i rtsp://cam ...
+-f mpegts - | vidsight watch - ...``; a named pipe as ``vidsight watch - < cam.fifo``, the shell
+waiting for its writer). A pipe can be read once, front to back: `watch` and `chat` read it as a
+live stream (`StreamSource` takes it; a URL they open as a network stream). `ask` and `probe`,
+which probe a file, seek it and decode its intervals in parallel, read standard input or download
+a URL whole into a temporary file first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import shutil
-import stat
 import sys
 import tempfile
 import urllib.error
@@ -32,39 +31,23 @@ DOWNLOAD_TIMEOUT_S = 30.0   # a connection or a read that waits longer has faile
 _CHUNK_BYTES = 1 << 20
 
 
-def is_pipe(source: str) -> bool:
-    """Whether ``source`` names standard input or a named pipe."""
-    if source == STDIN:
-        return True
-    try:
-        return stat.S_ISFIFO(os.stat(source).st_mode)
-    except (OSError, ValueError):   # not a path at all (a URL): FFmpeg's to open
-        return False
-
-
-@contextlib.contextmanager
-def live_source(source: str) -> Iterator[str | BinaryIO]:
-    """``source`` as `StreamSource` reads it: a pipe opened for reading (standard input as it is),
-    anything else as given."""
-    if not is_pipe(source):
-        yield source
-    elif source == STDIN:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise VideoError("-: standard input is a terminal, not a pipe: pipe a video into it "
-                             "(... | vidsight COMMAND - ...) or name a file")
-        yield sys.stdin.buffer
-    else:
-        with open(source, "rb") as pipe:   # waits for a writer, as reading a FIFO does
-            yield pipe
+def live_source(source: str) -> str | BinaryIO:
+    """``source`` as `StreamSource` reads it: standard input's bytes for ``-``, anything else as given."""
+    if source != STDIN:
+        return source
+    if sys.stdin is None or sys.stdin.isatty():
+        raise VideoError("-: standard input is a terminal, not a pipe: pipe a video into it "
+                         "(... | vidsight COMMAND - ...) or name a file")
+    return sys.stdin.buffer
 
 
 @contextlib.contextmanager
 def whole_file(source: str) -> Iterator[str]:
     """A path holding ``source``'s whole video: ``source`` itself, or a temporary file (removed
-    afterwards) that a pipe was read into or an http(s) URL downloaded to.
+    afterwards) that standard input was read into or an http(s) URL downloaded to.
 
     Raises:
-        VideoError: a live stream's URL (it has no end), another scheme, a pipe that gave no bytes,
+        VideoError: a live stream's URL (it has no end), another scheme, standard input that gave no bytes,
             a download that failed, or bytes that could not be written (a full disk).
     """
     if source.startswith(("http://", "https://")):
@@ -74,8 +57,8 @@ def whole_file(source: str) -> Iterator[str]:
                          "chat about it (vidsight chat), or record a part of it to a file")
     elif "://" in source:
         raise VideoError(f"{source}: unsupported URL scheme (a file, -, a named pipe, or an http(s) URL)")
-    elif is_pipe(source):
-        name, fill = "stdin" if source == STDIN else Path(source).name, _read_pipe
+    elif source == STDIN:
+        name, fill = "stdin", _read_stdin
     else:
         yield source
         return
@@ -89,11 +72,11 @@ def whole_file(source: str) -> Iterator[str]:
         yield str(target)
 
 
-def _read_pipe(source: str, target: Path) -> None:
-    with live_source(source) as pipe, open(target, "wb") as out:
-        shutil.copyfileobj(pipe, out, _CHUNK_BYTES)
+def _read_stdin(source: str, target: Path) -> None:
+    with open(target, "wb") as out:
+        shutil.copyfileobj(live_source(source), out, _CHUNK_BYTES)
     if target.stat().st_size == 0:
-        raise VideoError(f"{'<stdin>' if source == STDIN else source}: the pipe gave no bytes")
+        raise VideoError("<stdin>: the pipe gave no bytes")
 
 
 def _download(url: str, target: Path) -> None:

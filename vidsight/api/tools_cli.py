@@ -9,8 +9,8 @@ import json
 def add_probe_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     probe = commands.add_parser("probe", parents=parents,
                                 help="describe a video's stream from its packets (decoding only its first frame)")
-    probe.add_argument("video", help="video file; or an http(s) URL, or - (or a named pipe) for a video "
-                                      "piped in, either read whole into a temporary file first")
+    probe.add_argument("video", help="video file; or an http(s) URL, or - for a video piped in, either "
+                                      "read whole into a temporary file first")
     probe.add_argument("--json", action="store_true", help="print JSON")
     probe.set_defaults(run=run_probe)
 

@@ -16,9 +16,8 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch = commands.add_parser("watch", parents=parents,
                                 help="a standing Yes/No query over sliding windows of a file or stream")
     watch.set_defaults(run=run_watch)
-    watch.add_argument("source", help="video file, - for standard input, a named pipe (either read as it comes: "
-                                         "MPEG-TS, Matroska, fragmented MP4, raw H.264/HEVC), or a stream URL "
-                                         "(rtsp://, http://, ...)")
+    watch.add_argument("source", help="video file, - for standard input (read as it comes: MPEG-TS, Matroska, "
+                                         "fragmented MP4, raw H.264/HEVC), or a stream URL (rtsp://, http://, ...)")
     watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
     watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     watch.add_argument("--window", dest="window_s", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
@@ -63,9 +62,8 @@ def run_watch(args) -> int:
     from vidsight.models import load_model
 
     config = watch_config(vars(args))
-    with live_source(args.source) as opened:
-        source = config.open(opened, realtime=args.realtime, follow_idle_s=args.follow)
-        _watch(args, source, Watcher(load_model(args.model, device=args.device), args.query, config))
+    source = config.open(live_source(args.source), realtime=args.realtime, follow_idle_s=args.follow)
+    _watch(args, source, Watcher(load_model(args.model, device=args.device), args.query, config))
     return 0
 
 
