@@ -21,7 +21,10 @@ def fuzz_root(tmp_path_factory):
 def test_a_fixed_seed_sample_exits_0_or_2_naming_the_input(fuzz_root, tiny_model_dir):
     outcomes = run_fuzz(48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120)
     report = summarise(outcomes)
-    assert report["runs"] == 48 * 3 and not report["failures"], report["failures"]   # probe, ask and watch
+    files = sum(Path(case).is_file() for case in {o.case.path for o in outcomes})
+    # probe, ask and watch each input, and watch each file piped in
+    assert report["runs"] == 48 * 3 + files and files >= 36 and not report["failures"], report["failures"]
+    assert {o.command for o in outcomes} == {"probe", "ask", "watch", "watch-stdin"}
     kinds = collections.Counter(o.case.kind for o in outcomes)
     assert len(kinds) >= 8  # the sample covers many kinds of damage, not one
     assert report["verdicts"].get("exit 0", 0) > 0 and report["verdicts"].get("exit 2", 0) > 0

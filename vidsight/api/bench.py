@@ -15,6 +15,7 @@ from vidsight.api.lmms.cli import add_lmms_task_parser, run_lmms_task
 from vidsight.api.options import (_float, add_motion_source_option, add_policy_options, add_prefill_options,
                                   add_tier_options, policy_settings)
 from vidsight.api.settings import prefill_config, tier_config
+from vidsight.bench.fuzz import COMMANDS as FUZZ_COMMANDS
 from vidsight.errors import ConfigError
 
 
@@ -197,13 +198,15 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     device.add_argument("--json", action="store_true", help="print the JSON report")
 
     fuzz = bench_commands.add_parser("fuzz", parents=[common],
-                                     help="damaged and hostile inputs through probe, ask and watch: exit 0 or 2, "
+                                     help="damaged and hostile inputs through probe, ask and watch (from the file and "
+                                          "from a pipe): exit 0 or 2, "
                                           "nothing else")
     fuzz.add_argument("--cases", type=int, default=1000, help="inputs to make (default: 1000)")
     fuzz.add_argument("--seed", type=int, default=0, help="seeds the damage (default: 0)")
     fuzz.add_argument("--model", default=str(TASK_MODEL), help=f"checkpoint ask and watch load (default: {TASK_MODEL})")
-    fuzz.add_argument("--commands", nargs="+", default=["probe", "ask", "watch"], choices=["probe", "ask", "watch"],
-                      help="what each input goes through (default: all three)")
+    fuzz.add_argument("--commands", nargs="+", default=list(FUZZ_COMMANDS), choices=FUZZ_COMMANDS,
+                      help="what each input goes through (default: all; watch-stdin: watch - with the input "
+                           "piped in)")
     fuzz.add_argument("--workers", type=int, default=None, help="commands at once (default: CPU count)")
     fuzz.add_argument("--time-limit", type=_float, default=60.0, help="seconds before a run counts as a hang (default: 60)")
     fuzz.add_argument("--out", default="out/bench", help="the JSON report goes here (default: out/bench)")

@@ -1,4 +1,5 @@
-"""The fuzz benchmark: damaged and hostile inputs through `vidsight probe`, `ask` and `watch`.
+"""The fuzz benchmark: damaged and hostile inputs through `vidsight probe`, `ask` and `watch`, and
+through `watch -` from a pipe.
 
 Every run must end in exit status 0 (what was valid decoded, losses counted) or 2 (one message
 naming the input and the problem): a traceback, another status, a run past the time limit or a
@@ -14,13 +15,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
+import io
 import json
 import os
 import resource
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +37,10 @@ from vidsight.bench.damage import Case, make_case, make_sources
 TIME_LIMIT_S = 60.0
 MEMORY_LIMIT_BYTES = 2**30
 QUESTION = "What happens in the video?"
-# What each input goes through: the probe alone, `ask`'s decoders, and `watch`'s live source.
-COMMANDS = ("probe", "ask", "watch")
+# What each input goes through: the probe alone, `ask`'s decoders, `watch`'s live source, and the
+# live source reading the input's bytes from a pipe on standard input (a file's only).
+COMMANDS = ("probe", "ask", "watch", "watch-stdin")
+STDIN_NAME = "<stdin>"   # what messages call standard input
 CLI_MAIN = "vidsight.api.cli:main"
 # What `ask` needs, imported by the process the children are forked from.
 WARM_IMPORTS = ("transformers", "vidsight.engine.ask", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
@@ -71,8 +77,9 @@ class Outcome:
 def command_line(command: str, path: str, model: str) -> list[str]:
     if command == "probe":
         return ["probe", path, "--json"]
-    if command == "watch":
-        return ["watch", path, "--query", QUESTION, "--model", model, "--window", "1", "--json"]
+    if command in ("watch", "watch-stdin"):
+        return ["watch", "-" if command == "watch-stdin" else path, "--query", QUESTION, "--model", model,
+                "--window", "1", "--json"]
     return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
 
 
@@ -103,9 +110,12 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
         inputs.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(seed)
         made = [make_case(k, inputs, sources, rng) for k in range(cases)]
-        jobs = [(case, command) for case in made for command in commands]
+        # (A directory, a FIFO or a missing file cannot be piped in: the shell would refuse them.)
+        jobs = [(case, command) for case in made for command in commands
+                if command != "watch-stdin" or Path(case.path).is_file()]
         request = {"main": main, "workers": workers, "time_limit_s": time_limit_s, "progress": progress,
                    "jobs": [{"argv": command_line(command, case.path, str(model)),
+                             "stdin": case.path if command == "watch-stdin" else None,
                              "log": str(Path(scratch) / f"{case.name}-{command}.log")} for case, command in jobs]}
         ran = subprocess.run([sys.executable, "-c", "from vidsight.bench.fuzz import serve_fuzz; serve_fuzz()"],
                              input=json.dumps(request), stdout=subprocess.PIPE, text=True)
@@ -133,7 +143,7 @@ def serve_fuzz() -> None:
                 index, job = jobs.popleft()
                 pid = os.fork()
                 if pid == 0:
-                    _child(main, job["argv"], job["log"])
+                    _child(main, job["argv"], job["log"], job["stdin"])
                 running[pid] = (index, time.monotonic(), job["log"])
             ended.update(_reap(running, request["time_limit_s"]))
             bar.update(len(ended) - bar.n)
@@ -141,8 +151,9 @@ def serve_fuzz() -> None:
     report.close()
 
 
-def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> None:
-    """Runs in the forked child: the command line as ``main`` (`vidsight`'s) runs it, output to ``log_path``."""
+def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str, stdin_path: str | None) -> None:
+    """Runs in the forked child: the command line as ``main`` (`vidsight`'s) runs it, output to
+    ``log_path``, standard input a pipe that ``stdin_path``'s bytes are written into (else none)."""
     import logging
     import traceback
 
@@ -154,6 +165,8 @@ def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> 
     # A fresh process's streams and logging.
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
+    if stdin_path is not None:
+        sys.stdin = _piped(stdin_path)
     logging.root.handlers.clear()
     torch.set_num_threads(1)  # cases run side by side, one per core
     try:
@@ -166,6 +179,26 @@ def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str) -> 
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _piped(path: str) -> io.TextIOWrapper:
+    """Standard input as a shell pipeline makes it (``cat path | ...``): a pipe on descriptor 0 that a
+    thread fills with ``path``'s bytes; named as the interpreter names standard input."""
+    read_end, write_end = os.pipe()
+    os.dup2(read_end, 0)
+    os.close(read_end)
+
+    def feed():
+        with open(path, "rb") as source, os.fdopen(write_end, "wb") as out:
+            try:
+                shutil.copyfileobj(source, out)
+            except BrokenPipeError:   # the command stopped reading
+                pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    raw = io.FileIO(0, "rb", closefd=False)
+    raw.name = STDIN_NAME
+    return io.TextIOWrapper(io.BufferedReader(raw))
 
 
 def _reap(running: dict[int, tuple[int, float, str]], time_limit_s: float) -> dict[int, dict]:
@@ -197,7 +230,7 @@ def _ended(job: tuple[int, float, str], status: int, usage: resource.struct_rusa
                     "seconds": time.monotonic() - started, "peak_rss_bytes": usage.ru_maxrss * 1024}}  # Linux: KiB
 
 
-def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str:
+def _classify(code: int, log: str, name: str, timed_out: bool, peak: int) -> str:
     if timed_out:
         return "hang"
     if "Traceback (most recent call last)" in log:
@@ -206,7 +239,7 @@ def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str
         return "other exit"
     if peak > MEMORY_LIMIT_BYTES:
         return "memory"
-    if code == 2 and path not in log:
+    if code == 2 and name not in log:
         return "unnamed"  # a refusal must say which input it refuses
     return f"exit {code}"
 
@@ -214,7 +247,8 @@ def _classify(code: int, log: str, path: str, timed_out: bool, peak: int) -> str
 def _outcome(case: Case, command: str, ended: dict) -> Outcome:
     code, log, peak = ended["exit_code"], ended["log"], ended["peak_rss_bytes"]
     lines = [line for line in log.splitlines() if line.strip()]
-    return Outcome(case, command, code, _classify(code, log, case.path, ended["timed_out"], peak), ended["seconds"],
+    name = STDIN_NAME if command == "watch-stdin" else case.path
+    return Outcome(case, command, code, _classify(code, log, name, ended["timed_out"], peak), ended["seconds"],
                    peak, lines[-1][:300] if lines else "")
 
 
