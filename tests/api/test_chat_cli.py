@@ -29,7 +29,7 @@ def test_scheduled_questions_are_answered_at_their_stream_times(make_test_video,
     assert answers[1]["stats"]["frames_seen"] == 6 and answers[2]["stats"]["frames_seen"] == 12
     assert answers[2]["stats"]["attended_tokens"] < answers[2]["stats"]["cached_tokens"]
     assert all(a["stats"]["frames_dropped"] == 0 for a in answers)  # a file waits while answers are made
-    assert lines[-1] == {"type": "end", "frames_seen": 12, "frames_dropped": 0}
+    assert lines[-1] == {"type": "end", "frames_seen": 12, "frames_dropped": 0, "damaged_packets": 0}
 
 
 @pytest.mark.parametrize("content,message", [

@@ -193,7 +193,8 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
     assert {"start_s", "end_s", "answer", "p_yes", "visual_tokens", "refreshed_tokens", "stages_s"} <= set(windows[0])
     assert sum(line["type"] == "alert" for line in lines) == sum(w["yes"] for w in windows[:1]) + sum(
         w["yes"] and not prev["yes"] for prev, w in zip(windows, windows[1:]))
-    assert lines[-1] == {"type": "end", "frames_decoded": 48, "codec": "h264", "motion_source": "codec"}
+    assert lines[-1] == {"type": "end", "frames_decoded": 48, "damaged_packets": 0, "codec": "h264",
+                         "motion_source": "codec"}
 
 
 @pytest.mark.parametrize("flags,message", [(["--window", "0.1"], "fewer than 2 frames"), (["--stride", "2"], "stride"),

@@ -78,7 +78,8 @@ def test_chat_reads_standard_input_with_its_questions_from_a_file(make_test_vide
         assert main(["chat", "-", *chat]) == 0
     records = _lines(capsys)
     answers = [r for r in records if r["type"] == "answer"]
-    assert len(answers) == 1 and records[-1] == expected[-1] == {"type": "end", "frames_seen": 4, "frames_dropped": 0}
+    assert len(answers) == 1 and records[-1] == expected[-1] == {"type": "end", "frames_seen": 4, "frames_dropped": 0,
+                                                                             "damaged_packets": 0}
     assert answers[0]["answer"] == [r for r in expected if r["type"] == "answer"][0]["answer"]
 
 

@@ -85,3 +85,28 @@ def test_a_file_whose_only_picture_is_attached_has_no_video(tmp_path):
             pass
     with pytest.raises(VideoError, match="no video stream"):
         probe(song)
+
+
+def test_tags_that_are_not_utf8_do_not_stop_any_path(make_test_video, tmp_path):
+    """A title in another encoding, or a damaged one, made PyAV's open raise UnicodeDecodeError (a
+    traceback from probe, ask and watch alike); the tags are read with replacement characters."""
+    path, _ = make_test_video(".mkv", width=128, height=96, duration_s=1.0, fps=8, gop=8)
+    tagged = tmp_path / "tagged.mkv"
+    with av.open(str(path)) as source, av.open(str(tagged), "w") as out:
+        out.metadata["title"] = "camera TAG!"
+        stream = source.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        for packet in source.demux(stream):
+            if packet.dts is not None:
+                packet.stream = copy
+                out.mux(packet)
+    data = tagged.read_bytes()
+    assert data.count(b"TAG!") == 1
+    tagged.write_bytes(data.replace(b"TAG!", "é".encode("latin-1") + b"\xb1\xff\xfe"))
+    with pytest.raises(UnicodeDecodeError):   # as PyAV opens a file by default
+        av.open(str(tagged))
+    info = probe(tagged)
+    assert info.frame_count == 8
+    frames = decode_frames(tagged, sample_frames(info, SamplingConfig(fps=8.0)))
+    assert torch.equal(frames.data, decode_frames(path, sample_frames(probe(path), SamplingConfig(fps=8.0))).data)
+    assert len(list(StreamSource(tagged, fps=8.0))) == 8

@@ -124,16 +124,18 @@ def test_a_follow_time_that_is_not_positive_is_refused(make_test_video, idle):
 
 
 class _Dropping:
-    """An opened stream whose connection dies after ``drop_at`` frames (None: it does not)."""
+    """An opened stream whose connection dies after ``drop_at`` packets (None: it does not)."""
 
     def __init__(self, container, drop_at: int | None):
         self.container, self.streams, self.drop_at = container, container.streams, drop_at
 
-    def decode(self, stream):
-        for k, frame in enumerate(self.container.decode(stream)):
-            if k == self.drop_at:
+    def demux(self, stream):
+        sent = 0
+        for packet in self.container.demux(stream):
+            if packet.size and sent == self.drop_at:   # (the empty packet at the end flushes the decoder)
                 raise av.error.EOFError(5, "connection reset")
-            yield frame
+            sent += packet.size > 0
+            yield packet
 
     def __enter__(self):
         return self
@@ -143,11 +145,11 @@ class _Dropping:
 
 
 def _open_dropping(monkeypatch, path, drop_at) -> list:
-    """Make every open of a stream open ``path`` instead, dying after ``drop_at(opens so far)`` frames;
+    """Make every open of a stream open ``path`` instead, dying after ``drop_at(opens so far)`` packets;
     returns the URLs opened."""
     real_open, opened = av.open, []
 
-    def fake_open(url, mode="r", timeout=None, options=None):
+    def fake_open(url, mode="r", timeout=None, options=None, **kwargs):
         opened.append(url)
         return _Dropping(real_open(str(path), mode), drop_at(len(opened)))
 
@@ -167,7 +169,7 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
 
 
 def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
-    def failing_open(url, mode="r", timeout=None, options=None):
+    def failing_open(url, mode="r", timeout=None, options=None, **kwargs):
         raise av.error.ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
@@ -241,7 +243,7 @@ def test_an_hls_playlist_cannot_make_ffmpeg_read_a_local_file(hls_server, monkey
 
 def test_failures_are_counted_in_a_row_and_a_frame_starts_the_count_again(make_test_video, monkeypatch):
     path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
-    opened = _open_dropping(monkeypatch, path, lambda opens: opens * 6)   # each dies after 6 more frames
+    opened = _open_dropping(monkeypatch, path, lambda opens: opens * 6)   # each dies after 6 more packets
     source = StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=1)
     assert len(list(source)) == 6 and len(opened) == 4   # three drops, each after new frames: never two in a row
 
@@ -249,7 +251,7 @@ def test_failures_are_counted_in_a_row_and_a_frame_starts_the_count_again(make_t
 def test_a_stream_failing_longer_than_its_window_gives_up_whatever_the_count(monkeypatch):
     clock = [0.0]
 
-    def failing_open(url, mode="r", timeout=None, options=None):
+    def failing_open(url, mode="r", timeout=None, options=None, **kwargs):
         raise av.error.ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
@@ -385,3 +387,31 @@ def test_following_a_pipe_is_refused(make_test_video):
 
     with pipe_of(make_test_video(".ts", duration_s=1.0)[0]) as pipe, pytest.raises(ConfigError, match="pipe"):
         StreamSource(pipe, fps=2.0, follow_idle_s=1.0)
+
+
+def test_a_packet_the_decoder_rejects_is_skipped_and_counted(make_test_video, tmp_path, caplog):
+    """A damaged packet (a bit flipped in a file, a datagram lost from a camera) made the whole
+    watch fail; it is skipped, counted, said once, and every other frame comes out as before."""
+    path, _ = make_test_video(".mkv", width=128, height=96, duration_s=2.0, fps=8, gop=8)
+    damaged = tmp_path / "damaged.mkv"
+    with av.open(str(path)) as source, av.open(str(damaged), "w") as out:
+        stream = source.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        for number, packet in enumerate(p for p in source.demux(stream) if p.dts is not None):
+            if number == 5:   # a P-frame's NAL length past the packet's end: FFmpeg's decoder refuses it
+                data = bytearray(bytes(packet))
+                data[:4] = b"\x7f\xff\xff\xff"
+                bad = av.Packet(bytes(data))
+                bad.pts, bad.dts, bad.time_base, bad.is_keyframe = packet.pts, packet.dts, packet.time_base, False
+                packet = bad
+            packet.stream = copy
+            out.mux(packet)
+    whole = list(StreamSource(path, fps=8.0))
+    source = StreamSource(damaged, fps=8.0)
+    with caplog.at_level("WARNING", logger="vidsight.ingest.stream"):
+        kept = list(source)
+    assert source.damaged_packets == 1 and len(kept) == len(whole) - 1 == 15
+    assert sum("rejected a damaged packet" in r.getMessage() for r in caplog.records) == 1
+    times = [f.pts_s for f in whole]
+    assert [f.pts_s for f in kept] == times[:5] + times[6:]
+    assert all(torch.equal(a.rgb, b.rgb) for a, b in zip(kept[:5], whole[:5]))

@@ -172,6 +172,9 @@ def _converse(args, session, source, scheduled, generation) -> int:
     else:
         for _, question in scheduled:
             answer(question)
-    print(json.dumps({"type": "end", "frames_seen": session.frames_seen, "frames_dropped": frames.dropped})
-          if args.json else f"[{session.frames_seen} frames seen, {frames.dropped} dropped]", flush=True)
+    damaged = source.damaged_packets
+    print(json.dumps({"type": "end", "frames_seen": session.frames_seen, "frames_dropped": frames.dropped,
+                      "damaged_packets": damaged}) if args.json else
+          f"[{session.frames_seen} frames seen, {frames.dropped} dropped"
+          f"{f', {damaged} damaged packets skipped' if damaged else ''}]", flush=True)
     return 0

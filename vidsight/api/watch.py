@@ -52,9 +52,10 @@ def verdict_records(verdict, query: str) -> list[dict]:
 
 
 def end_record(source) -> dict:
-    """A watch's last record: what its source (`StreamSource`) decoded, and how its motion was judged."""
-    return {"type": "end", "frames_decoded": source.frames_decoded, "codec": source.codec,
-            "motion_source": source.motion_source}
+    """A watch's last record: what its source (`StreamSource`) decoded and skipped as damaged, and how
+    its motion was judged."""
+    return {"type": "end", "frames_decoded": source.frames_decoded, "damaged_packets": source.damaged_packets,
+            "codec": source.codec, "motion_source": source.motion_source}
 
 
 def run_watch(args) -> int:
@@ -81,5 +82,6 @@ def _watch(args, source, watcher) -> None:
                 print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
     codec = f" of {source.codec}" if source.codec else ""
     motion = f"; {motion_note(source.motion_source)}" if source.motion_source else ""
+    damaged = f"; {source.damaged_packets} damaged packets skipped" if source.damaged_packets else ""
     print(json.dumps(end_record(source)) if args.json else
-          f"[{source.frames_decoded} frames{codec} decoded{motion}]", flush=True)
+          f"[{source.frames_decoded} frames{codec} decoded{damaged}{motion}]", flush=True)

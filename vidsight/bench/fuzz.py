@@ -19,8 +19,9 @@ import io
 import json
 import os
 import resource
-import signal
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -110,9 +111,8 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
         inputs.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(seed)
         made = [make_case(k, inputs, sources, rng) for k in range(cases)]
-        # (A directory, a FIFO or a missing file cannot be piped in: the shell would refuse them.)
         jobs = [(case, command) for case in made for command in commands
-                if command != "watch-stdin" or Path(case.path).is_file()]
+                if command != "watch-stdin" or pipeable(case.path)]
         request = {"main": main, "workers": workers, "time_limit_s": time_limit_s, "progress": progress,
                    "jobs": [{"argv": command_line(command, case.path, str(model)),
                              "stdin": case.path if command == "watch-stdin" else None,
@@ -122,6 +122,15 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
         if ran.returncode != 0:
             raise RuntimeError(f"the fuzz runner exited {ran.returncode} before reporting (its stderr is above)")
         return [_outcome(case, command, ended) for (case, command), ended in zip(jobs, json.loads(ran.stdout))]
+
+
+def pipeable(path: str) -> bool:
+    """Whether a shell could pipe ``path`` in: a regular file (not a directory, a FIFO, a missing
+    file or a name too long to exist)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def serve_fuzz() -> None:

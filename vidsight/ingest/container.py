@@ -14,6 +14,9 @@ from vidsight.errors import VideoError
 
 # The URLs a live source opens as a network stream (FFmpeg's protocols for them).
 NETWORK_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+# How an input is opened for reading: its tags (a title, an encoder's name) are text from the file,
+# which need not be UTF-8 (a damaged or foreign-encoded tag made PyAV's open raise).
+READ_OPTIONS = {"mode": "r", "metadata_errors": "replace"}
 
 # The largest frame side decoded: 8K, the largest video FFmpeg's common decoders are used for; a
 # larger header is damaged or hostile, and one frame of it would take gigabytes.
@@ -76,7 +79,7 @@ def open_video(path: str | Path) -> Iterator[tuple[av.container.InputContainer, 
     """
     path = check_readable(path)
     try:
-        container = av.open(str(path), mode="r")
+        container = av.open(str(path), **READ_OPTIONS)
     except av.error.FFmpegError as exc:
         raise open_error(path, exc) from exc
     try:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from vidsight.errors import ConfigError, VideoError
-from vidsight.ingest.container import NETWORK_SCHEMES, check_readable, codec_name, open_error, video_stream
+from vidsight.ingest.container import (NETWORK_SCHEMES, READ_OPTIONS, check_readable, codec_name, open_error,
+                                       video_stream)
 from vidsight.ingest.decode import configure_decoder
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.ingest.judge import NO_SIGNALS, FrameJudge, SampleSignals, frame_kind, grouped, motion_source
@@ -104,6 +105,7 @@ class StreamSource:
         self.reconnect_window_s = reconnect_window_s
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
+        self.damaged_packets = 0  # packets the decoder rejected, skipped (`_frames`)
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -238,7 +240,7 @@ class StreamSource:
     def _decoded(self, resume_after: float):
         """``(frame, index, pts_s, type, gop)`` of every frame after ``resume_after`` s."""
         try:
-            container = av.open(self.source if self.pipe is None else self.pipe, mode="r",
+            container = av.open(self.source if self.pipe is None else self.pipe, **READ_OPTIONS,
                                 timeout=10.0 if self.network else None, options=self._options())
         except av.error.FFmpegError as exc:
             if self.network:
@@ -254,7 +256,7 @@ class StreamSource:
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
             position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
-            for frame in container.decode(stream):
+            for frame in self._frames(container, stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
                 if pts_s is None:
@@ -268,6 +270,22 @@ class StreamSource:
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
+
+
+    def _frames(self, container: av.container.InputContainer, stream: av.video.stream.VideoStream):
+        """Every frame ``stream`` decodes to. A packet the decoder rejects (damaged: bits flipped in a
+        file, a datagram lost from a network stream) is skipped and counted, as `ask`'s decoders
+        skip one; the frames that refer to it decode as well as they can, as in FFmpeg's players."""
+        for packet in container.demux(stream):
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError as exc:
+                self.damaged_packets += 1
+                if self.damaged_packets == 1:
+                    log.warning("%s: the decoder rejected a damaged packet (%s); skipping it and any others",
+                                self.source, exc)
+                continue
+            yield from frames
 
 
 def _pipe_name(pipe: BinaryIO) -> str:
