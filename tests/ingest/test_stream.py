@@ -124,10 +124,12 @@ def test_a_follow_time_that_is_not_positive_is_refused(make_test_video, idle):
 
 
 class _Dropping:
-    """An opened stream whose connection dies after ``drop_at`` packets (None: it does not)."""
+    """An opened stream whose connection dies after ``drop_at`` packets (None: it does not); ``live``:
+    declaring no duration, as a live stream does (else the file's)."""
 
-    def __init__(self, container, drop_at: int | None):
+    def __init__(self, container, drop_at: int | None, live: bool = False):
         self.container, self.streams, self.drop_at = container, container.streams, drop_at
+        self.duration = None if live else container.duration
 
     def demux(self, stream):
         sent = 0
@@ -144,14 +146,14 @@ class _Dropping:
         self.container.close()
 
 
-def _open_dropping(monkeypatch, path, drop_at) -> list:
-    """Make every open of a stream open ``path`` instead, dying after ``drop_at(opens so far)`` packets;
-    returns the URLs opened."""
+def _open_dropping(monkeypatch, path, drop_at, live: bool = False) -> list:
+    """Make every open of a stream open ``path`` instead, from its start, dying after ``drop_at(opens
+    so far)`` packets; returns the URLs opened."""
     real_open, opened = av.open, []
 
     def fake_open(url, mode="r", timeout=None, options=None, **kwargs):
         opened.append(url)
-        return _Dropping(real_open(str(path), mode), drop_at(len(opened)))
+        return _Dropping(real_open(str(path), mode), drop_at(len(opened)), live)
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
     monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
@@ -166,6 +168,23 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
     assert len(opened) == 2
     assert [s.index for s in samples] == list(range(6))
     assert source.frames_decoded == 24  # 10 before the drop, 14 after: none twice
+
+
+def test_a_live_rtsp_camera_whose_clock_starts_over_when_it_reconnects_goes_on(make_test_video, monkeypatch,
+                                                                              caplog):
+    """FFmpeg times RTSP from each connection's first packet: after a drop, a live camera's frames
+    came timed from 0 again, before the last one seen, and were skipped (a watch silent for as long
+    as it had run). They are timed on from the last frame, each connection's frames all new."""
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
+    opened = _open_dropping(monkeypatch, path, lambda opens: 10 if opens == 1 else None, live=True)
+    source = StreamSource("rtsp://camera.invalid/live", fps=2.0)
+    with caplog.at_level("WARNING", logger="vidsight.ingest.stream"):
+        samples = list(source)
+    times = [s.pts_s for s in samples]
+    before = source.frames_decoded - 24   # the second connection's 3 s are all new
+    assert len(opened) == 2 and 6 <= before <= 10
+    assert all(b > a for a, b in zip(times, times[1:])) and times[-1] > 3.0 and len(samples) >= 8
+    assert sum("clock started over" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):

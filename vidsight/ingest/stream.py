@@ -4,7 +4,8 @@ cuts the samples into watch's sliding windows).
 A source is a video file (replayed as fast as possible or at its real rate, or followed while it
 grows, as a recorder writes MPEG-TS), a pipe read as it comes (a shell pipeline's standard input,
 a named pipe), or a network stream FFmpeg can open (RTSP, HTTP, ...), reopened with exponential
-back-off when it drops. Reopening resumes after the last frame seen. Frames are
+back-off when it drops. Reopening resumes after the last frame seen (a live RTSP camera, whose
+clock starts over with each connection, goes on from it). Frames are
 sampled at a fixed rate by presentation time; a sampled frame carries the codec signals of every
 frame decoded since the previous sample (CodecSight section 3.3): the largest motion, the
 intra-coded blocks, and the blocks the motion rule (`MotionPruneConfig`) found dynamic.
@@ -106,6 +107,7 @@ class StreamSource:
         self.follow_idle_s = None if self.network else follow_idle_s
         self.frames_decoded = 0   # every decoded frame, counted once
         self.damaged_packets = 0  # packets the decoder rejected, skipped (`_frames`)
+        self._last_frame_at: float | None = None   # when the last frame was decoded (`time.monotonic`)
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -256,21 +258,40 @@ class StreamSource:
             start, gop, began = None, -1, time.perf_counter()
             clock = _FrameClock(stream, self.source, continue_backward=not self.network)
             position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
+            # FFmpeg times an RTSP stream from its connection's first packet, so a live camera's
+            # clock starts over at each reconnection: its frames would all lie before the last one
+            # seen and be skipped for as long as the stream had run. They go on from there instead.
+            # (One with a duration is a recording served from its start again: seen frames are skipped.)
+            clock_restarts, shift = self.source.startswith("rtsp://") and container.duration is None, None
             for frame in self._frames(container, stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
                 if pts_s is None:
                     continue
+                if clock_restarts:
+                    shift = self._timed_on(resume_after, pts_s) if shift is None else shift
+                    pts_s += shift
                 kind = frame_kind(frame, next(position), in_groups)
                 gop += kind == "I"
                 if pts_s <= resume_after:
                     continue
                 self.frames_decoded += 1
+                self._last_frame_at = time.monotonic()
                 start = pts_s if start is None else start
                 if self.realtime:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
 
+
+    def _timed_on(self, last_s: float, first_s: float) -> float:
+        """The shift that times a reconnected live stream whose first frame is at ``first_s`` after
+        the last frame seen, at ``last_s``, by as long as the reconnection took (0 where it is after)."""
+        if self._last_frame_at is None or first_s > last_s:
+            return 0.0
+        at_s = last_s + max(1 / (self.frame_rate or 25.0), time.monotonic() - self._last_frame_at)
+        log.warning("%s: the stream's clock started over when it reconnected; its frames are timed on from %.1f s",
+                    self.source, at_s)
+        return at_s - first_s
 
     def _frames(self, container: av.container.InputContainer, stream: av.video.stream.VideoStream):
         """Every frame ``stream`` decodes to. A packet the decoder rejects (damaged: bits flipped in a
@@ -300,7 +321,8 @@ class _FrameClock:
     send, known by its first frame, as `probe` times such a file); and in a file, continued past a
     timestamp that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, a camera's clock
     restarted) by the probe's `Continuation`, as FFmpeg's tools continue it. A network stream's
-    times are left as they come: a reconnection resumes after the last time it saw.
+    times are left as they come: a reconnection resumes after the last time it saw (a live RTSP
+    stream's, which start over, are shifted by `StreamSource._timed_on`).
 
     Attributes:
         rate: The stream's frame rate (its declared one; for one timed by order, that order's).
