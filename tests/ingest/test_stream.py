@@ -316,9 +316,10 @@ def test_a_stream_whose_frame_size_changes_keeps_its_first_size(tmp_path, caplog
     assert caplog.text.count("frame size changed mid-stream from 320x240 to 160x120") == 1
 
 
-def test_timestamps_that_go_back_in_a_file_are_timed_on(tmp_path, caplog):
+def test_timestamps_that_go_back_in_a_file_or_a_network_stream_are_timed_on(tmp_path, hls_server, caplog):
     """MPEG-TS parts joined whose second restarts its clock (a camera's segments, a capture
-    resumed): the second part's frames come after the first's, one frame on, not skipped as past."""
+    resumed; an encoder restarted under a network stream): the second part's frames come after the
+    first's, one frame on, not skipped as past (a network stream's were, until its time caught up)."""
     spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=4.0, seed=3)
     write_part(tmp_path / "a.ts", spec, 0, 16)
     write_part(tmp_path / "b.ts", spec, 0, 16)   # its clock starts over at 0
@@ -330,6 +331,9 @@ def test_timestamps_that_go_back_in_a_file_are_timed_on(tmp_path, caplog):
     second = list(StreamSource(tmp_path / "b.ts", fps=8.0))
     assert all(torch.equal(f.rgb, s.rgb) for f, s in zip(frames[16:], second))
     assert caplog.text.count("timestamps go back") == 1
+    served = list(StreamSource(f"{hls_server.base}/joined.ts", fps=8.0))   # one connection
+    assert [f.pts_s for f in served] == [f.pts_s for f in frames]
+    assert caplog.text.count("timestamps go back") == 2
 
 
 def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path, monkeypatch):

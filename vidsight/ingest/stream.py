@@ -256,7 +256,7 @@ class StreamSource:
             self.intra_only = bool(stream.codec_context.codec.intra_only)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.perf_counter()
-            clock = _FrameClock(stream, self.source, continue_backward=not self.network)
+            clock = _FrameClock(stream, self.source)
             position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
             # FFmpeg times an RTSP stream from its connection's first packet, so a live camera's
             # clock starts over at each reconnection: its frames would all lie before the last one
@@ -318,22 +318,22 @@ def _pipe_name(pipe: BinaryIO) -> str:
 class _FrameClock:
     """Each decoded frame's time in seconds, on one timeline: its timestamp; its place in the
     order at the stream's rate where the stream has none (a raw elementary stream, as many cameras
-    send, known by its first frame, as `probe` times such a file); and in a file, continued past a
-    timestamp that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, a camera's clock
-    restarted) by the probe's `Continuation`, as FFmpeg's tools continue it. A network stream's
-    times are left as they come: a reconnection resumes after the last time it saw (a live RTSP
-    stream's, which start over, are shifted by `StreamSource._timed_on`).
+    send, known by its first frame, as `probe` times such a file); and continued past a timestamp
+    that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, an encoder or a camera's clock
+    restarted, an HLS discontinuity) by the probe's `Continuation`, as FFmpeg's tools continue it.
+    One clock times one connection: a network stream's next one resumes after the last time seen
+    (a live RTSP stream's, which start over, shifted by `StreamSource._timed_on`).
 
     Attributes:
         rate: The stream's frame rate (its declared one; for one timed by order, that order's).
     """
 
-    def __init__(self, stream: av.video.stream.VideoStream, source: str, continue_backward: bool):
+    def __init__(self, stream: av.video.stream.VideoStream, source: str):
         self._stream, self._source = stream, source
         self.by_order: bool | None = None
         self.rate = declared_fps(stream)
         self._order = itertools.count()
-        self._continued = Continuation(BACKWARD_JUMP_S, 1 / nominal_fps(stream)) if continue_backward else None
+        self._continued = Continuation(BACKWARD_JUMP_S, 1 / nominal_fps(stream))
 
     def time_of(self, frame: av.VideoFrame) -> float | None:
         """``frame``'s time in seconds; None for a frame without a timestamp in a stream that has them."""
@@ -345,8 +345,6 @@ class _FrameClock:
         if frame.pts is None:
             return None
         time_s = frame.pts * float(self._stream.time_base)
-        if self._continued is None:
-            return time_s
         jumps = self._continued.jumps
         time_s = self._continued(time_s)
         if self._continued.jumps > jumps:
