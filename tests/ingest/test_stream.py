@@ -2,7 +2,6 @@
 
 import io
 import os
-import shutil
 import threading
 import time
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from vidsight.bench.fuzz import pipe_of as fuzz_pipe_of
 from vidsight.errors import VideoError
 from vidsight.ingest import SyntheticSpec
 from vidsight.ingest.stream import PROTOCOL_WHITELIST, StreamSource
@@ -361,17 +361,7 @@ def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path,
 def pipe_of(path) -> io.BufferedReader:
     """A pipe's reading end (it cannot seek) that a thread fills with ``path``'s bytes, as a shell
     pipeline's standard input is filled."""
-    read_end, write_end = os.pipe()
-
-    def writer():
-        with open(path, "rb") as source, os.fdopen(write_end, "wb") as out:
-            try:
-                shutil.copyfileobj(source, out)
-            except BrokenPipeError:   # the reader stopped early
-                pass
-
-    threading.Thread(target=writer, daemon=True).start()
-    return os.fdopen(read_end, "rb")
+    return os.fdopen(fuzz_pipe_of(path), "rb")
 
 
 @pytest.mark.parametrize("suffix, codec", [(".ts", "h264"), (".mkv", "hevc"), (".h264", "h264")])

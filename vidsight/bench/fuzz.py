@@ -190,21 +190,28 @@ def _child(main: Callable[[list[str]], int], argv: list[str], log_path: str, std
     os._exit(code)
 
 
-def _piped(path: str) -> io.TextIOWrapper:
-    """Standard input as a shell pipeline makes it (``cat path | ...``): a pipe on descriptor 0 that a
-    thread fills with ``path``'s bytes; named as the interpreter names standard input."""
+def pipe_of(path: str | Path) -> int:
+    """The reading end (a descriptor) of a pipe that a thread fills with ``path``'s bytes, as
+    ``cat path |`` fills a pipeline's."""
     read_end, write_end = os.pipe()
-    os.dup2(read_end, 0)
-    os.close(read_end)
 
     def feed():
         with open(path, "rb") as source, os.fdopen(write_end, "wb") as out:
             try:
                 shutil.copyfileobj(source, out)
-            except BrokenPipeError:   # the command stopped reading
+            except BrokenPipeError:   # the reader stopped reading
                 pass
 
     threading.Thread(target=feed, daemon=True).start()
+    return read_end
+
+
+def _piped(path: str) -> io.TextIOWrapper:
+    """Standard input as a shell pipeline makes it: `pipe_of` ``path`` on descriptor 0, named as
+    the interpreter names standard input."""
+    read_end = pipe_of(path)
+    os.dup2(read_end, 0)
+    os.close(read_end)
     raw = io.FileIO(0, "rb", closefd=False)
     raw.name = STDIN_NAME
     return io.TextIOWrapper(io.BufferedReader(raw))
