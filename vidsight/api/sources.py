@@ -56,7 +56,7 @@ def whole_file(source: str) -> Iterator[str]:
         raise VideoError(f"{source}: a live stream has no end to answer about: watch it (vidsight watch) or "
                          "chat about it (vidsight chat), or record a part of it to a file")
     elif "://" in source:
-        raise VideoError(f"{source}: unsupported URL scheme (a file, -, a named pipe, or an http(s) URL)")
+        raise VideoError(f"{source}: unsupported URL scheme (a file, - for standard input, or an http(s) URL)")
     elif source == STDIN:
         name, fill = "stdin", _read_stdin
     else:

@@ -64,12 +64,7 @@ def run_watch(args) -> int:
 
     config = watch_config(vars(args))
     source = config.open(live_source(args.source), realtime=args.realtime, follow_idle_s=args.follow)
-    _watch(args, source, Watcher(load_model(args.model, device=args.device), args.query, config))
-    return 0
-
-
-def _watch(args, source, watcher) -> None:
-    """Print each window's verdict and alert as ``watcher`` reaches it, then what ``source`` decoded."""
+    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
     for verdict in watcher.watch(source):
         for record in verdict_records(verdict, args.query):
             if args.json:
@@ -85,3 +80,4 @@ def _watch(args, source, watcher) -> None:
     damaged = f"; {source.damaged_packets} damaged packets skipped" if source.damaged_packets else ""
     print(json.dumps(end_record(source)) if args.json else
           f"[{source.frames_decoded} frames{codec} decoded{damaged}{motion}]", flush=True)
+    return 0

@@ -42,7 +42,8 @@ def check_readable(path: str | Path, allow_empty: bool = False) -> Path:
     if not stat.S_ISREG(mode):
         kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        hint = f" (a pipe's video can come on standard input: vidsight COMMAND - ... < {path})" if stat.S_ISFIFO(mode) else ""
+        hint = (f" (a pipe's video can come on standard input: vidsight COMMAND - ... < {path})"
+                if stat.S_ISFIFO(mode) else "")
         raise VideoError(f"{path}: is {kind}; vidsight reads a video file more than once, so it needs a regular "
                          f"file{hint}")
     if not os.access(path, os.R_OK):

@@ -282,7 +282,6 @@ class StreamSource:
                     time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
 
-
     def _timed_on(self, last_s: float, first_s: float) -> float:
         """The shift that times a reconnected live stream whose first frame is at ``first_s`` after
         the last frame seen, at ``last_s``, by as long as the reconnection took (0 where it is after)."""
