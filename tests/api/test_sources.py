@@ -55,6 +55,23 @@ def test_ask_answers_a_video_piped_to_its_standard_input(make_test_video, tiny_m
         {k: b["stats"][k] for k in ("frames", "visual_tokens", "generated_tokens")}
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the system does not name a descriptor's file")
+def test_standard_input_redirected_from_a_file_is_read_in_place(make_test_video, tmp_path):
+    """``vidsight probe - < clip.mp4``: the file itself, not a copy of it (a piped one is copied)."""
+    path, _ = make_test_video(".mp4", width=128, height=96, duration_s=1.0)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    run = functools.partial(subprocess.run, [sys.executable, "-m", "vidsight.api.cli", "probe", "-", "--json"],
+                            capture_output=True, timeout=120, env={**os.environ, "TMPDIR": str(scratch)})
+    with open(path, "rb") as redirected:
+        in_place = run(stdin=redirected)
+    piped = run(input=path.read_bytes())
+    assert in_place.returncode == piped.returncode == 0, (in_place.stderr, piped.stderr)
+    a, b = json.loads(in_place.stdout), json.loads(piped.stdout)
+    assert a.pop("path") == str(path.resolve()) and b.pop("path").endswith("/stdin") and a == b
+    assert list(scratch.iterdir()) == []
+
+
 def test_watch_reads_standard_input_as_the_file(make_test_video, tiny_model_dir, capsys, monkeypatch):
     path, _ = make_test_video(".ts", width=224, height=168, duration_s=4.0, fps=8, gop=8, seed=6)
     assert main(["watch", str(path), "--model", str(tiny_model_dir), *WATCH]) == 0

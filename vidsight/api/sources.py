@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import shutil
+import stat
 import sys
 import tempfile
 import urllib.error
@@ -43,8 +45,9 @@ def live_source(source: str) -> str | BinaryIO:
 
 @contextlib.contextmanager
 def whole_file(source: str) -> Iterator[str]:
-    """A path holding ``source``'s whole video: ``source`` itself, or a temporary file (removed
-    afterwards) that standard input was read into or an http(s) URL downloaded to.
+    """A path holding ``source``'s whole video: ``source`` itself; for standard input redirected
+    from a file, that file; else a temporary file (removed afterwards) that standard input was read
+    into or an http(s) URL downloaded to.
 
     Raises:
         VideoError: a live stream's URL (it has no end), another scheme, standard input that gave no bytes,
@@ -57,6 +60,9 @@ def whole_file(source: str) -> Iterator[str]:
                          "chat about it (vidsight chat), or record a part of it to a file")
     elif "://" in source:
         raise VideoError(f"{source}: unsupported URL scheme (a file, - for standard input, or an http(s) URL)")
+    elif source == STDIN and (redirected := _redirected_file()) is not None:
+        yield redirected
+        return
     elif source == STDIN:
         name, fill = "stdin", _read_stdin
     else:
@@ -70,6 +76,21 @@ def whole_file(source: str) -> Iterator[str]:
             raise VideoError(f"{source}: could not be written to a temporary file in {scratch} "
                              f"({exc.strerror or exc})") from None
         yield str(target)
+
+
+def _redirected_file() -> str | None:
+    """The path of the regular file standard input was redirected from (``< clip.mp4``), read in
+    place rather than copied: where the system names it (Linux's ``/proc``) and that name is still
+    the same file; else None."""
+    try:
+        opened = os.fstat(sys.stdin.fileno())
+        if not stat.S_ISREG(opened.st_mode):
+            return None
+        path = os.readlink(f"/proc/self/fd/{sys.stdin.fileno()}")
+        named = os.stat(path)
+    except (AttributeError, OSError, ValueError):   # no descriptor (a test's stand-in), no /proc
+        return None
+    return path if (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino) else None
 
 
 def _read_stdin(source: str, target: Path) -> None:
