@@ -142,7 +142,8 @@ def _hdr_luma_codes(mapping: ColourMapping, bits: int, full_range: bool) -> np.n
 
 # Rows are mapped in blocks of about this many pixels, so that each step's float intermediates stay
 # in the CPU's caches rather than streaming a whole frame through memory once a step (a 3840x2160
-# frame's are 100 MB each): 1.7x faster at 1280x720, 2.8x at 3840x2160.
+# frame's are 100 MB each): 1.7x faster at 1280x720, 1.9x at 1920x1080, 2.5-3x at 3840x2160
+# (docs/benchmarks.md, "HDR video").
 _BLOCK_PIXELS = 1 << 16
 
 
