@@ -5,6 +5,7 @@ frame for frame and block map for block map, on every path."""
 from fractions import Fraction
 
 import av
+from av.bitstream import BitStreamFilterContext
 import numpy as np
 import pytest
 import torch
@@ -18,19 +19,14 @@ from vidsight.ingest.stream import StreamSource
 FPS, FRAMES, HEIGHT, WIDTH = 10, 30, 96, 160
 
 
-def record(path, rotation: int | None, aspect: Fraction | None = None):
-    """A textured square crossing a noisy still scene, H.264 at ``FPS``; with a display matrix when
-    ``rotation``, with pixels ``aspect`` as wide as high when given."""
+def record(path):
+    """A textured square crossing a noisy still scene, H.264 at ``FPS``, stored plainly."""
     generator = np.random.default_rng(0)
     scene = generator.integers(60, 120, (HEIGHT, WIDTH, 3), dtype=np.uint8)
     texture = generator.integers(0, 256, (32, 32, 3), dtype=np.uint8)   # the moving object's every block changes
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=FPS, options={"g": "10", "bf": "0", "preset": "veryfast"})
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
-        if rotation is not None:
-            stream.set_display_rotation(rotation)
-        if aspect is not None:
-            stream.codec_context.sample_aspect_ratio = aspect
         for k in range(FRAMES):
             image = scene.copy()
             image[20:52, 8 + 4 * k : 40 + 4 * k] = texture
@@ -43,10 +39,29 @@ def record(path, rotation: int | None, aspect: Fraction | None = None):
     return path
 
 
+def restamp(plain, path, rotation: int | None = None, aspect: Fraction | None = None):
+    """``plain``'s very packets in ``path``, with a display matrix when ``rotation``, and pixels
+    ``aspect`` as wide as high (written into the stream's parameter sets) when given: the same
+    coded pictures as ``plain``'s, so any difference in what comes out is vidsight's, not an encoder's."""
+    with av.open(str(plain)) as source, av.open(str(path), "w") as out:
+        stored = source.streams.video[0]
+        stream = out.add_stream_from_template(stored)
+        vui = BitStreamFilterContext(f"h264_metadata=sample_aspect_ratio={aspect}" if aspect else "null",
+                                     stored, stream)
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
+        for packet in source.demux(stored):
+            for written in vui.filter(packet if packet.dts is not None else None):
+                written.stream = stream
+                out.mux(written)
+    return path
+
+
 @pytest.mark.parametrize("rotation, source", [(90, "codec"), (-90, "codec"), (180, "codec"), (-90, "pixels")])
 def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation, source):
     turns = rotation // 90 % 4
-    plain, turned = record(tmp_path / "plain.mp4", None), record(tmp_path / "turned.mp4", rotation)
+    plain = record(tmp_path / "plain.mp4")
+    turned = restamp(plain, tmp_path / "turned.mp4", rotation)
     info, plain_info = probe(turned), probe(plain)
     assert info.rotation == 90 * turns and plain_info.rotation == 0
     assert (info.height, info.width) == ((WIDTH, HEIGHT) if turns % 2 else (HEIGHT, WIDTH))
@@ -77,7 +92,8 @@ def test_frames_and_block_maps_come_out_as_displayed(tmp_path, rotation, source)
 @pytest.mark.parametrize("aspect, rotation", [(Fraction(32, 27), None), (Fraction(8, 9), None), (Fraction(2), 90)])
 def test_non_square_pixels_are_stretched_to_their_displayed_width(tmp_path, aspect, rotation):
     turns = (rotation or 0) // 90 % 4
-    plain, wide = record(tmp_path / "plain.mp4", None), record(tmp_path / "wide.mkv", rotation, aspect)
+    plain = record(tmp_path / "plain.mp4")
+    wide = restamp(plain, tmp_path / "wide.mkv", rotation, aspect)
     shown_width = round(WIDTH * aspect)
     info = probe(wide)
     assert info.pixel_aspect == (aspect.numerator, aspect.denominator) and probe(plain).pixel_aspect == (1, 1)
@@ -104,6 +120,6 @@ def test_non_square_pixels_are_stretched_to_their_displayed_width(tmp_path, aspe
 
 
 def test_an_implausible_pixel_aspect_is_shown_square(tmp_path, caplog):
-    info = probe(record(tmp_path / "odd.mkv", None, Fraction(40, 1)))
+    info = probe(restamp(record(tmp_path / "plain.mp4"), tmp_path / "odd.mkv", aspect=Fraction(40, 1)))
     assert (info.width, info.pixel_aspect) == (WIDTH, (1, 1))
     assert "odd.mkv: declares pixels 40 as wide as high" in caplog.text
