@@ -190,11 +190,13 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
     windows = [line for line in lines if line["type"] == "window"]
     assert len(windows) == 3 and windows[1]["reused_tokens"] > 0
     assert all(w["kept_tokens"] <= w["visual_tokens"] for w in windows)
-    assert {"start_s", "end_s", "answer", "p_yes", "visual_tokens", "refreshed_tokens", "stages_s"} <= set(windows[0])
+    assert {"start_s", "end_s", "answer", "p_yes", "visual_tokens", "refreshed_tokens", "stages_s", "lag_s",
+            "windows_skipped"} <= set(windows[0])
+    assert all(w["windows_skipped"] == 0 and w["lag_s"] >= 0 for w in windows)   # a file: every window judged
     assert sum(line["type"] == "alert" for line in lines) == sum(w["yes"] for w in windows[:1]) + sum(
         w["yes"] and not prev["yes"] for prev, w in zip(windows, windows[1:]))
     assert lines[-1] == {"type": "end", "frames_decoded": 48, "damaged_packets": 0, "codec": "h264",
-                         "motion_source": "codec"}
+                         "motion_source": "codec", "windows_skipped": 0, "frames_dropped": 0}
 
 
 @pytest.mark.parametrize("flags,message", [(["--window", "0.1"], "fewer than 2 frames"), (["--stride", "2"], "stride"),

@@ -30,7 +30,7 @@ class _Stdin:
 
 
 def _lines(capsys) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "stages_s"}
+    return [{k: v for k, v in json.loads(line).items() if k not in ("stages_s", "lag_s")}
             for line in capsys.readouterr().out.splitlines()]
 
 

@@ -1,5 +1,8 @@
 """The watch workload: decode once, sliding windows, verdicts, and KV reuse against Full-Comp."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -286,3 +289,92 @@ def test_reuse_in_place_equals_reuse_by_copy(tiny_adapter, stream_video, refresh
         assert (x.answer, x.kept_tokens, x.reused_tokens, x.refreshed_frames) == \
                (y.answer, y.kept_tokens, y.reused_tokens, y.refreshed_frames)
         assert torch.allclose(x.logits, y.logits, atol=1e-4)
+
+
+class _Camera(StreamSource):
+    """A file replayed at its own frame rate (a live source), saying when its last frame is out."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, realtime=True, **kwargs)
+        self.finished = threading.Event()
+
+    def __iter__(self):
+        yield from super().__iter__()
+        self.finished.set()
+
+
+LIVE_WINDOWS = WindowConfig(window_s=2.0, stride_fraction=0.25, fps=2.0)  # 4 frames, stride 1
+
+
+@pytest.mark.parametrize("refresh,tau,tolerance", [("full-comp", 0.25, 0.0), ("anchors", 0.25, 1e-3)])
+def test_a_live_watch_behind_its_stream_judges_the_newest_window_as_an_uninterrupted_watch_does(
+        tiny_adapter, make_test_video, refresh, tau, tolerance):
+    """The model is slower than the camera: while window 0 is judged the whole 5-s stream arrives, so
+    window 1 is passed over and window 2 (the newest) judged, with the motion of window 1's frames
+    followed: its verdict is the one a watch judging every window gives it."""
+    from vidsight.vision.motion import MotionPruneConfig
+
+    path = make_test_video(width=224, height=168, duration_s=5.0, fps=8, gop=16, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=3.0, stride_fraction=1 / 3, fps=2.0)  # 6 frames, stride 2 (a temporal patch)
+    config = WatchConfig(windows, refresh=refresh, prune=MotionPruneConfig(tau=tau))
+    every = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(path)))
+    camera = _Camera(path, fps=windows.fps, motion=config.prune)
+    watcher = Watcher(tiny_adapter, QUERY, config)
+    live = list(watcher.watch(camera, run=lambda steps: camera.finished.wait(30) and drive(steps, tiny_adapter)))
+    assert [v.window for v in every] == [0, 1, 2]
+    assert [(v.window, v.windows_skipped) for v in live] == [(0, 0), (2, 1)]
+    assert (watcher.windows_skipped, watcher.frames_dropped) == (1, 0)
+    for a, b in zip((every[0], every[2]), live, strict=True):
+        assert (a.answer, a.kept_tokens) == (b.answer, b.kept_tokens)
+        assert torch.allclose(a.logits, b.logits, atol=tolerance, rtol=0)
+    assert any(v.kept_tokens < v.visual_tokens for v in live)
+    assert all(0 <= v.lag_s < 30 for v in live)
+
+
+def test_a_live_watch_a_window_and_a_stride_behind_drops_the_oldest_frames(tiny_adapter, make_test_video):
+    """While window 0 (two frames) is judged, the other four frames of the stream arrive for a
+    backlog of three (a window and a stride): the oldest is dropped, the frame after it kept whole
+    (its motion was judged against the dropped one), and the newest window judged as a watch of
+    every window judges it."""
+    from vidsight.vision.motion import MotionPruneConfig
+
+    path = make_test_video(width=224, height=168, duration_s=3.0, fps=8, gop=40, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0)  # 2 frames, stride 1
+    every = list(Watcher(tiny_adapter, QUERY, WatchConfig(windows)).watch(StreamSource(path, windows.fps)))
+
+    def watch_live(config):
+        camera = _Camera(path, fps=windows.fps, motion=config.prune)
+        watcher = Watcher(tiny_adapter, QUERY, config)
+        seen, masks, keep = {}, {}, watcher._keep
+
+        def followed(frames, grid):   # every frame's motion mask, as the watch follows it
+            kept = keep(frames, grid)
+            seen.update({f.index: f for f in frames})
+            masks.update({f.index: watcher._masks[f.index] for f in frames if f.index in watcher._masks})
+            return kept
+
+        watcher._keep = followed
+        live = list(watcher.watch(camera, run=lambda steps: camera.finished.wait(30) and drive(steps, tiny_adapter)))
+        assert [(v.window, v.windows_skipped) for v in live] == [(0, 0), (len(every) - 1, len(every) - 2)]
+        assert watcher.frames_dropped == 1
+        return live, seen, masks
+
+    live, _, _ = watch_live(WatchConfig(windows))
+    assert torch.equal(live[-1].logits, every[-1].logits)
+    _, seen, masks = watch_live(WatchConfig(windows, prune=MotionPruneConfig(tau=0.25)))
+    assert sorted(seen) == [0, 1, 3, 4, 5] and seen[3].codec is None
+    assert all(seen[i].codec is not None for i in (0, 1, 4, 5))
+    assert bool(masks[3].all()) and not all(bool(masks[i].all()) for i in (1, 4, 5))
+
+
+def test_a_live_watch_told_to_judge_every_window_waits_for_the_model(tiny_adapter, make_test_video):
+    path = make_test_video(width=224, height=168, duration_s=3.0, fps=8, gop=40, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0)
+    every = list(Watcher(tiny_adapter, QUERY, WatchConfig(windows)).watch(StreamSource(path, windows.fps)))
+    camera = _Camera(path, fps=windows.fps)
+    watcher = Watcher(tiny_adapter, QUERY, WatchConfig(windows, catch_up=False))
+    slower = 2 / windows.fps   # a window judged per two strides of the camera
+    live = list(watcher.watch(camera, run=lambda steps: time.sleep(slower) or drive(steps, tiny_adapter)))
+    assert [v.window for v in live] == [v.window for v in every] and (watcher.windows_skipped,
+                                                                      watcher.frames_dropped) == (0, 0)
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(live, every))

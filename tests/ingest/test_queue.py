@@ -32,6 +32,19 @@ def test_a_live_source_drops_the_oldest_and_counts_them():
     assert got == list(range(95, 100)) and queue.dropped == 95
 
 
+@pytest.mark.parametrize("capacity, expected", [(4, [-6, 7, 8, 9]), (1, [-9])])
+def test_the_item_after_dropped_ones_is_marked(capacity, expected):
+    produced = threading.Event()
+
+    def camera():
+        yield from range(10)
+        produced.set()
+
+    queue = FrameQueue(camera(), capacity=capacity, drop_oldest=True, after_gap=lambda item: -item)
+    produced.wait(5)  # all of it arrives while the consumer is busy
+    assert list(queue) == expected and queue.dropped == 10 - capacity
+
+
 def test_the_readers_error_reaches_the_consumer():
     def broken():
         yield 1

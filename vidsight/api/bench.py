@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from vidsight.api.bench_live import add_bench_live_parser, run_bench_live
 from vidsight.api.bench_serve import add_bench_serve_parser, run_bench_serve
 from vidsight.api.lmms.cli import add_lmms_task_parser, run_lmms_task
 from vidsight.api.options import (_float, add_motion_source_option, add_policy_options, add_prefill_options,
@@ -178,6 +179,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     containers.add_argument("--json", action="store_true", help="print JSON")
 
     add_bench_serve_parser(bench_commands, common)
+    add_bench_live_parser(bench_commands, common)
     add_lmms_task_parser(bench_commands, common)
 
     device = bench_commands.add_parser(
@@ -217,7 +219,7 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_bench(args) -> int:
     benches = {"decode": _run_bench_decode, "ask": _run_bench_ask, "watch": _run_bench_watch, "fuzz": _run_bench_fuzz,
                "containers": _run_bench_containers, "chat": _run_bench_chat, "serve": run_bench_serve,
-               "device": _run_bench_device, "lmms-task": run_lmms_task}
+               "device": _run_bench_device, "lmms-task": run_lmms_task, "live": run_bench_live}
     if args.bench_command in benches:
         return benches[args.bench_command](args)
     from vidsight.bench.accuracy import format_report, run_accuracy

@@ -27,7 +27,7 @@ WATCH_SETTINGS = {
     "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),
     "align_windows": ("windows", "align_keyframes"), "refresh": ("watch", "refresh"),
     "refresh_share": ("watch", "deviation_ratio"),
-    "alert_after": ("watch", "alert_after"),
+    "alert_after": ("watch", "alert_after"), "catch_up": ("watch", "catch_up"),
     "prune_tau": ("motion", "tau"), "prune_alpha": ("motion", "alpha"), "prune_rule": ("motion", "rule"),
     "motion_source": ("motion", "source"),
 }

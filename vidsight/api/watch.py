@@ -35,6 +35,10 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--alert-after", type=int, default=ALERT_AFTER,
                        help=f"consecutive Yes windows that raise an alert (default: {ALERT_AFTER})")
     watch.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
+    watch.add_argument("--every-window", dest="catch_up", action="store_false", default=None,
+                       help="judge every window of a live stream (or --realtime replay) however far the model "
+                            "falls behind; by default a watch a stride behind judges the newest window and "
+                            "passes over the ones before it")
     watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
                        help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -51,11 +55,12 @@ def verdict_records(verdict, query: str) -> list[dict]:
     return records
 
 
-def end_record(source) -> dict:
-    """A watch's last record: what its source (`StreamSource`) decoded and skipped as damaged, and how
-    its motion was judged."""
+def end_record(source, watcher) -> dict:
+    """A watch's last record: what its source (`StreamSource`) decoded and skipped as damaged, how
+    its motion was judged, and what its `Watcher` passed over to keep up with a live source."""
     return {"type": "end", "frames_decoded": source.frames_decoded, "damaged_packets": source.damaged_packets,
-            "codec": source.codec, "motion_source": source.motion_source}
+            "codec": source.codec, "motion_source": source.motion_source,
+            "windows_skipped": watcher.windows_skipped, "frames_dropped": watcher.frames_dropped}
 
 
 def run_watch(args) -> int:
@@ -70,14 +75,17 @@ def run_watch(args) -> int:
             if args.json:
                 print(json.dumps(record), flush=True)
             elif record["type"] == "window":
+                caught_up = f"  ({verdict.windows_skipped} skipped to keep up)" if verdict.windows_skipped else ""
                 print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) "
                       f"{verdict.p_yes:.2f}  tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused "
-                      f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens})", flush=True)
+                      f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens}){caught_up}", flush=True)
             else:
                 print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
     codec = f" of {source.codec}" if source.codec else ""
     motion = f"; {motion_note(source.motion_source)}" if source.motion_source else ""
     damaged = f"; {source.damaged_packets} damaged packets skipped" if source.damaged_packets else ""
-    print(json.dumps(end_record(source)) if args.json else
-          f"[{source.frames_decoded} frames{codec} decoded{damaged}{motion}]", flush=True)
+    behind = (f"; {watcher.windows_skipped} windows skipped and {watcher.frames_dropped} frames dropped to keep "
+              "up with the stream" if watcher.windows_skipped or watcher.frames_dropped else "")
+    print(json.dumps(end_record(source, watcher)) if args.json else
+          f"[{source.frames_decoded} frames{codec} decoded{damaged}{motion}{behind}]", flush=True)
     return 0

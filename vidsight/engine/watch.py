@@ -27,6 +27,7 @@ from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
 from vidsight.engine.window_kv import WindowKV
 from vidsight.errors import ConfigError
+from vidsight.ingest.queue import FrameQueue
 from vidsight.ingest.stream import SampledFrame, StreamSource, as_batch
 from vidsight.ingest.windows import WindowConfig, sliding_windows
 from vidsight.kv import VIDEO
@@ -53,6 +54,9 @@ class WatchConfig:
         reuse_in_place: With KV reuse, update the previous window's cache where it lies (CodecSight:
             drop what left the window, re-rotate the kept keys, refresh, append); False copies the
             reused KV into a new cache per window (vidsight's first implementation, for comparison).
+        catch_up: A watch of a live source that falls a stride behind judges the newest complete
+            window and passes over the ones before it (`Watcher.watch`); False judges every window,
+            the source waiting for the model (a network stream's server may then drop it).
     """
 
     windows: WindowConfig = WindowConfig()
@@ -61,6 +65,7 @@ class WatchConfig:
     alert_after: int = ALERT_AFTER
     prune: MotionPruneConfig | None = None
     reuse_in_place: bool = True
+    catch_up: bool = True
 
     def __post_init__(self):
         if self.refresh not in REFRESH_MODES:
@@ -104,6 +109,8 @@ class WindowVerdict:
     stages_s: dict[str, float]
     carry_s: float               # of prefill: the previous window's cache carried into this one
     logits: torch.Tensor = dataclasses.field(repr=False)
+    lag_s: float = 0.0           # from the window's last frame arriving (`SampledFrame.received`) to its verdict
+    windows_skipped: int = 0     # live: windows passed over just before this one to keep up
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -154,10 +161,19 @@ class Watcher:
         self._masker = MotionMasker() if config.prune else None
         self._masks: dict[int, torch.Tensor] = {}  # sample number -> kept patches
         self.latest: SampledFrame | None = None     # the last frame of the last window judged
+        self.windows_skipped = 0   # live: windows passed over to keep up (`watch`)
+        self._backlog: FrameQueue | None = None   # live: the frames read ahead of the model
 
     def watch(self, source: StreamSource, first_window: int = 0, streak: int = 0,
               run: Callable[[Stepped[WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
         """Judge every window of ``source``, in order; ``alert`` marks the alerting windows.
+
+        A live source (a network stream, a file replayed in real time) cannot wait for the model:
+        with `WatchConfig.catch_up` it is read in a thread as it comes, and while a window is judged
+        the frames of the windows after it pile up. The watch then judges the newest complete window
+        and passes over the ones before it (`windows_skipped`; their motion is still followed), so
+        its verdicts stay about now; a backlog past a window and a stride drops the oldest frames
+        (`frames_dropped`). A file is judged window by window, however long that takes.
 
         Args:
             source: The stream, opened with `WatchConfig.open`.
@@ -183,20 +199,38 @@ class Watcher:
         return self._verdicts(source, first_window, streak, run or (lambda steps: drive(steps, self.adapter)))
 
     def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:
-        frames = iter(source)
-        clock_start = time.perf_counter()
-        for number, window in enumerate(sliding_windows(frames, self.config.windows)):
-            if number < first_window:
-                self._pass(window, number, rebuild=number == first_window - 1)
-                clock_start = time.perf_counter()
-                continue
-            waited = time.perf_counter() - clock_start
-            verdict = run(self.judging(window, number))
-            verdict.stages_s["decode"] = waited
-            streak = streak + 1 if verdict.yes else 0
-            verdict.alert = streak == self.config.alert_after
-            yield verdict
+        windows = self.config.windows
+        backlog = self._backlog = FrameQueue(
+            source, capacity=windows.window_frames + windows.stride_frames, drop_oldest=True,
+            after_gap=_after_gap) if self.config.catch_up and (source.network or source.realtime) else None
+        skipped = 0
+        try:
             clock_start = time.perf_counter()
+            for number, window in enumerate(sliding_windows(iter(source if backlog is None else backlog), windows)):
+                if number < first_window or (backlog is not None and len(backlog) >= windows.stride_frames):
+                    # Resuming, or live and a later window is complete already.
+                    self._pass(window, number, rebuild=number == first_window - 1)
+                    if number >= first_window:
+                        skipped += 1
+                        self.windows_skipped += 1
+                    clock_start = time.perf_counter()
+                    continue
+                waited = time.perf_counter() - clock_start
+                verdict = run(self.judging(window, number))
+                verdict.stages_s["decode"] = waited
+                verdict.lag_s, verdict.windows_skipped, skipped = time.monotonic() - window[-1].received, skipped, 0
+                streak = streak + 1 if verdict.yes else 0
+                verdict.alert = streak == self.config.alert_after
+                yield verdict
+                clock_start = time.perf_counter()
+        finally:
+            if backlog is not None:
+                backlog.close()
+
+    @property
+    def frames_dropped(self) -> int:
+        """Live: sampled frames dropped unseen, the model having fallen a window and a stride behind."""
+        return 0 if self._backlog is None else self._backlog.dropped
 
     def judge(self, frames: list[SampledFrame], number: int = 0) -> WindowVerdict:
         """The verdict on one window of sampled frames (reusing the previous window's KV when allowed)."""
@@ -224,6 +258,7 @@ class Watcher:
                              refreshed_tokens=len(refreshed), refreshed_frames=refreshed_frames,
                              stages_s=dict(clock.stats.stages_s), carry_s=clock.stats.carry_s, logits=logits)
 
+    @torch.inference_mode()   # as `_begin`: the motion masks accumulate in one mode
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
         """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the
         cache the next window reuses."""
@@ -291,6 +326,12 @@ class Watcher:
         reused = int((prompt.rows.kind[video_start:done] == VIDEO).sum()) if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, prompt.kept_tokens
+
+def _after_gap(frame: SampledFrame) -> SampledFrame:
+    """A frame whose predecessors were dropped: what moved since the last frame seen is unknown,
+    so it is kept whole and the motion rule starts over from it."""
+    return dataclasses.replace(frame, codec=None)
+
 
 def _nearest_strides(windows, temporal_patch: int) -> str:
     """The workable stride fractions nearest the requested one, as advice for an error message."""

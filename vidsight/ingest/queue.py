@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from vidsight.errors import ConfigError
@@ -27,12 +27,15 @@ class FrameQueue(Generic[T]):
         capacity: Most items held.
         drop_oldest: When full, drop the oldest item and count it in ``dropped`` (live sources);
             otherwise the reader waits (files).
+        after_gap: Applied to the item that follows a dropped one (a frame whose motion was judged
+            against a frame the consumer never sees).
     """
 
-    def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY, drop_oldest: bool = False):
+    def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY, drop_oldest: bool = False,
+                 after_gap: Callable[[T], T] | None = None):
         if capacity < 1:
             raise ConfigError(f"queue capacity must be positive, got {capacity}")
-        self.capacity, self.drop_oldest = capacity, drop_oldest
+        self.capacity, self.drop_oldest, self.after_gap = capacity, drop_oldest, after_gap
         self.dropped = 0
         self._items: deque[T] = deque()
         self._ready = threading.Condition()
@@ -52,6 +55,11 @@ class FrameQueue(Generic[T]):
                     if len(self._items) >= self.capacity:
                         self._items.popleft()
                         self.dropped += 1
+                        if self.after_gap is not None:
+                            if self._items:
+                                self._items[0] = self.after_gap(self._items[0])
+                            else:
+                                item = self.after_gap(item)
                     self._items.append(item)
                     self._ready.notify_all()
         except BaseException as exc:  # handed to the consumer, who raises it

@@ -59,8 +59,11 @@ class SampledFrame:
     frame_index: int      # decoded-frame number in the stream
     pts_s: float
     rgb: torch.Tensor     # (H, W, 3) uint8
-    codec: CodecInfo      # type, GOP; motion (max), intra and dynamic blocks (union) since the last sample
+    # Type, GOP; motion (max), intra and dynamic blocks (union) since the last sample. None when the
+    # samples before it were dropped (`FrameQueue`): what changed since the last one seen is unknown.
+    codec: CodecInfo | None
     gop_start: bool = False  # the first sampled frame at or after a keyframe (the I-frame itself when sampled)
+    received: float = 0.0    # time.monotonic() when it arrived (`StreamSource._arrival`)
 
 
 class StreamSource:
@@ -108,6 +111,7 @@ class StreamSource:
         self.frames_decoded = 0   # every decoded frame, counted once
         self.damaged_packets = 0  # packets the decoder rejected, skipped (`_frames`)
         self._last_frame_at: float | None = None   # when the last frame was decoded (`time.monotonic`)
+        self._paced_at: float | None = None   # realtime: when a frame is due (`time.monotonic`), less its time
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -146,7 +150,7 @@ class StreamSource:
                     rgb = torch.from_numpy(upright(self._rgb(frame, stored_size(*shown, turns)), turns))
                     signals, keyframe = since.take()
                     yield SampledFrame(sampled, index, pts_s, rgb, upright_codec(CodecInfo(kind, gop, *signals), turns),
-                                       keyframe)
+                                       keyframe, self._arrival(pts_s))
                     sampled += 1
                 if not self._grew(size):
                     if self.frames_decoded == 0:
@@ -255,7 +259,7 @@ class StreamSource:
             self.codec, self.pixel_aspect = codec_name(stream), pixel_aspect(stream, self.source)
             self.intra_only = bool(stream.codec_context.codec.intra_only)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
-            start, gop, began = None, -1, time.perf_counter()
+            start, gop, began = None, -1, time.monotonic()
             clock = _FrameClock(stream, self.source)
             position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
             # FFmpeg times an RTSP stream from its connection's first packet, so a live camera's
@@ -279,8 +283,14 @@ class StreamSource:
                 self._last_frame_at = time.monotonic()
                 start = pts_s if start is None else start
                 if self.realtime:
-                    time.sleep(max(0.0, (pts_s - start) - (time.perf_counter() - began)))
+                    self._paced_at = began - start
+                    time.sleep(max(0.0, pts_s + self._paced_at - time.monotonic()))
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
+
+    def _arrival(self, pts_s: float) -> float:
+        """When the frame at ``pts_s`` reached vidsight (`time.monotonic`): a real-time replay's when
+        it was due, as a camera delivers it however late it is read; any other's when decoded."""
+        return pts_s + self._paced_at if self.realtime and self._paced_at is not None else time.monotonic()
 
     def _timed_on(self, last_s: float, first_s: float) -> float:
         """The shift that times a reconnected live stream whose first frame is at ``first_s`` after

@@ -35,3 +35,13 @@ def test_an_unknown_motion_rule_is_refused():
 def test_a_misspelt_setting_is_refused():
     with pytest.raises(RequestError, match="unknown video settings: prune_ta"):
         request(prune_ta=0.25).ask_options()
+
+
+@pytest.mark.parametrize("body,flags,catch_up", [({}, [], True), ({"catch_up": False}, ["--every-window"], False)])
+def test_a_watch_body_and_the_watch_flags_give_the_same_config(body, flags, catch_up):
+    from vidsight.api.serve.watch_routes import WatchRequest
+    from vidsight.api.settings import watch_config
+
+    served = watch_config(WatchRequest(source="cam", query="q", **body).model_dump())
+    assert served == watch_config(vars(build_parser().parse_args(["watch", "cam", "--query", "q", *flags])))
+    assert served.catch_up is catch_up

@@ -28,7 +28,7 @@ def read_events(url: str, watch_id: str, last: int | None = None) -> list[dict]:
 
 
 def without_timing(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "stages_s"}
+    return {k: v for k, v in record.items() if k not in ("stages_s", "lag_s")}
 
 
 def cli_lines(capsys, source, tiny_model_dir) -> list[dict]:

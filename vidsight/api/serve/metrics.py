@@ -44,6 +44,8 @@ class Metrics:
                                             "reused.").labels(**label)
         self.frames_decoded = counter("frames_decoded", "Video frames sampled and decoded.").labels(**label)
         self.windows_judged = counter("windows_judged", "Watch windows judged.").labels(**label)
+        self.windows_skipped = counter("windows_skipped", "Windows of live watches passed over to keep up "
+                                       "with their streams.").labels(**label)
         self.alerts = counter("alerts", "Watch alerts raised.").labels(**label)
         self.requests = counter("requests", "Finished requests by outcome.", ["finished_reason"])
         self.kv_bytes = Gauge("vidsight:kv_cache_bytes", "KV cache bytes per tier, chat sessions summed.",

@@ -37,6 +37,7 @@ class WatchRequest(BaseModel):
     prune_rule: str | None = None
     motion_source: str | None = None
     alert_after: int = Field(default=2, ge=1)
+    catch_up: bool | None = None            # None: the config's default (a live watch keeps up)
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
     realtime: bool = False
 

@@ -157,7 +157,7 @@ class WatchManager:
                     break
             else:
                 self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
-                self.store.append(watch_id, "end", None, end_record(source))
+                self.store.append(watch_id, "end", None, end_record(source, watcher))
                 self.store.set_state(watch_id, DONE)
         except VidsightError as exc:
             if stop.is_set():   # the server shut down while the window waited for the model
@@ -179,6 +179,7 @@ class WatchManager:
     def _record(self, watch_id: str, spec: dict, verdict) -> None:
         metrics = self.metrics
         metrics.windows_judged.inc()
+        metrics.windows_skipped.inc(verdict.windows_skipped)
         metrics.visual_tokens.inc(verdict.visual_tokens)
         metrics.visual_tokens_pruned.inc(verdict.visual_tokens - verdict.kept_tokens)
         metrics.visual_tokens_reused.inc(verdict.reused_tokens)
