@@ -207,18 +207,20 @@ class Watcher:
         try:
             clock_start = time.perf_counter()
             for number, window in enumerate(sliding_windows(iter(source if backlog is None else backlog), windows)):
-                if number < first_window or (backlog is not None and len(backlog) >= windows.stride_frames):
-                    # Resuming, or live and a later window is complete already.
+                resuming = number < first_window
+                # Live, with a stride's frames waiting: the next window is complete already.
+                behind = backlog is not None and len(backlog) >= windows.stride_frames
+                if resuming or behind:
                     self._pass(window, number, rebuild=number == first_window - 1)
-                    if number >= first_window:
-                        skipped += 1
-                        self.windows_skipped += 1
+                    skipped += not resuming
+                    self.windows_skipped += not resuming
                     clock_start = time.perf_counter()
                     continue
                 waited = time.perf_counter() - clock_start
                 verdict = run(self.judging(window, number))
                 verdict.stages_s["decode"] = waited
-                verdict.lag_s, verdict.windows_skipped, skipped = time.monotonic() - window[-1].received, skipped, 0
+                verdict.lag_s = time.monotonic() - window[-1].received
+                verdict.windows_skipped, skipped = skipped, 0
                 streak = streak + 1 if verdict.yes else 0
                 verdict.alert = streak == self.config.alert_after
                 yield verdict
@@ -260,8 +262,8 @@ class Watcher:
 
     @torch.inference_mode()   # as `_begin`: the motion masks accumulate in one mode
     def _pass(self, frames: list[SampledFrame], number: int, rebuild: bool) -> None:
-        """Follow a window that is not judged (resuming): its motion masks, and with KV reuse the
-        cache the next window reuses."""
+        """Follow a window that is not judged (resuming, or passed over to keep up): its motion
+        masks, and when ``rebuild`` (with KV reuse) the cache the next window reuses."""
         if rebuild and self._kv.policy.reuses:
             self.judge(frames, number)
         elif self._masker is not None:
@@ -326,6 +328,7 @@ class Watcher:
         reused = int((prompt.rows.kind[video_start:done] == VIDEO).sum()) if patches else 0
         self._kv.remember(cache, window.samples, window.gop_starts, reused, new_embeds, video_start, window.patch_tokens)
         return logits, reused, window.refreshed, window.visual_tokens, prompt.kept_tokens
+
 
 def _after_gap(frame: SampledFrame) -> SampledFrame:
     """A frame whose predecessors were dropped: what moved since the last frame seen is unknown,
