@@ -309,13 +309,13 @@ LIVE_WINDOWS = WindowConfig(window_s=2.0, stride_fraction=0.25, fps=2.0)  # 4 fr
 @pytest.mark.parametrize("refresh,tau,tolerance", [("full-comp", 0.25, 0.0), ("anchors", 0.25, 1e-3)])
 def test_a_live_watch_behind_its_stream_judges_the_newest_window_as_an_uninterrupted_watch_does(
         tiny_adapter, make_test_video, refresh, tau, tolerance):
-    """The model is slower than the camera: while window 0 is judged the whole 5-s stream arrives, so
+    """The model is slower than the camera: while window 0 is judged the whole 2.5-s stream arrives, so
     window 1 is passed over and window 2 (the newest) judged, with the motion of window 1's frames
     followed: its verdict is the one a watch judging every window gives it."""
     from vidsight.vision.motion import MotionPruneConfig
 
-    path = make_test_video(width=224, height=168, duration_s=5.0, fps=8, gop=16, bframes=False, seed=5)[0]
-    windows = WindowConfig(window_s=3.0, stride_fraction=1 / 3, fps=2.0)  # 6 frames, stride 2 (a temporal patch)
+    path = make_test_video(width=224, height=168, duration_s=2.5, fps=8, gop=8, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=1.5, stride_fraction=1 / 3, fps=4.0)  # 6 frames, stride 2 (a temporal patch)
     config = WatchConfig(windows, refresh=refresh, prune=MotionPruneConfig(tau=tau))
     every = list(Watcher(tiny_adapter, QUERY, config).watch(config.open(path)))
     camera = _Camera(path, fps=windows.fps, motion=config.prune)
@@ -338,8 +338,8 @@ def test_a_live_watch_a_window_and_a_stride_behind_drops_the_oldest_frames(tiny_
     every window judges it."""
     from vidsight.vision.motion import MotionPruneConfig
 
-    path = make_test_video(width=224, height=168, duration_s=3.0, fps=8, gop=40, bframes=False, seed=5)[0]
-    windows = WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0)  # 2 frames, stride 1
+    path = make_test_video(width=224, height=168, duration_s=1.5, fps=8, gop=40, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=0.5, stride_fraction=0.5, fps=4.0)  # 2 frames, stride 1
     every = list(Watcher(tiny_adapter, QUERY, WatchConfig(windows)).watch(StreamSource(path, windows.fps)))
 
     def watch_live(config):
@@ -368,8 +368,8 @@ def test_a_live_watch_a_window_and_a_stride_behind_drops_the_oldest_frames(tiny_
 
 
 def test_a_live_watch_told_to_judge_every_window_waits_for_the_model(tiny_adapter, make_test_video):
-    path = make_test_video(width=224, height=168, duration_s=3.0, fps=8, gop=40, bframes=False, seed=5)[0]
-    windows = WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0)
+    path = make_test_video(width=224, height=168, duration_s=1.5, fps=8, gop=40, bframes=False, seed=5)[0]
+    windows = WindowConfig(window_s=0.5, stride_fraction=0.5, fps=4.0)
     every = list(Watcher(tiny_adapter, QUERY, WatchConfig(windows)).watch(StreamSource(path, windows.fps)))
     camera = _Camera(path, fps=windows.fps)
     watcher = Watcher(tiny_adapter, QUERY, WatchConfig(windows, catch_up=False))
