@@ -132,6 +132,8 @@ def test_alerts_reach_the_webhook_and_metrics_move(make_local_server, media, mon
     windows = sum(e["event"] == "window" for e in events)
     assert len(alerts) == 1 and windows >= 1   # a run of Yes windows alerts once
     assert after["vidsight:windows_judged_total"] - before["vidsight:windows_judged_total"] == windows
+    assert after["vidsight:watch_lag_seconds_count"] - before["vidsight:watch_lag_seconds_count"] == windows
+    assert after["vidsight:windows_skipped_total"] == before["vidsight:windows_skipped_total"]   # a file
     assert after["vidsight:frames_decoded_total"] > before["vidsight:frames_decoded_total"]
     assert after["vidsight:alerts_total"] - before["vidsight:alerts_total"] == len(alerts)
     assert sorted(a["window"] for a in received) == [a["window"] for a in alerts]

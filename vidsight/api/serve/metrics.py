@@ -25,6 +25,7 @@ class Metrics:
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to the first answer token.")
         self.e2e_latency = histogram("e2e_request_latency_seconds", "Whole request latency.")
         self.queue_time = histogram("request_queue_time_seconds", "Time model work waited for the model.")
+        self.watch_lag = histogram("watch_lag_seconds", "From a watch window's last frame arriving to its verdict.")
         self.vision_batch_size = Histogram("vidsight:vision_batch_size", "Watch windows encoded in one vision call.",
                                            ["model_name"], buckets=(1, 2, 3, 4, 6, 8, 16),
                                            registry=registry).labels(**label)

@@ -180,6 +180,7 @@ class WatchManager:
         metrics = self.metrics
         metrics.windows_judged.inc()
         metrics.windows_skipped.inc(verdict.windows_skipped)
+        metrics.watch_lag.observe(verdict.lag_s)
         metrics.visual_tokens.inc(verdict.visual_tokens)
         metrics.visual_tokens_pruned.inc(verdict.visual_tokens - verdict.kept_tokens)
         metrics.visual_tokens_reused.inc(verdict.reused_tokens)
