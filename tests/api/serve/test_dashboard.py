@@ -67,6 +67,9 @@ def test_a_watch_added_on_the_page_shows_verdicts_and_alerts(make_local_server, 
         assert drawn == len(windows)
         assert len(alerts) == sum(e["event"] == "alert" for e in stored) >= 2
         assert all(a.startswith("ALERT") and QUERY in a for a in alerts)
+        last = windows[-1]["data"]
+        lag = browser.find_element(By.CSS_SELECTOR, ".watch-box .lag").text
+        assert lag.startswith(f"latest window {last['start_s']:.1f}–{last['end_s']:.1f} s, judged ") and "skipped" not in lag
         wait.until(lambda b: b.execute_script("return document.querySelector('.watch-box img').naturalWidth") > 0)
         if os.environ.get("VIDSIGHT_DASHBOARD_SHOT"):
             browser.save_screenshot(os.environ["VIDSIGHT_DASHBOARD_SHOT"])
