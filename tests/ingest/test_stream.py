@@ -336,6 +336,34 @@ def test_timestamps_that_go_back_in_a_file_or_a_network_stream_are_timed_on(tmp_
     assert caplog.text.count("timestamps go back") == 2
 
 
+def test_a_live_stream_reconnected_after_its_clock_went_back_goes_on_from_where_it_was(tmp_path, monkeypatch,
+                                                                                       caplog):
+    """A live HTTP stream's timestamps went back (an HLS discontinuity, an encoder restarted) and were
+    timed on; then the connection dropped. The next connection sends timestamps of the same clock
+    as those after the jump, some frames again: they are timed on by the same shift (the repeated
+    ones skipped), not taken for frames from before the jump and skipped until time caught up."""
+    spec = SyntheticSpec(width=160, height=120, fps=8, duration_s=6.0, seed=3)
+    write_part(tmp_path / "a.ts", spec, 0, 16)
+    write_part(tmp_path / "b.ts", spec, 0, 16)    # its clock starts over at 0
+    write_part(tmp_path / "c.ts", spec, 4, 32)    # b's clock: its frames 4-15 again, then 16-31
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes((tmp_path / "a.ts").read_bytes() + (tmp_path / "b.ts").read_bytes())
+    alone = list(StreamSource(tmp_path / "c.ts", fps=8.0))
+    real_open, connections = av.open, [(joined, 26), (tmp_path / "c.ts", None)]   # the first dies in b
+
+    def reconnecting_open(url, mode="r", timeout=None, options=None, **kwargs):
+        path, drop_at = connections.pop(0)
+        return _Dropping(real_open(str(path), mode), drop_at, live=True)
+
+    monkeypatch.setattr("vidsight.ingest.stream.av.open", reconnecting_open)
+    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    with caplog.at_level("WARNING", logger="vidsight.ingest.stream"):
+        frames = list(StreamSource("http://camera.invalid/live.m3u8", fps=8.0))
+    assert not connections and "timestamps go back" in caplog.text and "stream dropped" in caplog.text
+    assert [f.pts_s for f in frames] == pytest.approx([k / 8 for k in range(48)])
+    assert all(torch.equal(f.rgb, c.rgb) for f, c in zip(frames[-16:], alone[-16:]))
+
+
 def test_a_live_source_refuses_a_stream_ffmpeg_cannot_decode_naming_it(tmp_path, monkeypatch):
     """What `bench fuzz` found once it ran `watch`: a damaged MPEG-PS whose video stream FFmpeg
     cannot decode (PyAV gives it no codec context) ended in an AttributeError; the live source now

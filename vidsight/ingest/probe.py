@@ -202,18 +202,19 @@ class Continuation:
 
     Attributes:
         jumps: Jumps continued so far.
+        shift: What every value is moved by now (from ``shift``, the one it starts with).
     """
 
-    def __init__(self, jump: float, step: float):
+    def __init__(self, jump: float, step: float, shift: float = 0):
         self.jump, self.step, self.jumps = jump, step, 0
-        self._shift, self._latest = 0, None
+        self.shift, self._latest = shift, None
         self._recent: collections.deque = collections.deque(maxlen=REORDER_DEPTH)
 
     def __call__(self, value: float) -> float:
-        value += self._shift
+        value += self.shift
         if self._latest is not None and value < self._latest - self.jump and value <= min(self._recent):
             gap = self._latest + self.step - value
-            self._shift, value, self.jumps = self._shift + gap, value + gap, self.jumps + 1
+            self.shift, value, self.jumps = self.shift + gap, value + gap, self.jumps + 1
         self._latest = value if self._latest is None else max(self._latest, value)
         self._recent.append(value)
         return value

@@ -112,6 +112,7 @@ class StreamSource:
         self.damaged_packets = 0  # packets the decoder rejected, skipped (`_frames`)
         self._last_frame_at: float | None = None   # when the last frame was decoded (`time.monotonic`)
         self._paced_at: float | None = None   # realtime: when a frame is due (`time.monotonic`), less its time
+        self._carried_shift = 0.0   # a live stream's jumps back continued so far, for its next connection
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -260,16 +261,22 @@ class StreamSource:
             self.intra_only = bool(stream.codec_context.codec.intra_only)
             configure_decoder(stream, self.motion_source == "codec", "AUTO")
             start, gop, began = None, -1, time.monotonic()
-            clock = _FrameClock(stream, self.source)
             position, in_groups = itertools.count(), grouped(self.intra_only, self.motion_source)
             # FFmpeg times an RTSP stream from its connection's first packet, so a live camera's
             # clock starts over at each reconnection: its frames would all lie before the last one
             # seen and be skipped for as long as the stream had run. They go on from there instead.
             # (One with a duration is a recording served from its start again: seen frames are skipped.)
-            clock_restarts, shift = self.source.startswith("rtsp://") and container.duration is None, None
+            live = self.network and container.duration is None
+            clock_restarts, shift = live and self.source.startswith("rtsp://"), None
+            # Another live stream (HLS, MPEG-TS over HTTP or UDP) resumes with the timestamps it
+            # sends: a jump back the last connection continued (an HLS discontinuity) still stands.
+            carries = live and not clock_restarts
+            clock = _FrameClock(stream, self.source, self._carried_shift if carries else 0.0)
             for frame in self._frames(container, stream):
                 pts_s = clock.time_of(frame)
                 self.frame_rate = clock.rate
+                if carries:
+                    self._carried_shift = clock.shift
                 if pts_s is None:
                     continue
                 if clock_restarts:
@@ -331,18 +338,24 @@ class _FrameClock:
     that goes back over `BACKWARD_JUMP_S` (MPEG-TS parts joined, an encoder or a camera's clock
     restarted, an HLS discontinuity) by the probe's `Continuation`, as FFmpeg's tools continue it.
     One clock times one connection: a network stream's next one resumes after the last time seen
-    (a live RTSP stream's, which start over, shifted by `StreamSource._timed_on`).
+    (a live RTSP stream's, which start over, shifted by `StreamSource._timed_on`; another live
+    stream's continued by the shift its last connection ended with).
 
     Attributes:
         rate: The stream's frame rate (its declared one; for one timed by order, that order's).
     """
 
-    def __init__(self, stream: av.video.stream.VideoStream, source: str):
+    def __init__(self, stream: av.video.stream.VideoStream, source: str, shift: float = 0.0):
         self._stream, self._source = stream, source
         self.by_order: bool | None = None
         self.rate = declared_fps(stream)
         self._order = itertools.count()
-        self._continued = Continuation(BACKWARD_JUMP_S, 1 / nominal_fps(stream))
+        self._continued = Continuation(BACKWARD_JUMP_S, 1 / nominal_fps(stream), shift)
+
+    @property
+    def shift(self) -> float:
+        """Seconds the frames' timestamps are moved by (jumps back continued)."""
+        return self._continued.shift
 
     def time_of(self, frame: av.VideoFrame) -> float | None:
         """``frame``'s time in seconds; None for a frame without a timestamp in a stream that has them."""
