@@ -75,10 +75,11 @@ def run_watch(args) -> int:
             if args.json:
                 print(json.dumps(record), flush=True)
             elif record["type"] == "window":
-                caught_up = f"  ({verdict.windows_skipped} skipped to keep up)" if verdict.windows_skipped else ""
+                lag = f"  lag {verdict.lag_s:.1f} s" if source.network or source.realtime else ""
+                caught_up = f" ({verdict.windows_skipped} windows skipped to keep up)" if verdict.windows_skipped else ""
                 print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) "
                       f"{verdict.p_yes:.2f}  tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused "
-                      f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens}){caught_up}", flush=True)
+                      f"{verdict.reused_tokens}, refreshed {verdict.refreshed_tokens}){lag}{caught_up}", flush=True)
             else:
                 print(f"ALERT at {verdict.end_s:.1f} s: {args.query}", flush=True)
     codec = f" of {source.codec}" if source.codec else ""
