@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vidsight.bench.damage import DAMAGE, make_case, make_sources
-from vidsight.bench.fuzz import MEMORY_LIMIT_BYTES, pipeable, run_fuzz, summarise
+from vidsight.bench.fuzz import COMMANDS, MEMORY_LIMIT_BYTES, pipeable, run_fuzz, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,9 @@ def fuzz_root(tmp_path_factory):
 
 
 def test_a_fixed_seed_sample_exits_0_or_2_naming_the_input(fuzz_root, tiny_model_dir):
-    outcomes = run_fuzz(48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120)
+    # (A replay in real time takes each input's length: a smaller sample of its own, below.)
+    outcomes = run_fuzz(48, seed=20261123, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120,
+                        commands=tuple(c for c in COMMANDS if c != "watch-live"))
     report = summarise(outcomes)
     files = sum(o.command == "probe" and pipeable(o.case.path) for o in outcomes)
     # probe, ask and watch each input, and watch each file piped in
@@ -27,6 +29,14 @@ def test_a_fixed_seed_sample_exits_0_or_2_naming_the_input(fuzz_root, tiny_model
     assert {o.command for o in outcomes} == {"probe", "ask", "watch", "watch-stdin"}
     kinds = collections.Counter(o.case.kind for o in outcomes)
     assert len(kinds) >= 8  # the sample covers many kinds of damage, not one
+    assert report["verdicts"].get("exit 0", 0) > 0 and report["verdicts"].get("exit 2", 0) > 0
+
+
+def test_a_watch_replaying_damaged_inputs_in_real_time_exits_0_or_2(fuzz_root, tiny_model_dir):
+    outcomes = run_fuzz(10, seed=20261129, model=tiny_model_dir, root=fuzz_root, workers=2, time_limit_s=120,
+                        commands=("watch-live",))
+    report = summarise(outcomes)
+    assert report["runs"] == 10 and not report["failures"], report["failures"]
     assert report["verdicts"].get("exit 0", 0) > 0 and report["verdicts"].get("exit 2", 0) > 0
 
 

@@ -38,9 +38,10 @@ from vidsight.bench.damage import Case, make_case, make_sources
 TIME_LIMIT_S = 60.0
 MEMORY_LIMIT_BYTES = 2**30
 QUESTION = "What happens in the video?"
-# What each input goes through: the probe alone, `ask`'s decoders, `watch`'s live source, and the
-# live source reading the input's bytes from a pipe on standard input (a file's only).
-COMMANDS = ("probe", "ask", "watch", "watch-stdin")
+# What each input goes through: the probe alone, `ask`'s decoders, `watch`'s live source, the
+# live source reading the input's bytes from a pipe on standard input (a file's only), and the live
+# source replayed in real time, read in a thread while the watch keeps up (`--realtime`).
+COMMANDS = ("probe", "ask", "watch", "watch-stdin", "watch-live")
 STDIN_NAME = "<stdin>"   # what messages call standard input
 CLI_MAIN = "vidsight.api.cli:main"
 # What `ask` needs, imported by the process the children are forked from.
@@ -78,9 +79,9 @@ class Outcome:
 def command_line(command: str, path: str, model: str) -> list[str]:
     if command == "probe":
         return ["probe", path, "--json"]
-    if command in ("watch", "watch-stdin"):
+    if command.startswith("watch"):
         return ["watch", "-" if command == "watch-stdin" else path, "--query", QUESTION, "--model", model,
-                "--window", "1", "--json"]
+                "--window", "1", "--json", *(["--realtime"] if command == "watch-live" else [])]
     return ["ask", path, QUESTION, "--model", model, "--max-new-tokens", "4", "--fps", "4", "--json"]
 
 
