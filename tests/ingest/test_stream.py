@@ -168,6 +168,7 @@ def test_a_dropped_stream_reconnects_and_resumes_after_the_last_frame(make_test_
     assert len(opened) == 2
     assert [s.index for s in samples] == list(range(6))
     assert source.frames_decoded == 24  # 10 before the drop, 14 after: none twice
+    assert not source.live   # a recording served over the network: it has a duration
 
 
 def test_a_live_rtsp_camera_whose_clock_starts_over_when_it_reconnects_goes_on(make_test_video, monkeypatch,
@@ -185,6 +186,7 @@ def test_a_live_rtsp_camera_whose_clock_starts_over_when_it_reconnects_goes_on(m
     assert len(opened) == 2 and 6 <= before <= 10
     assert all(b > a for a, b in zip(times, times[1:])) and times[-1] > 3.0 and len(samples) >= 8
     assert sum("clock started over" in r.getMessage() for r in caplog.records) == 1
+    assert source.live
 
 
 def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
@@ -265,6 +267,25 @@ def test_failures_are_counted_in_a_row_and_a_frame_starts_the_count_again(make_t
     opened = _open_dropping(monkeypatch, path, lambda opens: opens * 6)   # each dies after 6 more packets
     source = StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=1)
     assert len(list(source)) == 6 and len(opened) == 4   # three drops, each after new frames: never two in a row
+
+
+def test_a_recording_served_over_http_is_watched_window_by_window_however_slow_the_model(hls_server,
+                                                                                          make_test_video,
+                                                                                          tiny_adapter):
+    """A network stream with a duration is a recording: read ahead only as far as the watch's
+    backlog holds, never dropped, every window judged (a live stream's watch would catch up)."""
+    from vidsight.engine.steps import drive
+    from vidsight.engine.watch import WatchConfig, Watcher
+    from vidsight.ingest.windows import WindowConfig
+
+    recording, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8, bframes=False, seed=6)
+    (hls_server.segment_file.parent / "recording.mp4").write_bytes(recording.read_bytes())
+    config = WatchConfig(WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0))   # 2 frames, stride 1
+    source = config.open(f"{hls_server.base}/recording.mp4")
+    watcher = Watcher(tiny_adapter, "Is there a red object? Answer Yes or No.", config)
+    verdicts = list(watcher.watch(source, run=lambda steps: time.sleep(0.3) or drive(steps, tiny_adapter)))
+    assert source.network and not source.live
+    assert [v.window for v in verdicts] == list(range(5)) and (watcher.windows_skipped, watcher.frames_dropped) == (0, 0)
 
 
 def test_a_stream_failing_longer_than_its_window_gives_up_whatever_the_count(monkeypatch):

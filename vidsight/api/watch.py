@@ -75,7 +75,7 @@ def run_watch(args) -> int:
             if args.json:
                 print(json.dumps(record), flush=True)
             elif record["type"] == "window":
-                lag = f"  lag {verdict.lag_s:.1f} s" if source.network or source.realtime else ""
+                lag = f"  lag {verdict.lag_s:.1f} s" if source.live else ""
                 caught_up = f" ({verdict.windows_skipped} windows skipped to keep up)" if verdict.windows_skipped else ""
                 print(f"[{verdict.start_s:8.1f}-{verdict.end_s:8.1f} s] {verdict.answer:<4} p(yes) "
                       f"{verdict.p_yes:.2f}  tokens {verdict.kept_tokens}/{verdict.visual_tokens} (reused "

@@ -168,12 +168,13 @@ class Watcher:
               run: Callable[[Stepped[WindowVerdict]], WindowVerdict] | None = None) -> Iterator[WindowVerdict]:
         """Judge every window of ``source``, in order; ``alert`` marks the alerting windows.
 
-        A live source (a network stream, a file replayed in real time) cannot wait for the model:
-        with `WatchConfig.catch_up` it is read in a thread as it comes, and while a window is judged
-        the frames of the windows after it pile up. The watch then judges the newest complete window
-        and passes over the ones before it (`windows_skipped`; their motion is still followed), so
-        its verdicts stay about now; a backlog past a window and a stride drops the oldest frames
-        (`frames_dropped`). A file is judged window by window, however long that takes.
+        A live source (`StreamSource.live`: a network stream without a duration, a file replayed in
+        real time) cannot wait for the model: with `WatchConfig.catch_up` it is read in a thread as
+        it comes, and while a window is judged the frames of the windows after it pile up. The
+        watch then judges the newest complete window and passes over the ones before it
+        (`windows_skipped`; their motion is still followed), so its verdicts stay about now; a
+        backlog past a window and a stride drops the oldest frames (`frames_dropped`). A file, or
+        a recording served over the network, is judged window by window, however long that takes.
 
         Args:
             source: The stream, opened with `WatchConfig.open`.
@@ -200,8 +201,9 @@ class Watcher:
 
     def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:
         windows = self.config.windows
+        # Any network stream may be live; whether it is (no duration) is known once it is open.
         backlog = self._backlog = FrameQueue(
-            source, capacity=windows.window_frames + windows.stride_frames, drop_oldest=True,
+            source, capacity=windows.window_frames + windows.stride_frames, drop_oldest=lambda: source.live,
             after_gap=_after_gap) if self.config.catch_up and (source.network or source.realtime) else None
         skipped = 0
         try:
@@ -209,7 +211,7 @@ class Watcher:
             for number, window in enumerate(sliding_windows(iter(source if backlog is None else backlog), windows)):
                 resuming = number < first_window
                 # Live, with a stride's frames waiting: the next window is complete already.
-                behind = backlog is not None and len(backlog) >= windows.stride_frames
+                behind = backlog is not None and source.live and len(backlog) >= windows.stride_frames
                 if resuming or behind:
                     self._pass(window, number, rebuild=number == first_window - 1)
                     skipped += not resuming

@@ -26,16 +26,18 @@ class FrameQueue(Generic[T]):
         frames: The source (e.g. a `StreamSource`); read once, in a daemon thread.
         capacity: Most items held.
         drop_oldest: When full, drop the oldest item and count it in ``dropped`` (live sources);
-            otherwise the reader waits (files).
+            otherwise the reader waits (files). A callable is asked each time the queue is full
+            (a source known to be live only once opened: `StreamSource.live`).
         after_gap: Applied to the item that follows a dropped one (a frame whose motion was judged
             against a frame the consumer never sees).
     """
 
-    def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY, drop_oldest: bool = False,
-                 after_gap: Callable[[T], T] | None = None):
+    def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY,
+                 drop_oldest: bool | Callable[[], bool] = False, after_gap: Callable[[T], T] | None = None):
         if capacity < 1:
             raise ConfigError(f"queue capacity must be positive, got {capacity}")
-        self.capacity, self.drop_oldest, self.after_gap = capacity, drop_oldest, after_gap
+        self.capacity, self.after_gap = capacity, after_gap
+        self._drops = drop_oldest if callable(drop_oldest) else lambda: drop_oldest
         self.dropped = 0
         self._items: deque[T] = deque()
         self._ready = threading.Condition()
@@ -48,7 +50,7 @@ class FrameQueue(Generic[T]):
         try:
             for item in frames:
                 with self._ready:
-                    while len(self._items) >= self.capacity and not self.drop_oldest and not self._stop:
+                    while len(self._items) >= self.capacity and not self._drops() and not self._stop:
                         self._ready.wait()
                     if self._stop:
                         return

@@ -113,6 +113,7 @@ class StreamSource:
         self._last_frame_at: float | None = None   # when the last frame was decoded (`time.monotonic`)
         self._paced_at: float | None = None   # realtime: when a frame is due (`time.monotonic`), less its time
         self._carried_shift = 0.0   # a live stream's jumps back continued so far, for its next connection
+        self._endless = False        # a network stream that declared no duration when opened
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -174,6 +175,13 @@ class StreamSource:
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
                 time.sleep(wait)
                 attempt += 1
+
+    @property
+    def live(self) -> bool:
+        """Whether frames come at the source's pace, not the reader's: a replay in real time, or a
+        network stream without a duration (a camera, a live HLS playlist; one with a duration is a
+        recording served over the network, read as fast as wanted). False until it is opened."""
+        return self.realtime or self._endless
 
     def _size(self) -> int:
         return 0 if self.network or self.pipe is not None else Path(self.source).stat().st_size
@@ -266,7 +274,7 @@ class StreamSource:
             # clock starts over at each reconnection: its frames would all lie before the last one
             # seen and be skipped for as long as the stream had run. They go on from there instead.
             # (One with a duration is a recording served from its start again: seen frames are skipped.)
-            live = self.network and container.duration is None
+            live = self._endless = self.network and container.duration is None
             clock_restarts, shift = live and self.source.startswith("rtsp://"), None
             # Another live stream (HLS, MPEG-TS over HTTP or UDP) resumes with the timestamps it
             # sends: a jump back the last connection continued (an HLS discontinuity) still stands.
