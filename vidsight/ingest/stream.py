@@ -304,7 +304,8 @@ class StreamSource:
 
     def _arrival(self, pts_s: float) -> float:
         """When the frame at ``pts_s`` reached vidsight (`time.monotonic`): a real-time replay's when
-        it was due, as a camera delivers it however late it is read; any other's when decoded."""
+        it was due, as a camera delivers it however late it is read; any other's when decoded (a
+        stream read only when its reader is free has waited in the network's buffers before)."""
         return pts_s + self._paced_at if self.realtime and self._paced_at is not None else time.monotonic()
 
     def _timed_on(self, last_s: float, first_s: float) -> float:
