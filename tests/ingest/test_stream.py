@@ -288,6 +288,31 @@ def test_a_recording_served_over_http_is_watched_window_by_window_however_slow_t
     assert [v.window for v in verdicts] == list(range(5)) and (watcher.windows_skipped, watcher.frames_dropped) == (0, 0)
 
 
+def test_a_resumed_watch_reads_a_recording_again_and_goes_on_from_now_in_an_endless_stream(hls_server,
+                                                                                           make_test_video,
+                                                                                           tiny_adapter, monkeypatch):
+    """The server resumes a watch after a restart: a recording served over HTTP is read again from
+    its start, its judged windows passed over; an endless stream cannot be, so it goes on from now,
+    its windows numbered after the stored ones (every network stream was taken for endless)."""
+    from vidsight.engine.watch import WatchConfig, Watcher
+    from vidsight.ingest.windows import WindowConfig
+
+    recording, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8, bframes=False, seed=6)
+    (hls_server.segment_file.parent / "recording.mp4").write_bytes(recording.read_bytes())
+    config = WatchConfig(WindowConfig(window_s=1.0, stride_fraction=0.5, fps=2.0), catch_up=False)
+    query = "Is there a red object? Answer Yes or No."
+    whole = list(Watcher(tiny_adapter, query, config).watch(config.open(recording)))
+    served = list(Watcher(tiny_adapter, query, config).watch(config.open(f"{hls_server.base}/recording.mp4"),
+                                                              first_window=3))
+    assert [v.window for v in whole] == list(range(5)) and [v.window for v in served] == [3, 4]
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(whole[3:], served, strict=True))
+    _open_dropping(monkeypatch, recording, lambda opens: None, live=True)
+    camera = config.open("http://camera.invalid/live")
+    resumed = list(Watcher(tiny_adapter, query, config).watch(camera, first_window=3))
+    assert camera.endless and [v.window for v in resumed] == [3, 4, 5, 6, 7]
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(whole, resumed, strict=True))
+
+
 def test_a_stream_failing_longer_than_its_window_gives_up_whatever_the_count(monkeypatch):
     clock = [0.0]
 

@@ -179,9 +179,11 @@ class Watcher:
         Args:
             source: The stream, opened with `WatchConfig.open`.
             first_window: Resume here: earlier windows are read but not judged (their motion
-                masks are still followed). At full-comp the verdicts equal an uninterrupted
-                watch's; with KV reuse the window before is judged unseen to rebuild the cache,
-                whose keys then lack the drift of the earlier chain (logits within about 1e-3).
+                masks are still followed); a `StreamSource.endless` stream, which cannot be read
+                again, goes on from now instead, its windows numbered from ``first_window``. At
+                full-comp the verdicts equal an uninterrupted watch's; with KV reuse the window
+                before is judged unseen to rebuild the cache, whose keys then lack the drift of
+                the earlier chain (logits within about 1e-3).
             streak: Yes windows in a row just before ``first_window`` (for the alert rule).
             run: Runs each window's stepped model work (`judging`) to its verdict, e.g. on a
                 server's scheduler beside other windows (default: here, with `steps.drive`).
@@ -205,10 +207,13 @@ class Watcher:
         backlog = self._backlog = FrameQueue(
             source, capacity=windows.window_frames + windows.stride_frames, drop_oldest=lambda: source.live,
             after_gap=_after_gap) if self.config.catch_up and (source.network or source.realtime) else None
-        skipped = 0
+        skipped, offset = 0, None
         try:
             clock_start = time.perf_counter()
-            for number, window in enumerate(sliding_windows(iter(source if backlog is None else backlog), windows)):
+            for index, window in enumerate(sliding_windows(iter(source if backlog is None else backlog), windows)):
+                if offset is None:   # the source is open now
+                    offset, first_window = (first_window, 0) if source.endless else (0, first_window)
+                number = offset + index
                 resuming = number < first_window
                 # Live, with a stride's frames waiting: the next window is complete already.
                 behind = backlog is not None and source.live and len(backlog) >= windows.stride_frames

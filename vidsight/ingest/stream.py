@@ -177,10 +177,16 @@ class StreamSource:
                 attempt += 1
 
     @property
+    def endless(self) -> bool:
+        """Whether this is a network stream that declared no duration (a camera, a live HLS
+        playlist), which cannot be read again from its start; one with a duration is a recording
+        served over the network. False until it is opened."""
+        return self._endless
+
+    @property
     def live(self) -> bool:
-        """Whether frames come at the source's pace, not the reader's: a replay in real time, or a
-        network stream without a duration (a camera, a live HLS playlist; one with a duration is a
-        recording served over the network, read as fast as wanted). False until it is opened."""
+        """Whether frames come at the source's pace, not the reader's: an `endless` stream, or a
+        replay in real time."""
         return self.realtime or self._endless
 
     def _size(self) -> int:

@@ -136,10 +136,9 @@ class WatchManager:
             source = config.open(url, realtime=spec.get("realtime", False), ffmpeg_options=options,
                                  reconnect_tries=self.serve_config.source_retries,
                                  reconnect_window_s=self.serve_config.source_retry_window_s)
+            # A file or a recording is read again from its start and its judged windows passed
+            # over; an endless stream goes on from now, its windows numbered after the stored ones.
             first, streak = self.store.resume_point(watch_id)
-            # A file is read again from its start and its judged windows passed over; a live
-            # source goes on from now, its windows numbered after the stored ones.
-            offset, first = (first, 0) if source.network else (0, first)
             watcher = Watcher(self.adapter, spec["query"], config)
             decoded = 0
             verdicts = watcher.watch(
@@ -148,7 +147,6 @@ class WatchManager:
             for verdict in verdicts:
                 if self.owner is not None and self.store.owner(watch_id) != self.owner:
                     return   # another replica took the watch over (this one was taken for dead)
-                verdict.window += offset
                 self._latest[watch_id] = watcher.latest.rgb
                 self._record(watch_id, spec, verdict)
                 self.metrics.frames_decoded.inc(source.frames_decoded - decoded)
