@@ -54,3 +54,19 @@ def test_the_readers_error_reaches_the_consumer():
         list(FrameQueue(broken()))
     with pytest.raises(ConfigError):
         FrameQueue([], capacity=0)
+
+
+def test_closing_stops_the_source_the_reader_waits_on():
+    stopped = threading.Event()
+
+    def camera():   # gives one frame, then waits until it is stopped (a stalled network read)
+        yield 0
+        stopped.wait(5)
+        yield 1
+
+    queue = FrameQueue(camera(), capacity=4, drop_oldest=True, stop_source=stopped.set)
+    assert next(iter(queue)) == 0
+    queue.close()
+    assert stopped.is_set()
+    queue._reader.join(5)
+    assert not queue._reader.is_alive()

@@ -502,3 +502,17 @@ def test_a_packet_the_decoder_rejects_is_skipped_and_counted(make_test_video, tm
     times = [f.pts_s for f in whole]
     assert [f.pts_s for f in kept] == times[:5] + times[6:]
     assert all(torch.equal(a.rgb, b.rgb) for a, b in zip(kept[:5], whole[:5]))
+
+
+def test_a_closed_stream_ends_at_its_next_frame_and_is_not_reopened(make_test_video, monkeypatch):
+    """A watch or a session stopped while its reader waits on a camera: the reader's source ends,
+    and a camera that drops then is not reconnected to on its behalf."""
+    path, _ = make_test_video(width=160, height=120, fps=8, duration_s=3.0, gop=8)
+    opened = _open_dropping(monkeypatch, path, lambda opens: 10, live=True)   # every connection dies after 10
+    source = StreamSource("rtsp://camera.invalid/live", fps=8.0)
+    frames = iter(source)
+    next(frames)
+    source.close()
+    assert list(frames) == [] and len(opened) == 1
+    going_on = iter(StreamSource("rtsp://camera.invalid/live", fps=8.0))
+    assert len([next(going_on) for _ in range(20)]) == 20 and len(opened) >= 3   # not closed: reopened after drops

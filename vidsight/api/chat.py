@@ -118,7 +118,7 @@ def _converse(args, session, source, scheduled, generation) -> int:
     from vidsight.ingest.queue import FrameQueue
 
     # Frames keep arriving while a question is answered: a live source drops the oldest queued ones.
-    frames = FrameQueue(source, drop_oldest=lambda: source.live)
+    frames = FrameQueue(source, drop_oldest=lambda: source.live, stop_source=source.close)
     typed = _stdin_questions() if scheduled is None else None
     typing_ended = False
     origin = None

@@ -203,10 +203,12 @@ class Watcher:
 
     def _verdicts(self, source: StreamSource, first_window: int, streak: int, run) -> Iterator[WindowVerdict]:
         windows = self.config.windows
+        backlog = None
         # Any network stream may be live; whether it is (no duration) is known once it is open.
-        backlog = self._backlog = FrameQueue(
-            source, capacity=windows.window_frames + windows.stride_frames, drop_oldest=lambda: source.live,
-            after_gap=_after_gap) if self.config.catch_up and (source.network or source.realtime) else None
+        if self.config.catch_up and (source.network or source.realtime):
+            backlog = FrameQueue(source, capacity=windows.window_frames + windows.stride_frames,
+                                 drop_oldest=lambda: source.live, after_gap=_after_gap, stop_source=source.close)
+        self._backlog = backlog
         skipped, offset = 0, None
         try:
             clock_start = time.perf_counter()

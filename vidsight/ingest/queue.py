@@ -30,13 +30,16 @@ class FrameQueue(Generic[T]):
             (a source known to be live only once opened: `StreamSource.live`).
         after_gap: Applied to the item that follows a dropped one (a frame whose motion was judged
             against a frame the consumer never sees).
+        stop_source: Called by `close`, to end a source the reader may be waiting on
+            (`StreamSource.close`).
     """
 
     def __init__(self, frames: Iterable[T], capacity: int = DEFAULT_CAPACITY,
-                 drop_oldest: bool | Callable[[], bool] = False, after_gap: Callable[[T], T] | None = None):
+                 drop_oldest: bool | Callable[[], bool] = False, after_gap: Callable[[T], T] | None = None,
+                 stop_source: Callable[[], None] | None = None):
         if capacity < 1:
             raise ConfigError(f"queue capacity must be positive, got {capacity}")
-        self.capacity, self.after_gap = capacity, after_gap
+        self.capacity, self.after_gap, self._stop_source = capacity, after_gap, stop_source
         self._drops = drop_oldest if callable(drop_oldest) else lambda: drop_oldest
         self.dropped = 0
         self._items: deque[T] = deque()
@@ -89,7 +92,10 @@ class FrameQueue(Generic[T]):
         return len(self._items)
 
     def close(self) -> None:
-        """Stop reading (a reader blocked inside the source ends with the process)."""
+        """Stop reading: the reader ends at the source's next item, or when ``stop_source`` ends
+        the source (one waiting inside a source that never gives another ends with the process)."""
+        if self._stop_source is not None:
+            self._stop_source()
         with self._ready:
             self._stop = True
             self._ready.notify_all()

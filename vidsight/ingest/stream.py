@@ -114,6 +114,7 @@ class StreamSource:
         self._paced_at: float | None = None   # realtime: when a frame is due (`time.monotonic`), less its time
         self._carried_shift = 0.0   # a live stream's jumps back continued so far, for its next connection
         self._endless = False        # a network stream that declared no duration when opened
+        self._closed = False         # `close`d: read no further, reconnect no more
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -138,6 +139,8 @@ class StreamSource:
             decoded_before = self.frames_decoded
             try:
                 for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after), since):
+                    if self._closed:
+                        return
                     attempt, failing_since = 0, None
                     since.add(kind, step)
                     resume_after = pts_s
@@ -165,6 +168,8 @@ class StreamSource:
                     continue
                 if isinstance(exc, VideoError):
                     raise
+                if self._closed:
+                    return
                 if isinstance(exc, av.error.InvalidDataError) and self.frames_decoded == decoded_before:
                     raise self._unreadable(exc) from exc
                 failing_since = time.monotonic() if failing_since is None else failing_since
@@ -175,6 +180,11 @@ class StreamSource:
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
                 time.sleep(wait)
                 attempt += 1
+
+    def close(self) -> None:
+        """Stop reading, from any thread: the frames end at the next one decoded, and a stream
+        that drops is not reopened (a watch or a session stopped while its reader waits on it)."""
+        self._closed = True
 
     @property
     def endless(self) -> bool:

@@ -68,7 +68,7 @@ class SessionManager:
                               reconnect_tries=self.serve_config.source_retries,
                               reconnect_window_s=self.serve_config.source_retry_window_s)
         chat = ChatSession(self.adapter, policy, config, tiers)
-        frames = FrameQueue(stream, drop_oldest=lambda: stream.live)
+        frames = FrameQueue(stream, drop_oldest=lambda: stream.live, stop_source=stream.close)
         session = _Session(self._prefix + uuid.uuid4().hex[:16], spec, chat, frames)
         with self._lock:
             self._sessions[session.id] = session
