@@ -19,5 +19,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.ingest": ("CodecInfo", "DecodeConfig", "FeedConfig", "FrameBatch", "MotionPruneConfig", "SamplingConfig",
                         "SyntheticSpec", "VideoInfo", "decode_frames", "decode_parallel", "make_video", "probe",
                         "sample_frames"),
-    "vidsight.models": ("load_model", "write_tiny_model"),
+    "vidsight.models": ("Conversation", "Message", "VIDEO_PART", "load_model", "write_tiny_model"),
 })

@@ -11,6 +11,7 @@ import pytest
 from vidsight.api.cli import main
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.ingest import SamplingConfig
+from vidsight.models.conversation import Conversation
 
 STAGES = {"decode", "preprocess", "vision", "prefill", "generate"}
 
@@ -50,6 +51,20 @@ def test_several_questions_prefill_the_video_once_and_answer_as_each_alone(make_
     for question, report in zip(questions, reports):
         alone = asker.ask(path, question, sampling=SamplingConfig(fps=2), generation=GenerationConfig(max_new_tokens=6))
         assert alone.answer == report["answer"]
+
+
+def test_a_system_message_goes_before_the_question(make_test_video, tiny_model_dir, capsys):
+    path, _ = make_test_video(duration_s=2.0)
+    question, system, generation = "What colour is the square?", "Answer in one word.", GenerationConfig(max_new_tokens=6)
+    code = main(["ask", str(path), question, "--system", system, "--model", str(tiny_model_dir), "--fps", "2",
+                 "--max-new-tokens", "6", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    asker = Asker(tiny_model_dir)
+    expected = asker.ask(path, Conversation.of(question, system), sampling=SamplingConfig(fps=2), generation=generation)
+    plain = asker.ask(path, question, sampling=SamplingConfig(fps=2), generation=generation)
+    assert report["answer"] == expected.answer
+    assert report["stats"]["prompt_tokens"] == expected.stats.prompt_tokens != plain.stats.prompt_tokens
 
 
 def test_probe_json(make_test_video, capsys):

@@ -5,6 +5,7 @@ import torch
 
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 from vidsight.vision import preprocess_video
 
 from tests.settings import (BF16_RELATIVE_TOLERANCE, DEVICE, DTYPE, assert_input_matters, assert_logits_close,
@@ -17,13 +18,13 @@ QUESTION = "What colour is the square?"
 NEW_TOKENS = 12
 
 
-def reference_inputs(adapter, path, sampling):
+def reference_inputs(adapter, path, sampling, question=QUESTION):
     """The inputs `ask` builds, in transformers' form: same frames, pixel values and prompt."""
     info = probe(path)
     indices = sample_frames(info, sampling)
     video = preprocess_video(decode_frames(path, indices, info=info).data, adapter.vision)
     tokens = video.pixel_values.shape[0] // adapter.vision.merge_size**2
-    ids = adapter.build_prompt(QUESTION, tokens).input_ids[None]
+    ids = adapter.build_prompt(question, tokens).input_ids[None]
     return on_device(dict(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
@@ -42,6 +43,11 @@ CASES = [
     ("odd frames, no B-frames, 176x144", dict(width=176, height=144, duration_s=1.5, bframes=False), 2.0),
     ("even frames, B-frames, 176x144", dict(width=176, height=144, duration_s=3.0, bframes=True, seed=2), 4.0),
 ]
+
+
+# A system message, an earlier question and its answer, and a follow-up question.
+CONVERSATION = Conversation((Message("system", ("Answer in one word.",)), Message("user", (VIDEO_PART, QUESTION)),
+                             Message("assistant", ("Red.",)), Message("user", ("And where is it at the end?",))))
 
 
 # The 7B's attention layout at a small width: head_dim 128, seven query heads per key/value head.
@@ -96,6 +102,22 @@ def test_first_token_logits_match_transformers(tiny_adapter, make_test_video):
     for video, question in ((path, "How many squares are there?"), (other, QUESTION)):
         assert_input_matters(reference, asker.prefill_logits(video, question, sampling=SamplingConfig(fps=2.0)),
                              error)
+
+
+def test_a_conversation_answers_as_transformers_generate_on_its_prompt(reference_adapter, make_test_video):
+    """A system message and earlier turns around the video (what a chat client sends): the greedy
+    answer is transformers' on the same templated prompt, and the turns reach the model."""
+    path, _ = make_test_video(**CASES[0][1])
+    sampling, generation = SamplingConfig(fps=CASES[0][2]), GenerationConfig(max_new_tokens=NEW_TOKENS)
+    result = Asker(reference_adapter).ask(path, CONVERSATION, sampling=sampling, generation=generation,
+                                          prefill=PrefillConfig(group_frames=2))
+    inputs, _ = reference_inputs(reference_adapter, path, sampling, CONVERSATION)
+    assert result.stats.prompt_tokens == inputs["input_ids"].shape[1]
+    out = reference_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                           output_logits=True, return_dict_in_generate=True)
+    assert_same_greedy_ids(result.token_ids, out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), out.logits)
+    plain = Asker(reference_adapter).prefill_logits(path, QUESTION, sampling=sampling)
+    assert_input_matters(out.logits[0][0], plain, 0.0)   # the turns around the video reach the model
 
 
 def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_adapter, make_test_video):

@@ -15,6 +15,7 @@ from vidsight.ingest import SamplingConfig
 from vidsight.ingest.dynamic import MotionPruneConfig
 from vidsight.kv.config import PruneConfig
 from vidsight.models import TASK_MODEL, load_model
+from vidsight.models.conversation import Conversation, Message
 
 from tests.settings import DEVICE, DTYPE, assert_same_answer
 from tests.variants import fast_first
@@ -82,6 +83,25 @@ def test_a_changed_file_or_setting_misses_and_the_same_bytes_under_another_name_
         assert cache.stats().misses == misses + 1 and stats.cached_tokens == 0
     _, _, stats = answer(asker, renamed, question)
     assert stats.cached_tokens > 0
+
+
+def test_a_follow_up_turn_continues_the_prefix_and_another_system_message_misses(task_adapter, make_test_video):
+    """A conversation's later turn (the first question, its answer, a second question) begins as
+    the first question's prompt did, so it continues the stored prefix; a system message of its
+    own changes the text before the video, so it prefills the video again. Each answers as
+    without the cache."""
+    path, _ = make_test_video(**VIDEO)
+    plain, cached = Asker(task_adapter), Asker(task_adapter, prefix_cache=PrefixCache(1 << 30))
+    first = Conversation.of(QUESTIONS[0])
+    follow_up = Conversation((*first.messages, Message("assistant", ("red",)), Message("user", (QUESTIONS[1],))))
+    for n, conversation in enumerate((first, follow_up, Conversation.of(QUESTIONS[0], "You watch a shop's camera."))):
+        ids, logits, stats = answer(cached, path, conversation)
+        ref_ids, ref_logits, ref_stats = answer(plain, path, conversation)
+        assert_same_answer(ids, logits, ref_ids, ref_logits)
+        assert stats.prompt_tokens == ref_stats.prompt_tokens
+        assert (stats.cached_tokens > 0) == (n == 1)
+    counted = cached.prefix_cache.stats()
+    assert (counted.hits, counted.misses, counted.entries) == (1, 2, 2)
 
 
 def round_robin(works, adapter):

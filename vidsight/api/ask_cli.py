@@ -21,6 +21,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("question", nargs="+",
                      help="the question, in quotes; several are answered in turn, the video decoded and "
                           "prefilled once (each later question continues its KV) unless KV pruning is on")
+    ask.add_argument("--system", default=None, metavar="TEXT",
+                     help="a system message before the question (default: the chat template's own, e.g. Qwen's "
+                          "'You are a helpful assistant.')")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
@@ -40,20 +43,22 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_ask(args) -> int:
     from vidsight.engine import Asker
     from vidsight.engine.prefix_cache import PrefixCache
+    from vidsight.models.conversation import Conversation
 
+    conversations = [Conversation.of(question, args.system) for question in args.question]   # refused before loading
     sampling, generation, prefill = ask_configs(vars(args))
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
     asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
-        _answer(args, asker, video, sampling, generation, prefill)
+        _answer(args, asker, video, conversations, sampling, generation, prefill)
     return 0
 
 
-def _answer(args, asker, video: str, sampling, generation, prefill) -> None:
-    """Answer each of ``args.question`` about ``video`` in turn, printing each answer."""
-    for question in args.question:
-        result = asker.ask(video, question, sampling=sampling, generation=generation, prefill=prefill,
+def _answer(args, asker, video: str, conversations, sampling, generation, prefill) -> None:
+    """Answer each of ``args.question`` (as ``conversations``) about ``video`` in turn, printing each answer."""
+    for question, conversation in zip(args.question, conversations):
+        result = asker.ask(video, conversation, sampling=sampling, generation=generation, prefill=prefill,
                            feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
         if args.json:   # one object per question, a line each
             print(json.dumps({**({"question": question} if len(args.question) > 1 else {}), **result.to_dict()}),

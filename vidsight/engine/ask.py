@@ -17,7 +17,7 @@ from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
-from vidsight.engine.prompt import check_question, plan_video
+from vidsight.engine.prompt import plan_video
 from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
@@ -26,6 +26,7 @@ from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_fr
 from vidsight.ingest.feed import FeedConfig, FrameFeed
 from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
+from vidsight.models.conversation import Conversation
 from vidsight.vision import resize_frames
 
 
@@ -104,15 +105,16 @@ class Asker:
         self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
         self.prefix_cache = prefix_cache
 
-    def ask(self, video: str | Path, question: str, **options) -> AskResult:
-        """Answer ``question`` about the video file ``video``; ``options`` are `begin`'s (sampling,
+    def ask(self, video: str | Path, question: str | Conversation, **options) -> AskResult:
+        """Answer ``question`` (or the last message of a conversation, `Conversation`) about the
+        video file ``video``; ``options`` are `begin`'s (sampling,
         generation, prefill and feed settings, ``progress``, ``on_text``)."""
         return self.begin(video, question, **options).generate_alone()
 
     def begin(
         self,
         video: str | Path,
-        question: str,
+        question: str | Conversation,
         *,
         sampling: SamplingConfig = SamplingConfig(),
         generation: GenerationConfig = GenerationConfig(),
@@ -130,14 +132,14 @@ class Asker:
         return run_to_end(self.begin_steps(video, question, sampling=sampling, generation=generation, prefill=prefill,
                                            feed=feed, progress=progress, on_text=on_text), self.adapter)
 
-    def begin_steps(self, video: str | Path, question: str, *, sampling: SamplingConfig = SamplingConfig(),
+    def begin_steps(self, video: str | Path, question: str | Conversation, *, sampling: SamplingConfig = SamplingConfig(),
                     generation: GenerationConfig = GenerationConfig(), prefill: PrefillConfig = PrefillConfig(),
                     feed: FeedConfig = FeedConfig(), progress: bool = False,
                     on_text: Callable[[str], None] | None = None) -> Preemptible[AskInProgress]:
         """`begin` as preemptible work (`steps.Preemptible`): it pauses between prefill groups, so a
         server runs other clients' work there and a long video holds the model for one group at a
         time. Memory metering on the CPU (``meter_memory``) would count the work run in between."""
-        check_question(question)
+        question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
 
         def steps():
@@ -150,7 +152,7 @@ class Asker:
     def ask_frames(
         self,
         frames: FrameBatch,
-        question: str,
+        question: str | Conversation,
         fps: float,
         *,
         generation: GenerationConfig = GenerationConfig(),
@@ -160,10 +162,10 @@ class Asker:
 
         Args:
             frames: The frames, in order.
-            question: The question.
+            question: The question, or a conversation (`Conversation`).
             fps: The rate the frames were sampled at (sets the model's temporal positions).
         """
-        check_question(question)
+        question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
@@ -173,21 +175,24 @@ class Asker:
     def prefill_logits(
         self,
         video: str | Path,
-        question: str,
+        question: str | Conversation,
         *,
         sampling: SamplingConfig = SamplingConfig(),
         prefill: PrefillConfig = PrefillConfig(),
         feed: FeedConfig = FeedConfig(),
     ) -> torch.Tensor:
         """``(vocab,)`` logits of the first answer token: what a Yes/No verdict is read from."""
-        check_question(question)
+        question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         return run_to_end(self._prefill(video, question, sampling, prefill, feed, 1, request), self.adapter).logits
 
-    def _prefill(self, video, question, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
-                 max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:
+    def _prefill(self, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
+                 feed_config: FeedConfig, max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:
         """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
-        key = prefix_key(video, sampling, prefill, feed_config) if self.prefix_cache is not None else None
+        key = None
+        if self.prefix_cache is not None:
+            layout = self.adapter.build_prompt(question, 0)
+            key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start])
         if key is None:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
@@ -199,7 +204,7 @@ class Asker:
         if isinstance(found, PrefixClaim):
             with found:
                 prefix = yield from self._decode_and(lambda feed, plan, fps: prefill_prefix_steps(
-                    self.adapter, feed, fps, prefill, request, plan),
+                    self.adapter, feed, question, fps, prefill, request, plan),
                     video, sampling, prefill, feed_config, request)
                 found.fill(prefix)
         else:
@@ -251,7 +256,7 @@ class Asker:
         return state
 
 
-def ask(video: str | Path, question: str, model=DEFAULT_MODEL, **options) -> AskResult:
+def ask(video: str | Path, question: str | Conversation, model=DEFAULT_MODEL, **options) -> AskResult:
     """Answer one question about a video file, loading ``model`` for this call.
 
     Keyword options are those of `Asker.begin` (``sampling``, ``generation``, ``prefill``, ``feed``,

@@ -21,7 +21,7 @@ from vidsight.engine.config import GenerationConfig
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
-from vidsight.engine.prompt import check_question, interleave, patch_rows
+from vidsight.engine.prompt import interleave, patch_rows
 from vidsight.engine.stats import ChatStats, PatchStats, StageClock
 from vidsight.engine.steps import EncodeRequest, Preemptible, Stepped, drive, run_to_end
 from vidsight.errors import ConfigError, ModelError
@@ -31,6 +31,7 @@ from vidsight.kv.policies import FullPolicy, KVPolicy, Step
 from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
+from vidsight.models.conversation import check_question
 from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.

@@ -6,8 +6,9 @@ prompt is the video followed by the question, so the same video asked about agai
 prefix: its decoding, vision encoding and prefill are all skipped, and only the question's text
 is prefilled (`prefill_question`).
 
-A prefix is reused only when everything that shapes its KV is the same: the file's bytes (a content
-hash, not its name), the sampling, the prefill settings (motion pruning, patch dedup, groups) and
+A prefix is reused only when everything that shapes its KV is the same: the text before the video
+(the chat template's system turn, or a conversation's own system message and earlier turns), the
+file's bytes (a content hash, not its name), the sampling, the prefill settings (motion pruning, patch dedup, groups) and
 the decoder's resizing. Past the device's budget, prefixes wait in host memory (vLLM's swap space,
 LMCache's CPU backend) and come back up on a hit. KV pruning makes the last group's KV depend on the
 question (it is pruned with the question in the group), so pruned requests are not cached.
@@ -41,6 +42,7 @@ class PrefixKey:
     sampling: SamplingConfig
     prefill: PrefillConfig
     resize_in_decoder: bool
+    before_video: tuple[int, ...]   # the prompt's token ids before the video (system turn, earlier turns)
 
 
 def content_hash(path: str | Path) -> str:
@@ -55,12 +57,13 @@ def content_hash(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def prefix_key(path: str | Path, sampling: SamplingConfig, prefill: PrefillConfig, feed: FeedConfig
-               ) -> PrefixKey | None:
-    """The key of ``path``'s prefix under these settings; None when the prefix would depend on the question."""
+def prefix_key(path: str | Path, sampling: SamplingConfig, prefill: PrefillConfig, feed: FeedConfig,
+               before_video: torch.Tensor) -> PrefixKey | None:
+    """The key of ``path``'s prefix under these settings after the prompt's ``before_video`` ids;
+    None when the prefix would depend on the question."""
     if prefill.prune.active:
         return None
-    return PrefixKey(content_hash(path), sampling, prefill, feed.resize_in_decoder)
+    return PrefixKey(content_hash(path), sampling, prefill, feed.resize_in_decoder, tuple(before_video.tolist()))
 
 
 @dataclasses.dataclass

@@ -8,22 +8,11 @@ import dataclasses
 
 import torch
 
-from vidsight.errors import ConfigError
 from vidsight.kv import VIDEO, TokenTable
 from vidsight.models.base import VisionSpec, VLMAdapter
+from vidsight.models.conversation import Conversation
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import video_size
-
-MAX_QUESTION_CHARS = 20000
-
-
-def check_question(question: str, what: str = "question") -> None:
-    """Refuse an empty or overlong question (or a watch's query) before any work is done."""
-    if not question or not question.strip():
-        raise ConfigError(f"the {what} is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise ConfigError(f"the {what} is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
-
 
 @dataclasses.dataclass(frozen=True)
 class VideoPlan:
@@ -113,13 +102,13 @@ class VideoPrompt:
             embeds[0, at_suffix] = suffix[tokens[at_suffix] - self.suffix[0]]
 
 
-def build_video_prompt(adapter: VLMAdapter, question: str, plan: VideoPlan, frame_index: torch.Tensor,
+def build_video_prompt(adapter: VLMAdapter, question: str | Conversation, plan: VideoPlan, frame_index: torch.Tensor,
                        time_s: torch.Tensor, sampled_fps: float, keep: torch.Tensor | None = None) -> VideoPrompt:
     """The prompt asking ``question`` about a video of ``plan``'s shape.
 
     Args:
         adapter: The model.
-        question: The text after the video.
+        question: The question (the text after the video), or a conversation (`Conversation`).
         plan: The video's shape.
         frame_index: ``(frames,)`` stream index of every sampled frame.
         time_s: ``(frames,)`` their presentation times.

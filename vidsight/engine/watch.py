@@ -21,7 +21,7 @@ import torch
 from vidsight.engine.config import ALERT_AFTER, REFRESH_MODES
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import new_cache
-from vidsight.engine.prompt import VideoPrompt, build_video_prompt, check_question, plan_video
+from vidsight.engine.prompt import VideoPrompt, build_video_prompt, plan_video
 from vidsight.engine.refresh import refresh_policy
 from vidsight.engine.stats import StageClock, WindowStats
 from vidsight.engine.steps import EncodeRequest, Stepped, drive
@@ -35,6 +35,7 @@ from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
 from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
+from vidsight.models.conversation import check_question
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
 # deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).

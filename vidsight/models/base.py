@@ -7,6 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from vidsight.models.conversation import Conversation
+
 
 @dataclasses.dataclass(frozen=True)
 class VisionSpec:
@@ -125,8 +127,9 @@ class VLMAdapter(Protocol):
     device: torch.device
     eos_token_ids: frozenset[int]
 
-    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
-        """The chat-templated prompt around one video span of ``video_tokens`` tokens."""
+    def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
+        """The chat-templated prompt of a question or a conversation (`Conversation`), its video
+        a span of ``video_tokens`` tokens."""
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """Token ids the family puts around temporal patch ``index`` of a video (``time_s`` the

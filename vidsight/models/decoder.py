@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from vidsight.errors import ModelError
+from vidsight.errors import ConfigError, ModelError
 from vidsight.models.base import PromptLayout, VisionSpec
+from vidsight.models.conversation import Conversation
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -65,12 +66,17 @@ class Qwen2DecoderAdapter:
         return self._lm.embed_tokens.weight.device
 
     # -- text ----------------------------------------------------------------------------------
-    def build_prompt(self, question: str, video_tokens: int) -> PromptLayout:
-        """The chat-formatted prompt: one user turn holding the video, then the question."""
-        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
-        text = self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
-        )
+    def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
+        """The chat-formatted prompt of a conversation (a question: one user turn holding the
+        video, then the question), ready for the answer."""
+        from jinja2 import TemplateError
+
+        try:
+            text = self.tokenizer.apply_chat_template(Conversation.of(question).template_form(),
+                                                      chat_template=self.chat_template, add_generation_prompt=True,
+                                                      tokenize=False)
+        except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
+            raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
         ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         slots = torch.nonzero(ids == self.template_video_id).flatten()
         if len(slots) != 1:

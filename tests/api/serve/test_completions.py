@@ -9,6 +9,7 @@ from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
+from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 
 from tests.settings import FLOAT32_TOLERANCE
 
@@ -152,6 +153,36 @@ def test_a_second_question_about_a_video_reuses_its_prefix(make_local_server, me
                 assert cached == [0, 0] and "prefix_cache" not in metrics
     finally:
         (media / "clip-copy.mp4").unlink()
+
+
+def test_a_conversation_is_answered_as_ask_answers_it_and_its_follow_up_reuses_the_prefix(make_local_server, media,
+                                                                                             tiny_adapter):
+    """What chat clients send: a developer (system) message, the video and a question; then the
+    same with the answer and a follow-up question. Each is answered as `Asker` answers the same
+    conversation, and the follow-up's video comes from the prefix cache."""
+    fps, generation = SamplingConfig(fps=4.0), GenerationConfig(max_new_tokens=8)
+    first = [{"role": "developer", "content": "Answer briefly."}, *video_message(str(media / "clip.mp4"))]
+
+    def expected(messages):
+        turns = [Message("system" if m["role"] == "developer" else m["role"],
+                         (m["content"],) if isinstance(m["content"], str) else (VIDEO_PART, QUESTION)) for m in messages]
+        return Asker(tiny_adapter).ask(media / "clip.mp4", Conversation(tuple(turns)), sampling=fps,
+                                       generation=generation)
+
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        ask = lambda messages: client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                                              extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+        answer = ask(first)
+        follow_up = [*first, {"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "user", "content": "And where is it at the end?"}]
+        second = ask(follow_up)
+    for got, messages in ((answer, first), (second, follow_up)):
+        want = expected(messages)
+        assert got.choices[0].message.content == want.answer
+        assert got.usage.prompt_tokens == want.stats.prompt_tokens
+    assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    assert 0 < second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
 
 
 def test_the_prefix_caches_host_budget_defaults_to_none_on_the_cpu_and_is_checked():

@@ -24,6 +24,7 @@ from vidsight.api.serve.tenants import OPEN, Tenant, identify
 from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.api.settings import ask_configs
 from vidsight.errors import ConfigError, VidsightError
+from vidsight.models.conversation import Conversation
 
 if TYPE_CHECKING:
     from vidsight.models.base import VLMAdapter
@@ -84,9 +85,9 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         if body.model is not None and body.model != config.served_name:
             raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
                                     f"{config.served_name!r}")
-        video, question = body.video_and_question()
+        video, conversation = body.video_and_conversation()
         sampling, generation, prefill = ask_configs(body.ask_options())
-        return await _complete(server, body, video, question, sampling, generation, prefill)
+        return await _complete(server, body, video, conversation, sampling, generation, prefill)
 
     add_watch_routes(app, server, admitted, authorised)
     add_session_routes(app, server, admitted)
@@ -105,8 +106,8 @@ def check_api_key(config: ServeConfig, authorization: str) -> Tenant:
     return tenant
 
 
-async def _complete(server: Server, body: ChatCompletionRequest, video: str, question: str, sampling, generation,
-                    prefill):
+async def _complete(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
+                    generation, prefill):
     """Answer one chat completion, streamed as OpenAI's chunks or whole."""
     metrics, name, request_id = server.metrics, server.config.served_name, completion_id()
     started = time.perf_counter()
@@ -126,7 +127,7 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, que
         path = await exits.enter_async_context(video_file(video, server.config))
         tickets = []
         work = asyncio.ensure_future(server.run_answer(
-            lambda: server.asker.begin_steps(path, question, sampling=sampling, generation=generation,
+            lambda: server.asker.begin_steps(path, conversation, sampling=sampling, generation=generation,
                                              prefill=prefill, on_text=on_text), tickets.append))
         work.add_done_callback(lambda done: pieces.put_nowait(("done", None)))
         # A client that goes away ends its answer at the next decode step.

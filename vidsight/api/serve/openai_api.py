@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vidsight.api.serve.media import RequestError
 from vidsight.api.settings import ASK_SETTINGS
+from vidsight.errors import ConfigError
+from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 
 # Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
 # ``num_frames``; generation settings come from the request's own fields.
@@ -36,7 +38,7 @@ class Part(BaseModel):
         return self
 
 
-class Message(BaseModel):
+class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[Part]
 
@@ -47,7 +49,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    messages: list[Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -59,24 +61,29 @@ class ChatCompletionRequest(BaseModel):
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
-    def video_and_question(self) -> tuple[str, str]:
-        """The one video and the question (the text of the one user message)."""
-        if len(self.messages) != 1 or self.messages[0].role != "user":
-            raise RequestError(400, "vidsight answers one user message holding a video and a question; "
-                                    f"got {len(self.messages)} message(s) with roles "
-                                    f"{', '.join(m.role for m in self.messages)}")
-        content = self.messages[0].content
-        parts = [Part(type="text", text=content)] if isinstance(content, str) else content
-        unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
-        if unsupported:
-            raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and one video_url")
-        videos = [p.video_url.url for p in parts if p.type == "video_url"]
+    def video_and_conversation(self) -> tuple[str, Conversation]:
+        """The one video and the conversation around it (system messages, earlier turns, the
+        question in the last user message); OpenAI's ``developer`` role is its ``system``."""
+        videos, messages = [], []
+        for message in self.messages:
+            if message.role == "tool":
+                raise RequestError(400, "tool messages are not supported")
+            role = "system" if message.role == "developer" else message.role
+            content = message.content
+            parts = [Part(type="text", text=content)] if isinstance(content, str) else content
+            unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
+            if unsupported:
+                raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and one video_url")
+            if role != "user" and any(p.type == "video_url" for p in parts):
+                raise RequestError(400, f"the video must be in a user message, not the {message.role}'s")
+            videos += [p.video_url.url for p in parts if p.type == "video_url"]
+            messages.append(Message(role, tuple(VIDEO_PART if p.type == "video_url" else p.text for p in parts)))
         if len(videos) != 1:
             raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
-        question = " ".join(p.text.strip() for p in parts if p.type == "text" and p.text.strip())
-        if not question:
-            raise RequestError(400, "the message has no question text")
-        return videos[0], question
+        try:
+            return videos[0], Conversation(tuple(messages))
+        except ConfigError as exc:
+            raise RequestError(400, str(exc)) from exc
 
     def ask_options(self) -> dict[str, Any]:
         """The `ask` settings the request gives, by the CLI's names."""

@@ -29,6 +29,7 @@ from vidsight.kv import VIDEO, GroupPruner, QueryRecorder, TokenTable
 from vidsight.kv.prune import ATTENTION
 from vidsight.kv.store import KVStore
 from vidsight.models.base import VisionSpec, VLMAdapter
+from vidsight.models.conversation import Conversation
 from vidsight.vision import preprocess_video
 from vidsight.vision.dedup import RedundantPatches
 from vidsight.vision.motion import MotionMasker, check_prunable, group_mask
@@ -57,7 +58,8 @@ def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.T
     return recorder.queries
 
 
-def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float, config: PrefillConfig,
+def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str | Conversation, sampled_fps: float,
+                  config: PrefillConfig,
                   max_new_tokens: int, request: Request, plan: VideoPlan | None = None) -> Prefilled:
     """Prefill the prompt for ``question`` about ``feed``'s frames, group by group (the arguments
     are `prefill_video_steps`')."""
@@ -65,7 +67,7 @@ def prefill_video(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_f
                       adapter)
 
 
-def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str, sampled_fps: float,
+def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | Conversation, sampled_fps: float,
                         config: PrefillConfig, max_new_tokens: int, request: Request, plan: VideoPlan | None = None
                         ) -> Preemptible[Prefilled]:
     """`prefill_video` as preemptible work: it pauses between groups, so a server can run other
@@ -74,7 +76,7 @@ def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str, sam
     Args:
         adapter: The model's primitives.
         feed: The sampled frames; groups wait for theirs.
-        question: The user's question.
+        question: The user's question, or a conversation (`Conversation`).
         sampled_fps: The rate the frames were sampled at (sets the temporal positions).
         config: Group size and KV pruning.
         max_new_tokens: Room to leave in the cache for the answer.
@@ -96,9 +98,11 @@ def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str, sam
     return Prefilled(cache, logits, prompt.next_position)
 
 
-def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: float, config: PrefillConfig,
-                         request: Request, plan: VideoPlan | None = None) -> Preemptible[VideoPrefix]:
-    """Prefill a video's prompt up to where the question begins, for any question to continue.
+def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | Conversation, sampled_fps: float,
+                         config: PrefillConfig, request: Request, plan: VideoPlan | None = None
+                         ) -> Preemptible[VideoPrefix]:
+    """Prefill ``question``'s prompt up to the end of its video, for any question whose prompt
+    begins the same way (the same text before the video) to continue.
 
     As `prefill_video_steps`, except that the text after the video is left out (so the last group ends
     with the video's suffix). KV pruning is refused: the last group's pruning happens with the
@@ -108,7 +112,7 @@ def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: floa
         raise ConfigError("a video prefix is question-independent only without KV pruning (rho 1)")
     with request.clock.memory():
         plan = _plan(adapter, feed, plan)
-        prompt = build_video_prompt(adapter, "", plan, feed.indices, feed.pts_s, sampled_fps)
+        prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
         cache, _ = yield from _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
     done = request.clock.stats
     stats = AskStats(frames=len(feed), frames_lost=feed.frames_lost, visual_tokens=done.visual_tokens,
@@ -117,14 +121,15 @@ def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, sampled_fps: floa
     return VideoPrefix(cache, plan, feed.indices, feed.pts_s, sampled_fps, prompt.ids[:prompt.video_end], stats)
 
 
-def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str, max_new_tokens: int,
+def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str | Conversation, max_new_tokens: int,
                      request: Request) -> Prefilled:
-    """Continue a copy of ``prefix`` with ``question``'s text: the prompt `prefill_video` would
-    have prefilled, its video part reused (the same tokens at the same positions)."""
+    """Continue a copy of ``prefix`` with the text after ``question``'s video: the prompt
+    `prefill_video` would have prefilled, its text before the video and its video reused (the same
+    tokens at the same positions)."""
     prompt = build_video_prompt(adapter, question, prefix.plan, prefix.frame_index, prefix.time_s, prefix.sampled_fps)
     end, stats = prefix.tokens, request.clock.stats
     if not torch.equal(prompt.ids[:end], prefix.ids):
-        raise ConfigError(f"{adapter.name}'s prompt puts text that depends on the question before the video")
+        raise ConfigError(f"{adapter.name}: the prompt's text before the video is not the prefix's")
     for name in ("frames", "frames_lost", "visual_tokens", "kept_visual_tokens", "decode_strategy", "motion_source"):
         setattr(stats, name, getattr(prefix.stats, name))
     stats.prompt_tokens = len(prompt.ids)

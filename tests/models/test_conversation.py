@@ -1,0 +1,82 @@
+"""Conversations around one video: what is refused, and the prompt each family's chat template makes of one."""
+
+import pickle
+
+import pytest
+
+from vidsight.errors import ConfigError
+from vidsight.models.conversation import MAX_CONVERSATION_CHARS, VIDEO_PART, Conversation, Message
+
+SYSTEM = Message("system", ("You watch a shop's camera.",))
+FIRST = Message("user", (VIDEO_PART, "What colour is the square?"))
+FOLLOW_UP = (Message("assistant", ("Red.",)), Message("user", ("And where is it at the end?",)))
+
+
+@pytest.mark.parametrize("messages,message", [
+    ((), "at least one message"),
+    ((Message("user", ("no video",)),), "exactly one video, not 0"),
+    ((FIRST, Message("assistant", ("a",)), Message("user", (VIDEO_PART, "again?"))), "exactly one video, not 2"),
+    ((Message("user", ("look",)), Message("assistant", (VIDEO_PART,)), Message("user", ("q",))),
+     "in a user message, not the assistant's"),
+    ((FIRST, Message("assistant", ("Red.",))), "the last message must be the user's"),
+    ((Message("tool", ("{}",)), FIRST), "role must be one of"),
+    ((FIRST, Message("assistant", ("Red.",)), Message("user", ("  ",))), r"question \(the last message's text\) is empty"),
+    ((Message("user", (VIDEO_PART,)),), "is empty"),
+    ((Message("system", ("x" * MAX_CONVERSATION_CHARS,)), FIRST), "at most 100000"),
+    ((Message("user", (VIDEO_PART, 3)),), "texts and the video"),
+])
+def test_malformed_conversations_are_refused_by_name(messages, message):
+    with pytest.raises(ConfigError, match=message):
+        Conversation(messages)
+
+
+def test_a_plain_question_is_one_user_turn_with_the_video_first():
+    assert Conversation.of("What happens?").messages == (Message("user", (VIDEO_PART, "What happens?")),)
+    assert Conversation.of("What happens?", "Be brief.").messages == (
+        Message("system", ("Be brief.",)), Message("user", (VIDEO_PART, "What happens?")))
+    with pytest.raises(ConfigError, match="the question is empty"):
+        Conversation.of(" ")
+    conversation = Conversation((SYSTEM, FIRST, *FOLLOW_UP))
+    assert Conversation.of(conversation) is conversation and conversation.question == "And where is it at the end?"
+    assert pickle.loads(pickle.dumps(conversation)) == conversation   # the video part survives a process boundary
+
+
+def test_the_qwen_prompt_of_a_conversation_is_its_chat_format(tiny_adapter):
+    """Qwen's turns written out by hand: the system message replaces the template's default, the
+    video span sits where the video part is, earlier turns stay in order, and the prompt ends at
+    the assistant's turn to answer."""
+    conversation = Conversation((SYSTEM, Message("user", ("Look: ", VIDEO_PART, "What colour is the square?")),
+                                 *FOLLOW_UP))
+    layout = tiny_adapter.build_prompt(conversation, 5)
+    expected = ("<|im_start|>system\nYou watch a shop's camera.<|im_end|>\n<|im_start|>user\nLook: "
+                "<|vision_start|>" + "<|video_pad|>" * 5 + "<|vision_end|>What colour is the square?<|im_end|>\n"
+                "<|im_start|>assistant\nRed.<|im_end|>\n<|im_start|>user\nAnd where is it at the end?<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    assert layout.input_ids.tolist() == tiny_adapter.text_ids(expected)
+    assert layout.video_start == len(tiny_adapter.text_ids(expected.split("<|video_pad|>")[0]))
+    assert layout.video_tokens == 5
+    plain = tiny_adapter.build_prompt("What colour is the square?", 5)
+    assert tiny_adapter.decode_text(plain.input_ids.tolist()).startswith("system\nYou are a helpful assistant.")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llava", "internvl"])
+def test_every_family_puts_the_turns_around_its_video_span(request, family):
+    adapter = request.getfixturevalue(f"{family}_adapter")
+    conversation = Conversation((SYSTEM, FIRST, *FOLLOW_UP))
+    layout = adapter.build_prompt(conversation, 4)
+    ids = layout.input_ids.tolist()
+    before = adapter.decode_text(ids[:layout.video_start])
+    after = adapter.decode_text(ids[layout.video_start + layout.video_tokens:])
+    assert "You watch a shop's camera." in before and "helpful assistant" not in before
+    assert [after.index(text) for text in ("What colour is the square?", "Red.", "And where is it at the end?")] == \
+        sorted(after.index(text) for text in ("What colour is the square?", "Red.", "And where is it at the end?"))
+    assert ids[layout.video_start:layout.video_start + 4] == [adapter.video_token_id] * 4
+
+
+def test_a_template_that_refuses_the_conversation_gives_a_config_error(tiny_adapter, monkeypatch):
+    strict = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+              + tiny_adapter.chat_template)
+    monkeypatch.setattr(tiny_adapter, "chat_template", strict)
+    with pytest.raises(ConfigError, match="chat template refuses the conversation: System role not supported"):
+        tiny_adapter.build_prompt(Conversation((SYSTEM, FIRST)), 4)
+    assert tiny_adapter.build_prompt(Conversation((FIRST,)), 4).video_tokens == 4

@@ -1,0 +1,111 @@
+"""A conversation around one video: what a chat client sends (a system message, earlier turns, the
+question to answer), rendered by the checkpoint's own chat template (`VLMAdapter.build_prompt`).
+
+A plain question is the conversation of one user turn, the video and then the question, which is
+what `ask` has always prompted with; the template adds its own default system turn where it has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vidsight.errors import ConfigError
+
+ROLES = ("system", "user", "assistant")
+MAX_QUESTION_CHARS = 20000
+# All the text of a conversation together (earlier turns included), so a prompt stays bounded.
+MAX_CONVERSATION_CHARS = 100000
+
+
+class _Video:
+    """Where the video goes among a message's parts (`VIDEO_PART`)."""
+
+    def __repr__(self) -> str:
+        return "VIDEO_PART"
+
+    def __reduce__(self) -> str:
+        return "VIDEO_PART"   # unpickled as this module's one instance, so identity checks hold
+
+
+VIDEO_PART = _Video()
+
+
+def check_question(question: str, what: str = "question") -> None:
+    """Refuse an empty or overlong question (or a watch's query) before any work is done."""
+    if not isinstance(question, str) or not question.strip():
+        raise ConfigError(f"the {what} is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise ConfigError(f"the {what} is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One turn: its role and its parts in order, each a text or `VIDEO_PART`."""
+
+    role: str
+    parts: tuple[str | _Video, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(part for part in self.parts if isinstance(part, str))
+
+    def template_form(self) -> dict:
+        """The message as chat templates take it: text alone as a string (what every template
+        reads), a message with the video as a list of typed parts (what vision templates read)."""
+        if VIDEO_PART not in self.parts:
+            return {"role": self.role, "content": self.text}
+        return {"role": self.role, "content": [{"type": "video"} if part is VIDEO_PART else {"type": "text", "text": part}
+                                               for part in self.parts]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    """Messages around exactly one video, ending with the user's turn to answer.
+
+    Attributes:
+        messages: The turns in order: ``system``, ``user`` and ``assistant`` messages; the video is
+            one part of one user message, anywhere in the conversation (a follow-up question
+            comes after the answers to earlier ones).
+    """
+
+    messages: tuple[Message, ...]
+
+    def __post_init__(self):
+        if not self.messages:
+            raise ConfigError("a conversation needs at least one message")
+        for message in self.messages:
+            if message.role not in ROLES:
+                raise ConfigError(f"a message's role must be one of {', '.join(ROLES)}, not {message.role!r}")
+            if any(not isinstance(part, str) and part is not VIDEO_PART for part in message.parts):
+                raise ConfigError("a message's parts are texts and the video")
+        videos = [(message.role, part) for message in self.messages for part in message.parts if part is VIDEO_PART]
+        if len(videos) != 1:
+            raise ConfigError(f"a conversation holds exactly one video, not {len(videos)}")
+        if videos[0][0] != "user":
+            raise ConfigError(f"the video must be in a user message, not the {videos[0][0]}'s")
+        if self.messages[-1].role != "user":
+            raise ConfigError(f"the last message must be the user's, to answer, not the {self.messages[-1].role}'s")
+        check_question(self.messages[-1].text, "question (the last message's text)")
+        chars = sum(len(message.text) for message in self.messages)
+        if chars > MAX_CONVERSATION_CHARS:
+            raise ConfigError(f"the conversation's text is {chars} characters; at most {MAX_CONVERSATION_CHARS} "
+                              "are accepted")
+
+    @classmethod
+    def of(cls, question: "str | Conversation", system: str | None = None) -> "Conversation":
+        """``question`` as a conversation: one user turn, the video then the question (after
+        ``system``'s turn when given); a conversation as it is (its own system messages stand)."""
+        if isinstance(question, Conversation):
+            return question
+        check_question(question)
+        user = Message("user", (VIDEO_PART, question))
+        return cls((Message("system", (system,)), user) if system is not None else (user,))
+
+    @property
+    def question(self) -> str:
+        """The text of the last message: what is asked now."""
+        return self.messages[-1].text
+
+    def template_form(self) -> list[dict]:
+        """The messages as ``apply_chat_template`` takes them."""
+        return [message.template_form() for message in self.messages]
