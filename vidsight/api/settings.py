@@ -21,7 +21,7 @@ ASK_SETTINGS = {
     "prune_tau": ("motion", "tau"), "prune_alpha": ("motion", "alpha"), "prune_rule": ("motion", "rule"),
     "motion_source": ("motion", "source"),
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
-    "top_p": ("generation", "top_p"), "seed": ("generation", "seed"),
+    "top_p": ("generation", "top_p"), "seed": ("generation", "seed"), "stop": ("generation", "stop"),
 }
 WATCH_SETTINGS = {
     "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),

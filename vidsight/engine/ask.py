@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
-from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
+from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
@@ -38,17 +38,20 @@ class AskResult:
     """An answer and what it cost.
 
     Attributes:
-        answer: The decoded answer text.
+        answer: The decoded answer text (up to a stop string, when one ended it).
         token_ids: Generated ids, including a final end token when one was produced.
         stats: Frames, tokens, stage times and peak memory.
+        finish_reason: ``stop`` (an end token or a stop string) or ``length`` (``max_new_tokens``),
+            as OpenAI names them.
     """
 
     answer: str
     token_ids: list[int]
     stats: AskStats
+    finish_reason: str = "stop"
 
     def to_dict(self) -> dict:
-        return {"answer": self.answer, "stats": self.stats.to_dict()}
+        return {"answer": self.answer, "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
 
 
 class AskInProgress(AnswerInProgress):
@@ -61,7 +64,7 @@ class AskInProgress(AnswerInProgress):
     def __init__(self, adapter, state: Prefilled, generation: GenerationConfig, request: Request,
                  on_text: Callable[[str], None] | None = None):
         self.request = request
-        self._stream = TextStream(adapter, on_text) if on_text is not None else None
+        self._stream = TextStream(adapter, on_text, generation.stop) if on_text is not None else None
         self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
                          leave=False)
         super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, generation,
@@ -82,7 +85,9 @@ class AskInProgress(AnswerInProgress):
         clock = self.request.clock
         clock.charge("generate", self._since)
         clock.stats.generated_tokens = len(ids)
-        return AskResult(answer=self.adapter.decode_text(ids).strip(), token_ids=ids, stats=clock.finish())
+        answer = self.answer
+        return AskResult(answer=answer_text(self.adapter.decode_text(ids), answer.config.stop), token_ids=ids,
+                         stats=clock.finish(), finish_reason="stop" if answer.stopped else "length")
 
 
 class Asker:

@@ -20,7 +20,7 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
-from vidsight.engine.generate import Answer, AnswerInProgress, TextStream
+from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
 from vidsight.engine.prompt import interleave, patch_rows
 from vidsight.engine.stats import ChatStats, PatchStats, StageClock
 from vidsight.engine.steps import EncodeRequest, Preemptible, Stepped, drive, run_to_end
@@ -95,7 +95,7 @@ class ChatInProgress(AnswerInProgress):
                  on_text: Callable[[str], None] | None):
         super().__init__(session.adapter, None)
         self.session, self.question, self.generation = session, question, generation
-        self.stream = TextStream(session.adapter, on_text) if on_text is not None else None
+        self.stream = TextStream(session.adapter, on_text, generation.stop) if on_text is not None else None
         self.before = session.cache.length
         self.stats = ChatStats(time_s=session.time_s, frames_seen=session.frames_seen, cached_tokens=self.before)
         self.clock = StageClock(self.stats, session.adapter.device, reset_peak=False)
@@ -137,7 +137,8 @@ class ChatInProgress(AnswerInProgress):
         stats.question_bytes_moved = traffic.since(self.traffic_before).bytes_moved
         stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
         stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
-        return ChatAnswer(self.question, self.adapter.decode_text(ids).strip(), ids, stats, self.logits)
+        return ChatAnswer(self.question, answer_text(self.adapter.decode_text(ids), self.generation.stop), ids, stats,
+                          self.logits)
 
 
 class ChatSession:

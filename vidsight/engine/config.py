@@ -10,6 +10,8 @@ from vidsight.errors import ConfigError
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # watch: how KV is reused between windows, and how many Yes windows in a row raise an alert.
 REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
+# Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 ALERT_AFTER = 2
 
 
@@ -22,14 +24,21 @@ class GenerationConfig:
         temperature: 0 for greedy decoding; above 0 samples from the softened distribution.
         top_p: Nucleus sampling mass (only when sampling).
         seed: Seeds sampling, so a sampled answer is reproducible.
+        stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
+            text ends before the first of them.
     """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise ConfigError(f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
         if not 1 <= self.max_new_tokens <= 32768:
             raise ConfigError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
         if self.temperature < 0:

@@ -33,6 +33,22 @@ class TokenSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
+def answer_text(text: str, stop: tuple[str, ...] = (), final: bool = True) -> str:
+    """An answer's decoded ``text`` as shown: up to the first of the ``stop`` strings, white space
+    stripped. Before the answer ends (not ``final``), also without a tail that may begin a stop
+    string, so text streamed out never holds one."""
+    for end in stop:
+        at = text.find(end)
+        if at >= 0:
+            text = text[:at]
+    if not final:
+        for length in range(min(len(text), max(map(len, stop), default=1) - 1), 0, -1):
+            if any(end.startswith(text[-length:]) for end in stop):
+                text = text[:-length]
+                break
+    return text.strip()
+
+
 @dataclasses.dataclass
 class Answer:
     """One answer being generated: its cache, where it stands, and what it produced.
@@ -46,7 +62,8 @@ class Answer:
         policy: The cached tokens each generated token attends to (None: all).
         step: An ``answer`` step counting what was attended.
         ids: Generated ids, ending with the end token when one was produced.
-        done: No more tokens will come (an end token, the limit, or `cancel`).
+        done: No more tokens will come (an end token, a stop string, the limit, or `cancel`).
+        stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
         cancelled: `cancel` ended it (every id chosen was fed to the cache).
     """
 
@@ -59,20 +76,31 @@ class Answer:
     step: Step | None = None
     ids: list[int] = dataclasses.field(default_factory=list)
     done: bool = False
+    stopped: bool = False
     cancelled: bool = False
 
     def __post_init__(self):
         self._sampler = TokenSampler(self.config, self.logits.device)
+        # Tokens whose text holds any stop string that ends in the newest one: every token adds
+        # at least a byte (special tokens end the answer anyway).
+        self._stop_window = 4 * max((len(end.encode()) for end in self.config.stop), default=0) + 4
 
-    def choose(self, eos_token_ids) -> int:
-        """Pick the next token from ``logits`` and record it; ends the answer at an end token or the limit."""
+    def choose(self, adapter: VLMAdapter) -> int:
+        """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
+        string or the limit."""
         token = self._sampler(self.logits)
         self.ids.append(token)
         if self.on_token is not None:
             self.on_token(self.ids)
-        if token in eos_token_ids or len(self.ids) == self.config.max_new_tokens:
-            self.done = True
+        self.stopped = token in adapter.eos_token_ids or self._stop_string(adapter)
+        self.done = self.stopped or len(self.ids) == self.config.max_new_tokens
         return token
+
+    def _stop_string(self, adapter: VLMAdapter) -> bool:
+        if not self.config.stop:
+            return False
+        text = adapter.decode_text(self.ids[-self._stop_window:])
+        return any(end in text for end in self.config.stop)
 
     def cancel(self) -> None:
         """Stop before the next step (a client that went away); its cache is no longer fed."""
@@ -120,7 +148,7 @@ class DecodeBatch:
     def _choose(self) -> list[Answer]:
         for answer in self.running:
             if not answer.done:
-                answer.choose(self.adapter.eos_token_ids)
+                answer.choose(self.adapter)
         self.running = [answer for answer in self.running if not answer.done]
         return self.running
 
@@ -226,11 +254,11 @@ class TextStream:
     `finish` hands over whatever was still held back.
     """
 
-    def __init__(self, adapter: VLMAdapter, on_text: Callable[[str], None]):
-        self.adapter, self.on_text, self.shown = adapter, on_text, ""
+    def __init__(self, adapter: VLMAdapter, on_text: Callable[[str], None], stop: tuple[str, ...] = ()):
+        self.adapter, self.on_text, self.stop, self.shown = adapter, on_text, stop, ""
 
     def __call__(self, ids: list[int], final: bool = False) -> None:
-        text = self.adapter.decode_text(ids).strip()
+        text = answer_text(self.adapter.decode_text(ids), self.stop, final)
         if text.startswith(self.shown) and len(text) > len(self.shown) and (final or not text.endswith("\ufffd")):
             self.on_text(text[len(self.shown):])
             self.shown = text

@@ -55,6 +55,24 @@ def test_a_completion_answers_what_ask_answers_streamed_or_not(make_server, medi
         assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
 
 
+def test_a_stop_string_ends_the_answer_streamed_or_not(make_server, media, expected, tiny_adapter):
+    text = expected.answer
+    stop = next(text[k:k + 2] for k in range(1, len(text) - 1) if text[k:k + 2].strip() and "\ufffd" not in text[k:k + 2])
+    want = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                   generation=GenerationConfig(max_new_tokens=12, stop=(stop,)))
+    assert want.finish_reason == "stop" and len(want.token_ids) < len(expected.token_ids)
+    with make_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=12,
+                       extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+        whole = client.chat.completions.create(**request, stop=stop)
+        chunks = list(client.chat.completions.create(**request, stop=[stop], stream=True))
+    assert whole.choices[0].message.content == want.answer and whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens == len(want.token_ids)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.answer
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+
+
 def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expected, scratch):
     data = "data:video/mp4;base64," + base64.b64encode((media / "clip.mp4").read_bytes()).decode()
     with make_server() as (url, _):

@@ -79,8 +79,10 @@ class VidsightLMM(lmms):
 
     def _settings_for(self, gen_kwargs: dict) -> dict:
         """The model arguments' settings with the task's ``generation_kwargs`` (length, sampling) over them."""
+        until = gen_kwargs.get("until")
         chosen = {"max_new_tokens": gen_kwargs.get("max_new_tokens"), "temperature": gen_kwargs.get("temperature"),
-                  "top_p": gen_kwargs.get("top_p")}
+                  "top_p": gen_kwargs.get("top_p"),
+                  "stop": [s for s in ([until] if isinstance(until, str) else until or ()) if s] or None}
         settings = {**self.settings.settings, **{k: v for k, v in chosen.items() if v is not None}}
         if not gen_kwargs.get("do_sample", True):
             settings["temperature"] = 0.0
@@ -98,8 +100,7 @@ class VidsightLMM(lmms):
             result = self._chat(video, question, settings)
             stats = result.stats
             record = {"prompt_tokens": stats.cached_tokens, "generated_tokens": len(result.token_ids)}
-        answer = _cut(result.answer, gen_kwargs.get("until"))
-        return {"video": video, "question": question, "answer": answer, **record, "stats": stats.to_dict()}
+        return {"video": video, "question": question, "answer": result.answer, **record, "stats": stats.to_dict()}
 
     def _chat(self, video: str, question: str, settings: dict):
         from vidsight.engine.chat import ChatSession
@@ -120,12 +121,3 @@ class VidsightLMM(lmms):
             self.stats_path.parent.mkdir(parents=True, exist_ok=True)
             with self.stats_path.open("a") as out:
                 out.write(json.dumps(record, default=str) + "\n")
-
-
-def _cut(answer: str, until) -> str:
-    """The answer up to the first of the task's stop strings."""
-    for stop in [until] if isinstance(until, str) else until or ():
-        if stop:
-            answer = answer.split(stop, 1)[0]
-    return answer
-

@@ -135,7 +135,7 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
         if not body.stream:
             result = await work
             await exits.aclose()
-            return completion(request_id, name, result.answer, _finish_reason(server, result),
+            return completion(request_id, name, result.answer, result.finish_reason,
                               _account(metrics, result, started, first))
         # The answer's first piece (or its failure) comes before the response starts, so a bad
         # video still gets its HTTP status.
@@ -158,7 +158,7 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
                 yield _sse(chunk(request_id, name, {"content": text}))
             result = await work
             usage = _account(metrics, result, started, first)
-            yield _sse(chunk(request_id, name, {}, _finish_reason(server, result)))
+            yield _sse(chunk(request_id, name, {}, result.finish_reason))
             if (body.stream_options or {}).get("include_usage"):
                 yield _sse(chunk(request_id, name, {}, usage=usage))
         except VidsightError as exc:
@@ -168,11 +168,6 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def _finish_reason(server: Server, result) -> str:
-    ends = result.token_ids and result.token_ids[-1] in server.adapter.eos_token_ids
-    return "stop" if ends else "length"
 
 
 def _account(metrics, result, started: float, first: list[float]) -> dict:

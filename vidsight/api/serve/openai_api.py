@@ -57,6 +57,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
+    stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -98,7 +99,7 @@ class ChatCompletionRequest(BaseModel):
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             options["max_new_tokens"] = limit
-        for name in ("temperature", "top_p", "seed"):
+        for name in ("temperature", "top_p", "seed", "stop"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         return options
