@@ -120,6 +120,32 @@ def test_a_conversation_answers_as_transformers_generate_on_its_prompt(reference
     assert_input_matters(out.logits[0][0], plain, 0.0)   # the turns around the video reach the model
 
 
+def test_the_checkpoints_repetition_penalty_applies_as_in_transformers_generate(tmp_path, make_test_video):
+    """A checkpoint whose generation_config.json sets a repetition penalty (Qwen2.5-VL's 1.05; 1.3
+    here): the default answer is transformers' `generate` under it, over the prompt's ids and the
+    answer's, and differs from the unpenalised one."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    from vidsight.models import load_model, write_tiny_model
+
+    directory = write_tiny_model(tmp_path / "penalised")
+    settings = HFGenerationConfig.from_pretrained(directory)
+    settings.repetition_penalty = 1.3
+    settings.save_pretrained(directory)
+    adapter = load_model(directory, DEVICE, DTYPE)
+    assert adapter.repetition_penalty == 1.3
+    path, _ = make_test_video(**CASES[0][1])
+    sampling = SamplingConfig(fps=CASES[0][2])
+    result = Asker(adapter).ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
+    inputs, _ = reference_inputs(adapter, path, sampling)
+    out = adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+    assert_same_greedy_ids(result.token_ids, out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), out.logits)
+    plain = Asker(adapter).ask(path, QUESTION, sampling=sampling,
+                               generation=GenerationConfig(max_new_tokens=NEW_TOKENS, repetition_penalty=1.0))
+    assert plain.token_ids != result.token_ids
+
+
 def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_adapter, make_test_video):
     """Beyond the short regime, feed transformers the positions of Qwen's rule explicitly."""
     path, _ = make_test_video(width=176, height=144, duration_s=12.0)

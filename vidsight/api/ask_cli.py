@@ -31,6 +31,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
     ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ask.add_argument("--repetition-penalty", type=_float, default=None,
+                     help="divide the logits of tokens already in the prompt or answer by this (1: none; "
+                          "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")
     ask.add_argument("--stop", action="append", metavar="TEXT",
                      help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")

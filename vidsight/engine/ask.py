@@ -68,7 +68,7 @@ class AskInProgress(AnswerInProgress):
         self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
                          leave=False)
         super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, generation,
-                                         on_token=self._on_token))
+                                         on_token=self._on_token, context=state.prompt_ids))
         self._since = request.clock.mark()
 
     def _on_token(self, ids: list[int]) -> None:

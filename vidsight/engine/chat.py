@@ -103,11 +103,12 @@ class ChatInProgress(AnswerInProgress):
         self.traffic_before = traffic_of(session.cache)
         self.logits: torch.Tensor | None = None
 
-    def start(self, logits: torch.Tensor, next_position: int) -> None:
-        """The question is prefilled: its last ``(vocab,)`` logits and the first answer token's position."""
+    def start(self, logits: torch.Tensor, next_position: int, context: torch.Tensor) -> None:
+        """The question is prefilled: its last ``(vocab,)`` logits, the first answer token's position
+        and the prompt's text ids (a repetition penalty counts them)."""
         self.logits, self.first_position = logits, next_position
         self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
-                             policy=self.session.policy, step=self.answer_step)
+                             policy=self.session.policy, step=self.answer_step, context=context)
         self._since = self.clock.mark()
 
     def abandon(self) -> None:
@@ -380,7 +381,7 @@ class ChatSession:
         except BaseException:   # the pass failed, or a scheduler gave the question up
             progress.abandon()
             raise
-        progress.start(logits, self._next_position + length)
+        progress.start(logits, self._next_position + length, layout.input_ids)
         return progress
 
     def _keep_turn(self, ids: list[int], last_position: int) -> None:

@@ -26,6 +26,10 @@ class GenerationConfig:
         seed: Seeds sampling, so a sampled answer is reproducible.
         stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
             text ends before the first of them.
+        repetition_penalty: transformers' (CTRL's): every token of the prompt and of the answer so
+            far has its logit divided by it (multiplied, when negative) before a token is chosen;
+            1 is none. None takes the checkpoint's own (its ``generation_config.json``:
+            Qwen2.5-VL's 1.05), as transformers' ``generate`` and vLLM do.
     """
 
     max_new_tokens: int = 128
@@ -33,8 +37,11 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    repetition_penalty: float | None = None
 
     def __post_init__(self):
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ConfigError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
         if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):

@@ -61,6 +61,8 @@ class Answer:
         on_token: Called with the ids so far after each token.
         policy: The cached tokens each generated token attends to (None: all).
         step: An ``answer`` step counting what was attended.
+        context: ``(L,)`` the prompt's token ids, which a repetition penalty counts with the
+            answer's (transformers counts its input ids; None: the answer's only).
         ids: Generated ids, ending with the end token when one was produced.
         done: No more tokens will come (an end token, a stop string, the limit, or `cancel`).
         stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
@@ -74,6 +76,7 @@ class Answer:
     on_token: Callable[[list[int]], None] | None = None
     policy: KVPolicy | None = None
     step: Step | None = None
+    context: torch.Tensor | None = None
     ids: list[int] = dataclasses.field(default_factory=list)
     done: bool = False
     stopped: bool = False
@@ -84,17 +87,33 @@ class Answer:
         # Tokens whose text holds any stop string that ends in the newest one: every token adds
         # at least a byte (special tokens end the answer anyway).
         self._stop_window = 4 * max((len(end.encode()) for end in self.config.stop), default=0) + 4
+        self._seen: torch.Tensor | None = None   # (vocab,) bool: tokens a repetition penalty applies to
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
         string or the limit."""
-        token = self._sampler(self.logits)
+        token = self._sampler(self._penalised(adapter))
         self.ids.append(token)
         if self.on_token is not None:
             self.on_token(self.ids)
         self.stopped = token in adapter.eos_token_ids or self._stop_string(adapter)
         self.done = self.stopped or len(self.ids) == self.config.max_new_tokens
         return token
+
+    def _penalised(self, adapter: VLMAdapter) -> torch.Tensor:
+        """``logits`` under the repetition penalty, in float32 as transformers applies it."""
+        penalty = self.config.repetition_penalty
+        penalty = adapter.repetition_penalty if penalty is None else penalty
+        if penalty == 1:
+            return self.logits
+        if self._seen is None:
+            self._seen = torch.zeros(len(self.logits), dtype=torch.bool, device=self.logits.device)
+            if self.context is not None:
+                self._seen[self.context.to(self.logits.device)] = True
+        if self.ids:
+            self._seen[self.ids[-1]] = True
+        logits = self.logits.float()
+        return torch.where(self._seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
     def _stop_string(self, adapter: VLMAdapter) -> bool:
         if not self.config.stop:
@@ -223,7 +242,7 @@ def generate_together(begun: list[AnswerInProgress]) -> list:
 @torch.inference_mode()
 def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
-             step: Step | None = None) -> list[int]:
+             step: Step | None = None, context: torch.Tensor | None = None) -> list[int]:
     """Decode one answer from the prefill's last logits until an end token or ``max_new_tokens``.
 
     Args:
@@ -235,11 +254,12 @@ def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_pos
         on_token: Called with the ids generated so far after each token (progress bars, streamed text).
         policy: Chooses the cached tokens each generated token attends to (None: all).
         step: An ``answer`` step that counts what the generated tokens attended.
+        context: The prompt's token ids, for a repetition penalty.
 
     Returns:
         Generated ids, ending with the end token when one was produced.
     """
-    answer = Answer(cache, logits, next_position, config, on_token, policy, step)
+    answer = Answer(cache, logits, next_position, config, on_token, policy, step, context)
     batch = DecodeBatch(adapter)
     batch.add(answer)
     batch.run()

@@ -126,6 +126,7 @@ class VLMAdapter(Protocol):
     dtype: torch.dtype
     device: torch.device
     eos_token_ids: frozenset[int]
+    repetition_penalty: float   # the checkpoint's default (its generation_config.json; 1.0: none)
 
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-templated prompt of a question or a conversation (`Conversation`), its video

@@ -45,6 +45,7 @@ class Qwen2DecoderAdapter:
         self.chat_template = chat_template
         self.vision = vision
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.repetition_penalty = float(getattr(model.generation_config, "repetition_penalty", None) or 1.0)
         text = model.config.text_config
         self.num_layers = text.num_hidden_layers
         self.num_heads = text.num_attention_heads

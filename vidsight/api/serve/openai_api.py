@@ -58,6 +58,7 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
     n: int = Field(default=1, ge=1, le=1)
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -99,7 +100,7 @@ class ChatCompletionRequest(BaseModel):
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             options["max_new_tokens"] = limit
-        for name in ("temperature", "top_p", "seed", "stop"):
+        for name in ("temperature", "top_p", "seed", "stop", "repetition_penalty"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         return options

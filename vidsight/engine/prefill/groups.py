@@ -44,6 +44,7 @@ class Prefilled:
     cache: KVStore
     logits: torch.Tensor   # (vocab,) of the first answer token
     next_position: int
+    prompt_ids: torch.Tensor   # (L,) the prompt's token ids (video slots hold the placeholder id)
 
 
 def _question_queries(adapter: VLMAdapter, ids: torch.Tensor, positions: torch.Tensor, video_start: int, video_end: int
@@ -95,7 +96,7 @@ def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | Co
                                                    max_new_tokens, request)
         with request.clock.stage("prefill"), torch.inference_mode():
             logits = adapter.logits(hidden[0, -1])
-    return Prefilled(cache, logits, prompt.next_position)
+    return Prefilled(cache, logits, prompt.next_position, prompt.ids)
 
 
 def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | Conversation, sampled_fps: float,
@@ -138,7 +139,7 @@ def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str | C
         hidden = forward(adapter, cache, adapter.embed_tokens(prompt.ids[None, end:]), prompt.positions[:, end:],
                          prompt.rows[end:])
         logits = adapter.logits(hidden[0, -1])
-    return Prefilled(cache, logits, prompt.next_position)
+    return Prefilled(cache, logits, prompt.next_position, prompt.ids)
 
 
 def _plan(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan | None) -> VideoPlan:

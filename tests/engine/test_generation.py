@@ -1,10 +1,12 @@
-"""Stop strings (OpenAI's ``stop``): an answer ends at the token that completes one, its text ends
-before it, and streamed text never shows one."""
+"""How answers end and what they avoid: stop strings (OpenAI's ``stop``) end an answer at the token
+that completes one, its text ends before it and streamed text never shows one; the repetition
+penalty is transformers' own, over the prompt and the answer so far."""
 
 import pytest
+import torch
 
 from vidsight.engine import Asker, GenerationConfig
-from vidsight.engine.generate import answer_text
+from vidsight.engine.generate import Answer, answer_text
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
 
@@ -44,3 +46,27 @@ def test_an_answer_stops_at_the_token_that_completes_a_stop_string(tiny_adapter,
     assert stopped.answer == decode(ids).split(stop, 1)[0].strip() and stop not in stopped.answer
     assert "".join(pieces) == stopped.answer
     assert stopped.to_dict()["finish_reason"] == "stop"
+
+
+class _Model:
+    """What `Answer.choose` reads of an adapter."""
+
+    eos_token_ids, repetition_penalty = frozenset({99}), 1.3
+
+
+def test_the_repetition_penalty_is_transformers_over_the_prompt_and_the_answer_so_far():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.tensor([3, 5, 5, 8])
+    answer = Answer(None, torch.zeros(20), 0, GenerationConfig(max_new_tokens=50), context=prompt)
+    for _ in range(6):
+        answer.logits = torch.randn(20, generator=generator) * 3
+        seen = torch.tensor([[*prompt.tolist(), *answer.ids]])
+        expected = RepetitionPenaltyLogitsProcessor(1.3)(seen, answer.logits[None].clone())[0]
+        assert torch.equal(answer._penalised(_Model()), expected)
+        assert answer.choose(_Model()) == int(expected.argmax())
+    assert torch.equal(Answer(None, answer.logits, 0, GenerationConfig(repetition_penalty=1.0))._penalised(_Model()),
+                       answer.logits)   # 1 leaves the logits as they are, whatever the checkpoint says
+    with pytest.raises(ConfigError, match="repetition_penalty must be positive"):
+        GenerationConfig(repetition_penalty=0)
