@@ -53,7 +53,7 @@ def test_several_questions_prefill_the_video_once_and_answer_as_each_alone(make_
         assert alone.answer == report["answer"]
 
 
-def test_a_system_message_goes_before_the_question_and_stop_strings_end_the_answer(make_test_video, tiny_model_dir, capsys):
+def test_a_system_message_stop_strings_and_logprobs(make_test_video, tiny_model_dir, capsys):
     path, _ = make_test_video(duration_s=2.0)
     question, system, generation = "What colour is the square?", "Answer in one word.", GenerationConfig(max_new_tokens=6)
     code = main(["ask", str(path), question, "--system", system, "--model", str(tiny_model_dir), "--fps", "2",
@@ -67,9 +67,13 @@ def test_a_system_message_goes_before_the_question_and_stop_strings_end_the_answ
     assert report["stats"]["prompt_tokens"] == expected.stats.prompt_tokens != plain.stats.prompt_tokens
     stop = next(text for k in range(1, 5) if len(text := expected.answer[k:k + 2].strip()) == 2 and "\ufffd" not in text)
     assert main(["ask", str(path), question, "--system", system, "--stop", stop, "--stop", "never said",
-                 "--model", str(tiny_model_dir), "--fps", "2", "--max-new-tokens", "6", "--json"]) == 0
+                 "--logprobs", "2", "--model", str(tiny_model_dir), "--fps", "2", "--max-new-tokens", "6",
+                 "--json"]) == 0
     stopped = json.loads(capsys.readouterr().out)
     assert stopped["answer"] == expected.answer.split(stop, 1)[0].strip() and stopped["finish_reason"] == "stop"
+    assert len(stopped["logprobs"]) == stopped["stats"]["generated_tokens"]
+    assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in stopped["logprobs"])
+    assert "logprobs" not in report
 
 
 def test_probe_json(make_test_video, capsys):

@@ -146,6 +146,26 @@ def test_the_checkpoints_repetition_penalty_applies_as_in_transformers_generate(
     assert plain.token_ids != result.token_ids
 
 
+def test_logprobs_are_the_log_softmax_of_transformers_logits_at_each_step(tiny_adapter, make_test_video):
+    path, _ = make_test_video(**CASES[0][1])
+    sampling = SamplingConfig(fps=CASES[0][2])
+    result = Asker(tiny_adapter).ask(path, QUESTION, sampling=sampling,
+                                     generation=GenerationConfig(max_new_tokens=NEW_TOKENS, logprobs=3))
+    inputs, _ = reference_inputs(tiny_adapter, path, sampling)
+    out = tiny_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                      return_dict_in_generate=True)
+    ends = result.token_ids[-1] in tiny_adapter.eos_token_ids
+    assert len(result.logprobs) == len(result.token_ids) - ends
+    for entry, token, logits in zip(result.logprobs, result.token_ids, out.logits):
+        expected = torch.log_softmax(logits[0].float(), dim=-1)
+        assert entry.token_id == token and entry.text == tiny_adapter.decode_text([token])
+        assert abs(entry.logprob - float(expected[token])) < 1e-3
+        assert [t.token_id for t in entry.top][0] == token   # greedy: the likeliest
+        assert [t.logprob for t in entry.top] == sorted((t.logprob for t in entry.top), reverse=True)
+        assert torch.allclose(torch.tensor([t.logprob for t in entry.top]), expected.topk(3).values, atol=1e-3)
+    assert Asker(tiny_adapter).ask(path, QUESTION, sampling=sampling).logprobs is None   # not asked: none
+
+
 def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_adapter, make_test_video):
     """Beyond the short regime, feed transformers the positions of Qwen's rule explicitly."""
     path, _ = make_test_video(width=176, height=144, duration_s=12.0)

@@ -18,6 +18,8 @@ from vidsight.ingest.types import CodecInfo
 from vidsight.kv import VIDEO
 from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPolicy, Step
 
+from vidsight.models.conversation import Conversation
+
 from tests.settings import assert_input_matters, assert_same_answer, logits_error
 from tests.variants import fast_first
 
@@ -70,6 +72,18 @@ def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter
         if earlier is not None:   # more frames and another question: the comparison could fail
             assert_input_matters(logits, earlier, logits_error(answer.logits, logits))
         earlier = logits
+
+
+def test_a_system_message_goes_before_the_stream_as_before_a_question_to_ask(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[2])
+    system = "You watch a shop's camera."
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS, system=system))
+    session.push(as_frames(batch, 0, len(batch)))
+    answer = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    logits, ids = reference(tiny_adapter, batch, len(batch), Conversation.of(QUESTIONS[0], system))
+    assert_same_answer(answer.token_ids, answer.logits, ids, logits)
+    plain, _ = reference(tiny_adapter, batch, len(batch), QUESTIONS[0])
+    assert_input_matters(logits, plain, logits_error(answer.logits, logits))
 
 
 def test_the_question_and_answer_leave_only_the_video_in_the_cache(tiny_adapter, make_test_video):

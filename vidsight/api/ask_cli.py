@@ -34,6 +34,8 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--repetition-penalty", type=_float, default=None,
                      help="divide the logits of tokens already in the prompt or answer by this (1: none; "
                           "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")
+    ask.add_argument("--logprobs", type=int, default=None, metavar="K",
+                     help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")
     ask.add_argument("--stop", action="append", metavar="TEXT",
                      help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")

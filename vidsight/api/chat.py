@@ -37,6 +37,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                       help="encode and prefill K temporal patches together (Mosaic's batching; default: 1)")
     chat.add_argument("--keep-dialogue", action="store_true",
                       help="keep each question and answer in the memory, as a chat would (default: only video)")
+    chat.add_argument("--system", default=None, metavar="TEXT",
+                      help="a system message before the stream (default: the chat template's own)")
     chat.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
     chat.add_argument("--realtime", action="store_true", help="replay a file at its own frame rate")
     chat.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",

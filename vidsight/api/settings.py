@@ -22,7 +22,7 @@ ASK_SETTINGS = {
     "motion_source": ("motion", "source"),
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
     "top_p": ("generation", "top_p"), "seed": ("generation", "seed"), "stop": ("generation", "stop"),
-    "repetition_penalty": ("generation", "repetition_penalty"),
+    "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
 }
 WATCH_SETTINGS = {
     "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),
@@ -34,6 +34,7 @@ WATCH_SETTINGS = {
 }
 CHAT_SETTINGS = {
     "fps": ("chat", "fps"), "batch_patches": ("chat", "batch_patches"), "keep_dialogue": ("chat", "keep_dialogue"),
+    "system": ("chat", "system"),
 }
 TIER_SETTINGS = {
     "kv_device_budget": ("tiers", "device_tokens"), "kv_host_budget": ("tiers", "host_tokens"),

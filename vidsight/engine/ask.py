@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
-from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
+from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, TokenLogprob, answer_text, token_logprobs
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
@@ -43,15 +43,19 @@ class AskResult:
         stats: Frames, tokens, stage times and peak memory.
         finish_reason: ``stop`` (an end token or a stop string) or ``length`` (``max_new_tokens``),
             as OpenAI names them.
+        logprobs: Each generated token's log probability (`TokenLogprob`; an end token left out),
+            when ``GenerationConfig.logprobs`` asked for them; else None.
     """
 
     answer: str
     token_ids: list[int]
     stats: AskStats
     finish_reason: str = "stop"
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict:
-        return {"answer": self.answer, "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        logprobs = {} if self.logprobs is None else {"logprobs": [t.to_dict() for t in self.logprobs]}
+        return {"answer": self.answer, "finish_reason": self.finish_reason, **logprobs, "stats": self.stats.to_dict()}
 
 
 class AskInProgress(AnswerInProgress):
@@ -87,7 +91,8 @@ class AskInProgress(AnswerInProgress):
         clock.stats.generated_tokens = len(ids)
         answer = self.answer
         return AskResult(answer=answer_text(self.adapter.decode_text(ids), answer.config.stop), token_ids=ids,
-                         stats=clock.finish(), finish_reason="stop" if answer.stopped else "length")
+                         stats=clock.finish(), finish_reason="stop" if answer.stopped else "length",
+                         logprobs=None if answer.config.logprobs is None else token_logprobs(self.adapter, answer))
 
 
 class Asker:

@@ -31,7 +31,7 @@ from vidsight.kv.policies import FullPolicy, KVPolicy, Step
 from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
-from vidsight.models.conversation import check_question
+from vidsight.models.conversation import Conversation
 from vidsight.vision import preprocess_video, video_size
 
 # Cache slots allocated up front; the cache doubles as the stream grows.
@@ -54,11 +54,14 @@ class ChatConfig:
             execution): one vision call and one causal chunk for all of them, with one retrieval
             for the chunk. A question first prefills the complete patches waiting. 1: each
             patch as soon as it is complete.
+        system: A system message before the stream (None: the chat template's own), as
+            ``ask --system`` puts one before a question.
     """
 
     fps: float = 1.0
     keep_dialogue: bool = False
     batch_patches: int = 1
+    system: str | None = None
 
     def __post_init__(self):
         if not 0 < self.fps <= 120:
@@ -164,7 +167,7 @@ class ChatSession:
         self.cache = new_cache(adapter, INITIAL_CAPACITY, tiers)
         # The session's own policy state (a policy object given to several sessions is shared by none).
         self.policy = (policy if policy is not None else FullPolicy()).start(self.cache)
-        layout = adapter.build_prompt("?", 0)
+        layout = adapter.build_prompt(Conversation.of("?", self.config.system), 0)
         self._prefix = layout.input_ids[: layout.video_start]
         self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
         self._size: tuple[int, int] | None = None  # resized (height, width), fixed by the first frame
@@ -356,13 +359,13 @@ class ChatSession:
         model and gives the answer to generate, so a server prefills the question beside other
         sequences and generates the answer in its decode batch. The session takes no frames
         until the answer is finished."""
-        check_question(question)
+        conversation = Conversation.of(question, self.config.system)   # refused before anything is done
         self._check_idle()
         drive(self._flushing(), self.adapter)
         if self._patches == 0:
             raise ConfigError(f"no video yet: a question needs {self.adapter.vision.temporal_patch_size} frames "
                               f"first (one temporal patch); {self.frames_seen} arrived")
-        layout = self.adapter.build_prompt(question, 0)
+        layout = self.adapter.build_prompt(conversation, 0)
         if not torch.equal(layout.input_ids[: layout.video_start], self._prefix):
             raise ModelError(f"{self.adapter.name}: the chat template puts text that depends on the question "
                              "before the video; a stream cannot be prefilled ahead of its questions")

@@ -12,6 +12,7 @@ DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
 # Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+MAX_LOGPROBS = 20   # OpenAI's top_logprobs
 ALERT_AFTER = 2
 
 
@@ -30,6 +31,8 @@ class GenerationConfig:
             far has its logit divided by it (multiplied, when negative) before a token is chosen;
             1 is none. None takes the checkpoint's own (its ``generation_config.json``:
             Qwen2.5-VL's 1.05), as transformers' ``generate`` and vLLM do.
+        logprobs: Record each chosen token's log probability and this many of the likeliest
+            tokens' at its step (OpenAI's ``top_logprobs``, at most 20); None records none.
     """
 
     max_new_tokens: int = 128
@@ -38,8 +41,11 @@ class GenerationConfig:
     seed: int = 0
     stop: tuple[str, ...] = ()
     repetition_penalty: float | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ConfigError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

@@ -49,6 +49,30 @@ def answer_text(text: str, stop: tuple[str, ...] = (), final: bool = True) -> st
     return text.strip()
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability under the model (its own distribution, before a
+    repetition penalty or temperature, as vLLM reports it), with the likeliest tokens' at its step.
+
+    Attributes:
+        token_id: The token.
+        text: Its text alone.
+        logprob: Its natural log probability.
+        top: The likeliest tokens at the step, most likely first (their own ``top`` empty).
+    """
+
+    token_id: int
+    text: str
+    logprob: float
+    top: tuple["TokenLogprob", ...] = ()
+
+    def to_dict(self, alternatives: bool = True) -> dict:
+        """OpenAI's form: ``token``, ``logprob``, ``bytes`` and, for a generated token (not one of
+        the ``alternatives`` themselves), ``top_logprobs``."""
+        entry = {"token": self.text, "logprob": self.logprob, "bytes": list(self.text.encode())}
+        return {**entry, "top_logprobs": [t.to_dict(False) for t in self.top]} if alternatives else entry
+
+
 @dataclasses.dataclass
 class Answer:
     """One answer being generated: its cache, where it stands, and what it produced.
@@ -67,6 +91,7 @@ class Answer:
         done: No more tokens will come (an end token, a stop string, the limit, or `cancel`).
         stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
         cancelled: `cancel` ended it (every id chosen was fed to the cache).
+        logprobs: With ``config.logprobs``, per chosen token ``(logprob, top ids, top logprobs)``.
     """
 
     cache: KVStore
@@ -81,6 +106,7 @@ class Answer:
     done: bool = False
     stopped: bool = False
     cancelled: bool = False
+    logprobs: list[tuple[float, list[int], list[float]]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         self._sampler = TokenSampler(self.config, self.logits.device)
@@ -94,6 +120,10 @@ class Answer:
         string or the limit."""
         token = self._sampler(self._penalised(adapter))
         self.ids.append(token)
+        if self.config.logprobs is not None:
+            logprobs = torch.log_softmax(self.logits.float(), dim=-1)
+            top = torch.topk(logprobs, self.config.logprobs)
+            self.logprobs.append((float(logprobs[token]), top.indices.tolist(), top.values.tolist()))
         if self.on_token is not None:
             self.on_token(self.ids)
         self.stopped = token in adapter.eos_token_ids or self._stop_string(adapter)
@@ -195,6 +225,15 @@ class DecodeBatch:
         """Step until every answer has ended."""
         while self.step():
             pass
+
+
+def token_logprobs(adapter: VLMAdapter, answer: Answer, start: int = 0) -> list[TokenLogprob]:
+    """``answer``'s recorded log probabilities from its ``start``-th token, each token's text
+    alone; an end token, which ends the answer and is no part of its text, is left out."""
+    ids = answer.ids[:-1] if answer.ids and answer.ids[-1] in adapter.eos_token_ids else answer.ids
+    return [TokenLogprob(token, adapter.decode_text([token]), logprob,
+                         tuple(TokenLogprob(t, adapter.decode_text([t]), p) for t, p in zip(top_ids, top_logprobs)))
+            for token, (logprob, top_ids, top_logprobs) in zip(ids[start:], answer.logprobs[start:])]
 
 
 class AnswerInProgress:

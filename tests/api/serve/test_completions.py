@@ -73,6 +73,30 @@ def test_a_stop_string_ends_the_answer_streamed_or_not(make_server, media, expec
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
 
 
+def test_logprobs_come_whole_or_with_the_pieces_they_made(make_server, media, tiny_adapter):
+    want = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                   generation=GenerationConfig(max_new_tokens=12, logprobs=2))
+    expected = [entry.to_dict() for entry in want.logprobs]
+    with make_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=12, logprobs=True,
+                       top_logprobs=2, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+        whole = client.chat.completions.create(**request)
+        chunks = list(client.chat.completions.create(**request, stream=True))
+    streamed = [entry.model_dump() for c in chunks if c.choices and c.choices[0].logprobs
+                for entry in c.choices[0].logprobs.content]
+    for got in ([entry.model_dump() for entry in whole.choices[0].logprobs.content], streamed):
+        # The server's float32 passes round as `ask`'s do, within the tolerance (batched, packed weights).
+        assert [(e["token"], e["bytes"], [t["token"] for t in e["top_logprobs"]]) for e in got] == \
+            [(e["token"], e["bytes"], [t["token"] for t in e["top_logprobs"]]) for e in expected]
+        values = lambda entries: [v for e in entries for v in (e["logprob"], *(t["logprob"] for t in e["top_logprobs"]))]
+        assert max(abs(a - b) for a, b in zip(values(got), values(expected))) < FLOAT32_TOLERANCE
+    assert len(expected) == len(want.token_ids)
+    for c in chunks:   # a piece of text comes with the tokens that made it
+        if c.choices and c.choices[0].delta.content:
+            assert c.choices[0].logprobs.content
+
+
 def test_a_base64_video_is_answered_and_leaves_no_file(make_server, media, expected, scratch):
     data = "data:video/mp4;base64," + base64.b64encode((media / "clip.mp4").read_bytes()).decode()
     with make_server() as (url, _):

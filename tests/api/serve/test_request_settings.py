@@ -27,6 +27,16 @@ def test_request_settings_give_the_prefill_the_cli_flags_give(settings, flags):
     assert prefill == ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[2]
 
 
+def test_a_requests_generation_fields_give_the_config_the_ask_flags_give():
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], max_tokens=7,
+                                 temperature=0.5, top_p=0.9, seed=3, stop=["\n", "Q:"], repetition_penalty=1.1)
+    flags = ["--max-new-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--seed", "3", "--stop", "\n",
+             "--stop", "Q:", "--repetition-penalty", "1.1"]
+    _, generation, _ = ask_configs(body.ask_options())
+    assert generation == ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[1]
+    assert generation.stop == ("\n", "Q:") and generation.repetition_penalty == 1.1
+
+
 def test_an_unknown_motion_rule_is_refused():
     with pytest.raises(ConfigError, match="unknown motion rule"):
         ask_configs(request(prune_tau=0.25, prune_rule="median").ask_options())
@@ -45,3 +55,13 @@ def test_a_watch_body_and_the_watch_flags_give_the_same_config(body, flags, catc
     served = watch_config(WatchRequest(source="cam", query="q", **body).model_dump())
     assert served == watch_config(vars(build_parser().parse_args(["watch", "cam", "--query", "q", *flags])))
     assert served.catch_up is catch_up
+
+
+def test_a_session_body_and_the_chat_flags_give_the_same_system_message():
+    from vidsight.api.serve.session_routes import SessionRequest
+    from vidsight.api.settings import chat_configs
+
+    body = SessionRequest(source="cam", system="You watch a shop's camera.").model_dump()
+    config, _ = chat_configs({name: body[name] for name in ("fps", "batch_patches", "system")})
+    assert config == chat_configs(vars(build_parser().parse_args(["chat", "cam", "--system", body["system"]])))[0]
+    assert config.system == "You watch a shop's camera."

@@ -160,6 +160,8 @@ def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
     ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"}]}, 400,
      "the last message must be the user's"),
     ({**body("clip.mp4"), "max_tokens": 0}, 422, "max_tokens"),
+    ({**body("clip.mp4"), "top_logprobs": 2}, 422, "top_logprobs needs logprobs: true"),
+    ({**body("clip.mp4"), "logprobs": True, "top_logprobs": 21}, 422, "top_logprobs"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fsp": 2}}, 422, "unknown video settings: fsp"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fps": -1}}, 422, "fps must be a positive number"),
     ({**body("clip.mp4"), "model": "gpt-4o"}, 404, "does not exist"),

@@ -12,14 +12,16 @@ from vidsight.ingest.stream import StreamSource
 
 pytestmark = pytest.mark.slow
 QUESTION = "What colour was the square?"
+SYSTEM = "You watch a shop's camera."
 
 
 def test_a_session_answers_as_a_chat_session_fed_the_same_stream(make_server, media, tiny_adapter):
-    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
+    """With a system message of its own: the session's, as `vidsight chat --system` gives it."""
+    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0, system=SYSTEM)) as chat:
         chat.push(StreamSource(media / "clip.mp4", fps=2.0))
         expected = chat.ask(QUESTION, GenerationConfig(max_new_tokens=8))
     with make_server() as (url, _):
-        opened = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0})
+        opened = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0, "system": SYSTEM})
         assert opened.status_code == 201, opened.text
         session_id = opened.json()["id"]
         deadline = time.monotonic() + 60

@@ -109,16 +109,31 @@ def check_api_key(config: ServeConfig, authorization: str) -> Tenant:
 async def _complete(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
                     generation, prefill):
     """Answer one chat completion, streamed as OpenAI's chunks or whole."""
+    from vidsight.engine.generate import token_logprobs
+
     metrics, name, request_id = server.metrics, server.config.served_name, completion_id()
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue = asyncio.Queue()
     first = []
+    # The answer once prefilled, and how many of its tokens' log probabilities went out: each text
+    # piece carries those of the tokens it came from (called on the model thread, after prefill).
+    begun, sent = [], [0]
 
     def on_text(text: str) -> None:
         if not first:
             first.append(time.perf_counter())
-        loop.call_soon_threadsafe(pieces.put_nowait, ("text", text))
+        logprobs = None
+        if generation.logprobs is not None and begun:
+            logprobs = token_logprobs(server.adapter, begun[0].answer, sent[0])
+            sent[0] += len(logprobs)
+        loop.call_soon_threadsafe(pieces.put_nowait, ("text", (text, logprobs)))
+
+    def begin():
+        progress = yield from server.asker.begin_steps(path, conversation, sampling=sampling, generation=generation,
+                                                       prefill=prefill, on_text=on_text)
+        begun.append(progress)
+        return progress
 
     exits = contextlib.AsyncExitStack()
     await exits.__aenter__()
@@ -126,9 +141,7 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
         exits.enter_context(server.admit())
         path = await exits.enter_async_context(video_file(video, server.config))
         tickets = []
-        work = asyncio.ensure_future(server.run_answer(
-            lambda: server.asker.begin_steps(path, conversation, sampling=sampling, generation=generation,
-                                             prefill=prefill, on_text=on_text), tickets.append))
+        work = asyncio.ensure_future(server.run_answer(begin, tickets.append))
         work.add_done_callback(lambda done: pieces.put_nowait(("done", None)))
         # A client that goes away ends its answer at the next decode step.
         exits.callback(lambda: tickets and not work.done() and tickets[0].cancel())
@@ -136,7 +149,7 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
             result = await work
             await exits.aclose()
             return completion(request_id, name, result.answer, result.finish_reason,
-                              _account(metrics, result, started, first))
+                              _account(metrics, result, started, first), result.logprobs)
         # The answer's first piece (or its failure) comes before the response starts, so a bad
         # video still gets its HTTP status.
         head = await pieces.get()
@@ -152,13 +165,16 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
             yield _sse(chunk(request_id, name, {"role": "assistant", "content": ""}))
             pending = [head]
             while True:
-                kind, text = pending.pop() if pending else await pieces.get()
+                kind, piece = pending.pop() if pending else await pieces.get()
                 if kind == "done":
                     break
-                yield _sse(chunk(request_id, name, {"content": text}))
+                text, logprobs = piece
+                yield _sse(chunk(request_id, name, {"content": text}, logprobs=logprobs))
             result = await work
             usage = _account(metrics, result, started, first)
-            yield _sse(chunk(request_id, name, {}, result.finish_reason))
+            # The last tokens' log probabilities (text held back, then a stop string or nothing).
+            rest = None if result.logprobs is None else result.logprobs[sent[0]:]
+            yield _sse(chunk(request_id, name, {}, result.finish_reason, logprobs=rest))
             if (body.stream_options or {}).get("include_usage"):
                 yield _sse(chunk(request_id, name, {}, usage=usage))
         except VidsightError as exc:

@@ -59,6 +59,8 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     n: int = Field(default=1, ge=1, le=1)
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -103,6 +105,10 @@ class ChatCompletionRequest(BaseModel):
         for name in ("temperature", "top_p", "seed", "stop", "repetition_penalty"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError(422, "top_logprobs needs logprobs: true")
+        if self.logprobs:
+            options["logprobs"] = self.top_logprobs or 0
         return options
 
 
@@ -110,17 +116,23 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def completion(request_id: str, model: str, answer: str, finish_reason: str, usage: dict) -> dict:
+def logprobs_of(entries: list | None) -> dict | None:
+    """OpenAI's ``logprobs`` of a choice: ``{"content": [...]}`` of `TokenLogprob` entries, or None."""
+    return None if entries is None else {"content": [entry.to_dict() for entry in entries]}
+
+
+def completion(request_id: str, model: str, answer: str, finish_reason: str, usage: dict,
+               logprobs: list | None = None) -> dict:
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                         "finish_reason": finish_reason, "logprobs": None}],
+                         "finish_reason": finish_reason, "logprobs": logprobs_of(logprobs)}],
             "usage": usage}
 
 
 def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
-          usage: dict | None = None) -> dict:
+          usage: dict | None = None, logprobs: list | None = None) -> dict:
     choices = [] if usage is not None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                                             "logprobs": None}]
+                                             "logprobs": logprobs_of(logprobs)}]
     out = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
            "choices": choices}
     if usage is not None:

@@ -25,6 +25,8 @@ class SessionRequest(BaseModel):
                                                                        "e.g. {'top_frames': 16}")
     fps: float = Field(default=1.0, gt=0)
     batch_patches: int = Field(default=1, ge=1)
+    system: str | None = Field(default=None, description="a system message before the stream (default: the "
+                                                         "chat template's own)")
     realtime: bool = False
     kv_device_budget: int | None = Field(default=None, ge=1, description="cached tokens (summed over layers) the "
                                          "device keeps; the rest moves to host memory (`vidsight chat`'s flag)")

@@ -62,8 +62,8 @@ class SessionManager:
         # A client sets budgets; where the disk tier lives is the server's choice alone.
         budgets = {name: spec.get(name) for name in ("kv_device_budget", "kv_host_budget")}
         disk = self.serve_config.kv_disk if any(v is not None for v in budgets.values()) else None
-        config, tiers = chat_configs({"fps": spec["fps"], "batch_patches": spec["batch_patches"], **budgets,
-                                      "kv_disk": disk})
+        config, tiers = chat_configs({"fps": spec["fps"], "batch_patches": spec["batch_patches"],
+                                      "system": spec.get("system"), **budgets, "kv_disk": disk})
         stream = StreamSource(source, fps=spec["fps"], realtime=spec["realtime"], ffmpeg_options=options,
                               reconnect_tries=self.serve_config.source_retries,
                               reconnect_window_s=self.serve_config.source_retry_window_s)
