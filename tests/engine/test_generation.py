@@ -70,3 +70,24 @@ def test_the_repetition_penalty_is_transformers_over_the_prompt_and_the_answer_s
                        answer.logits)   # 1 leaves the logits as they are, whatever the checkpoint says
     with pytest.raises(ConfigError, match="repetition_penalty must be positive"):
         GenerationConfig(repetition_penalty=0)
+
+
+def test_frequency_and_presence_penalties_are_openais_over_the_answer_after_the_repetition_penalty():
+    """vLLM's order and OpenAI's definition: logit / repetition (x repetition below 0) for tokens of
+    the prompt and the answer, then minus frequency x count and presence x [count > 0], counts over
+    the answer alone."""
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.tensor([3, 5])
+    config = GenerationConfig(max_new_tokens=50, frequency_penalty=0.7, presence_penalty=-0.4)
+    answer = Answer(None, torch.zeros(6), 0, config, context=prompt)
+    for _ in range(10):   # more tokens than the vocabulary: some come again
+        answer.logits = torch.randn(6, generator=generator) * 3
+        counts = torch.bincount(torch.tensor(answer.ids, dtype=torch.long), minlength=6).float()
+        seen = torch.zeros(6, dtype=torch.bool)
+        seen[prompt], seen[counts > 0] = True, True
+        repeated = torch.where(seen, torch.where(answer.logits < 0, answer.logits * 1.3, answer.logits / 1.3), answer.logits)
+        expected = repeated - 0.7 * counts - (-0.4) * (counts > 0).float()
+        assert torch.allclose(answer._penalised(_Model()), expected, atol=1e-6)
+        answer.choose(_Model())
+    with pytest.raises(ConfigError, match="must be in \\[-2, 2\\]"):
+        GenerationConfig(presence_penalty=2.5)

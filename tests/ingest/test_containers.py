@@ -343,3 +343,42 @@ def test_a_capture_cut_mid_gop_starts_at_its_first_keyframe(make_test_video, tmp
     for strategy in ("intervals", "seek"):
         parallel = decode_parallel(cut, indices, DecodeConfig(trim_gops=True), info, workers=3, strategy=strategy)
         assert parallel.frames_lost == 0 and torch.equal(parallel.data, expected[torch.from_numpy(indices)])
+
+
+def leading_pictures(path) -> int:
+    """Packets of an HEVC file in MKV or MP4 whose pictures are RASL (NAL types 8 and 9): shown
+    before the CRA keyframe they follow in coding order, and referring to the GOP before it."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        length = (stream.codec_context.extradata[21] & 3) + 1   # hvcC's lengthSizeMinusOne
+        count = 0
+        for packet in container.demux(stream):
+            data, at = bytes(packet), 0
+            while at + length < len(data):
+                kind = (data[at + length] >> 1) & 0x3F
+                if kind < 32:   # the packet's first slice
+                    count += kind in (8, 9)
+                    break
+                at += length + int.from_bytes(data[at:at + length], "big")
+    return count
+
+
+@pytest.mark.parametrize("strategy", ["intervals", "seek"])
+def test_hevc_open_gops_give_their_leading_pictures_on_every_path(make_test_video, strategy):
+    """x265's GOPs are open by default: a keyframe after the first is a CRA picture, and B-frames
+    shown before it but coded after it (RASL) refer to the GOP before, so a decoder that starts at
+    the CRA drops them. Every frame, and sparse samples next to the keyframes, come out of interval
+    and seek decoding as sequential decoding gives them."""
+    path, _ = make_test_video(duration_s=6.0, fps=25, gop=50, suffix=".mkv", codec="hevc", bframes=True)
+    assert leading_pictures(path) >= 2
+    info = probe(path)
+    keyframes = info.keyframe_indices.tolist()
+    near = sorted({k + d for k in keyframes[1:] for d in (-3, -2, -1, 0, 1)})
+    for indices in (None, np.array(near), np.arange(0, info.frame_count, 7)):
+        sequential = decode_frames(path, indices, DecodeConfig(), info)
+        assert sequential.frames_lost == 0 and len(sequential) == (info.frame_count if indices is None else len(indices))
+        parallel = decode_parallel(path, indices, DecodeConfig(trim_gops=True), info, workers=2, strategy=strategy)
+        assert parallel.frames_lost == 0
+        assert_same_frames(sequential, parallel)

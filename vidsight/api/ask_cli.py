@@ -34,6 +34,10 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--repetition-penalty", type=_float, default=None,
                      help="divide the logits of tokens already in the prompt or answer by this (1: none; "
                           "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")
+    ask.add_argument("--frequency-penalty", type=_float, default=None,
+                     help="lower each token's logit by this times its count in the answer (OpenAI's; -2 to 2)")
+    ask.add_argument("--presence-penalty", type=_float, default=None,
+                     help="lower the logit of each token already in the answer by this (OpenAI's; -2 to 2)")
     ask.add_argument("--logprobs", type=int, default=None, metavar="K",
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")
     ask.add_argument("--stop", action="append", metavar="TEXT",

@@ -23,6 +23,7 @@ ASK_SETTINGS = {
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
     "top_p": ("generation", "top_p"), "seed": ("generation", "seed"), "stop": ("generation", "stop"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
+    "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
 }
 WATCH_SETTINGS = {
     "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),

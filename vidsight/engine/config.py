@@ -31,6 +31,10 @@ class GenerationConfig:
             far has its logit divided by it (multiplied, when negative) before a token is chosen;
             1 is none. None takes the checkpoint's own (its ``generation_config.json``:
             Qwen2.5-VL's 1.05), as transformers' ``generate`` and vLLM do.
+        frequency_penalty: OpenAI's: each token's logit is lowered by this times its count in the
+            answer so far (-2 to 2; 0 is none).
+        presence_penalty: OpenAI's: each token already in the answer has its logit lowered by
+            this (-2 to 2; 0 is none; Qwen3-VL's card suggests 1.5).
         logprobs: Record each chosen token's log probability and this many of the likeliest
             tokens' at its step (OpenAI's ``top_logprobs``, at most 20); None records none.
     """
@@ -41,9 +45,14 @@ class GenerationConfig:
     seed: int = 0
     stop: tuple[str, ...] = ()
     repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     logprobs: int | None = None
 
     def __post_init__(self):
+        if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
+            raise ConfigError(f"frequency_penalty and presence_penalty must be in [-2, 2], got "
+                              f"{self.frequency_penalty} and {self.presence_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ConfigError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:

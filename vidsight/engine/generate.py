@@ -113,7 +113,10 @@ class Answer:
         # Tokens whose text holds any stop string that ends in the newest one: every token adds
         # at least a byte (special tokens end the answer anyway).
         self._stop_window = 4 * max((len(end.encode()) for end in self.config.stop), default=0) + 4
-        self._seen: torch.Tensor | None = None   # (vocab,) bool: tokens a repetition penalty applies to
+        # (vocab,) each token's count in the answer so far, and whether the prompt holds it (penalties).
+        self._counts: torch.Tensor | None = None
+        self._in_prompt: torch.Tensor | None = None
+        self._counted = 0   # answer tokens in the counts
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
@@ -131,19 +134,26 @@ class Answer:
         return token
 
     def _penalised(self, adapter: VLMAdapter) -> torch.Tensor:
-        """``logits`` under the repetition penalty, in float32 as transformers applies it."""
-        penalty = self.config.repetition_penalty
-        penalty = adapter.repetition_penalty if penalty is None else penalty
-        if penalty == 1:
+        """``logits`` under the penalties, in float32 as transformers and vLLM apply them: the
+        repetition penalty over the prompt's and the answer's tokens, then OpenAI's frequency and
+        presence penalties over the answer's."""
+        config = self.config
+        repetition = adapter.repetition_penalty if config.repetition_penalty is None else config.repetition_penalty
+        if repetition == 1 and not config.frequency_penalty and not config.presence_penalty:
             return self.logits
-        if self._seen is None:
-            self._seen = torch.zeros(len(self.logits), dtype=torch.bool, device=self.logits.device)
+        if self._counts is None:
+            self._counts = torch.zeros(len(self.logits), device=self.logits.device)
+            self._in_prompt = torch.zeros(len(self.logits), dtype=torch.bool, device=self.logits.device)
             if self.context is not None:
-                self._seen[self.context.to(self.logits.device)] = True
-        if self.ids:
-            self._seen[self.ids[-1]] = True
-        logits = self.logits.float()
-        return torch.where(self._seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+                self._in_prompt[self.context.to(self.logits.device)] = True
+        for token in self.ids[self._counted:]:
+            self._counts[token] += 1
+        self._counted = len(self.ids)
+        logits, answered = self.logits.float(), self._counts > 0
+        if repetition != 1:
+            seen = self._in_prompt | answered
+            logits = torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
+        return logits - config.frequency_penalty * self._counts - config.presence_penalty * answered.float()
 
     def _stop_string(self, adapter: VLMAdapter) -> bool:
         if not self.config.stop:

@@ -59,8 +59,14 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # Read only to refuse what would change the answer's form: vidsight answers in free text.
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=1)
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -102,7 +108,15 @@ class ChatCompletionRequest(BaseModel):
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             options["max_new_tokens"] = limit
-        for name in ("temperature", "top_p", "seed", "stop", "repetition_penalty"):
+        if (self.response_format or {}).get("type", "text") != "text":
+            raise RequestError(400, f"response_format {self.response_format.get('type')!r} is not supported; "
+                                    "vidsight answers in free text")
+        if self.tools:
+            raise RequestError(400, "tools are not supported; vidsight answers in free text")
+        if self.logit_bias:
+            raise RequestError(400, "logit_bias is not supported")
+        for name in ("temperature", "top_p", "seed", "stop", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         if self.top_logprobs is not None and not self.logprobs:
