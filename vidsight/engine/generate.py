@@ -113,10 +113,13 @@ class Answer:
         # Tokens whose text holds any stop string that ends in the newest one: every token adds
         # at least a byte (special tokens end the answer anyway).
         self._stop_window = 4 * max((len(end.encode()) for end in self.config.stop), default=0) + 4
-        # (vocab,) each token's count in the answer so far, and whether the prompt holds it (penalties).
+        # The penalties' bookkeeping: (vocab,) each token's count in the answer so far; the tokens of
+        # the prompt or the answer, and of the answer, as sets and index tensors; answer tokens counted.
         self._counts: torch.Tensor | None = None
-        self._in_prompt: torch.Tensor | None = None
-        self._counted = 0   # answer tokens in the counts
+        self._seen: set[int] = set()
+        self._answered: set[int] = set()
+        self._seen_ids = self._answered_ids = None
+        self._counted = 0
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
@@ -136,24 +139,38 @@ class Answer:
     def _penalised(self, adapter: VLMAdapter) -> torch.Tensor:
         """``logits`` under the penalties, in float32 as transformers and vLLM apply them: the
         repetition penalty over the prompt's and the answer's tokens, then OpenAI's frequency and
-        presence penalties over the answer's."""
+        presence penalties over the answer's. Only the tokens concerned are touched (a few
+        thousand of a vocabulary of 150,000)."""
         config = self.config
         repetition = adapter.repetition_penalty if config.repetition_penalty is None else config.repetition_penalty
         if repetition == 1 and not config.frequency_penalty and not config.presence_penalty:
             return self.logits
+        device = self.logits.device
         if self._counts is None:
-            self._counts = torch.zeros(len(self.logits), device=self.logits.device)
-            self._in_prompt = torch.zeros(len(self.logits), dtype=torch.bool, device=self.logits.device)
-            if self.context is not None:
-                self._in_prompt[self.context.to(self.logits.device)] = True
+            self._counts = torch.zeros(len(self.logits), device=device)
+            self._seen, self._answered = set() if self.context is None else set(self.context.tolist()), set()
+            self._seen_ids = torch.tensor(sorted(self._seen), dtype=torch.long, device=device)
+            self._answered_ids = torch.zeros(0, dtype=torch.long, device=device)
+        seen, answered = [], []
         for token in self.ids[self._counted:]:
             self._counts[token] += 1
+            for known, fresh in ((self._seen, seen), (self._answered, answered)):
+                if token not in known:
+                    known.add(token)
+                    fresh.append(token)
+        self._seen_ids = torch.cat([self._seen_ids, torch.tensor(seen, dtype=torch.long, device=device)])
+        self._answered_ids = torch.cat([self._answered_ids, torch.tensor(answered, dtype=torch.long, device=device)])
         self._counted = len(self.ids)
-        logits, answered = self.logits.float(), self._counts > 0
+        logits = self.logits.to(torch.float32, copy=True)
         if repetition != 1:
-            seen = self._in_prompt | answered
-            logits = torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
-        return logits - config.frequency_penalty * self._counts - config.presence_penalty * answered.float()
+            values = logits[self._seen_ids]
+            logits[self._seen_ids] = torch.where(values < 0, values * repetition, values / repetition)
+        answered = self._answered_ids
+        if config.frequency_penalty:
+            logits[answered] -= config.frequency_penalty * self._counts[answered]
+        if config.presence_penalty:
+            logits[answered] -= config.presence_penalty
+        return logits
 
     def _stop_string(self, adapter: VLMAdapter) -> bool:
         if not self.config.stop:
