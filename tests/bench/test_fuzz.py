@@ -88,3 +88,17 @@ def test_the_shaped_sources_are_shaped_as_named(tmp_path):
     with av.open(str(sources["hevc-pq.mp4"])) as container:
         assert content_peak(next(container.decode(video=0))) == 1500.0
     assert probe(sources["mpeg2-interlaced.mpg"]).interlaced
+
+
+def test_a_file_whose_timestamps_outlast_the_time_limit_is_not_replayed(make_test_video, tmp_path, monkeypatch):
+    """A bit flipped in an AVI's header put its 18 frames 45 minutes apart (fuzz seed 61): replayed
+    in real time that takes 13.6 hours, as long as the file says, so it is left out of real-time
+    replays rather than counted as a hang; a file that cannot be probed still runs (it fails fast)."""
+    import vidsight.ingest as ingest
+    from vidsight.bench.fuzz import replayable
+
+    path, _ = make_test_video(duration_s=2.0)
+    assert replayable(str(path), 60) and replayable(str(tmp_path / "missing.mp4"), 60)
+    stretched = ingest.probe(path)
+    monkeypatch.setattr(ingest, "probe", lambda _: type(stretched)(**{**vars(stretched), "duration_s": 49153.5}))
+    assert not replayable(str(path), 60)

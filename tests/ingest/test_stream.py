@@ -516,3 +516,24 @@ def test_a_closed_stream_ends_at_its_next_frame_and_is_not_reopened(make_test_vi
     assert list(frames) == [] and len(opened) == 1
     going_on = iter(StreamSource("rtsp://camera.invalid/live", fps=8.0))
     assert len([next(going_on) for _ in range(20)]) == 20 and len(opened) >= 3   # not closed: reopened after drops
+
+
+def test_closing_a_real_time_replay_ends_its_wait_for_the_next_frame(make_test_video):
+    """A replay waits for each frame's time (seconds apart here, hours in a recording whose
+    timestamps are damaged): a close from another thread ends the wait at once, not at the frame."""
+    path, _ = make_test_video(width=160, height=120, fps=0.25, duration_s=12.0, gop=1)
+    source = StreamSource(path, fps=0.25, realtime=True)
+    got, ended = [], threading.Event()
+
+    def read():
+        got.extend(source)
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(got) == 1   # the next frame is due 4 s later
+    closed_at = time.monotonic()
+    source.close()
+    assert ended.wait(2.0) and time.monotonic() - closed_at < 1.0 and len(got) == 1

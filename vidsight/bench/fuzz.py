@@ -113,7 +113,8 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
         rng = np.random.default_rng(seed)
         made = [make_case(k, inputs, sources, rng) for k in range(cases)]
         jobs = [(case, command) for case in made for command in commands
-                if command != "watch-stdin" or pipeable(case.path)]
+                if (command != "watch-stdin" or pipeable(case.path))
+                and (command != "watch-live" or replayable(case.path, time_limit_s))]
         request = {"main": main, "workers": workers, "time_limit_s": time_limit_s, "progress": progress,
                    "jobs": [{"argv": command_line(command, case.path, str(model)),
                              "stdin": case.path if command == "watch-stdin" else None,
@@ -123,6 +124,20 @@ def run_fuzz(cases: int, seed: int, model: str | Path, root: str | Path | None =
         if ran.returncode != 0:
             raise RuntimeError(f"the fuzz runner exited {ran.returncode} before reporting (its stderr is above)")
         return [_outcome(case, command, ended) for (case, command), ended in zip(jobs, json.loads(ran.stdout))]
+
+
+def replayable(path: str, time_limit_s: float) -> bool:
+    """Whether a real-time replay of ``path`` can end within half the time limit: a file whose
+    damaged header stretches its timestamps (a frame every 45 minutes) is replayed as slowly as it
+    says, as FFmpeg's ``-re`` would, so it is no hang; one that cannot be probed fails at once."""
+    from vidsight.errors import VidsightError
+    from vidsight.ingest import probe
+
+    try:
+        duration_s = probe(path).duration_s
+    except (VidsightError, OSError):
+        return True
+    return duration_s is None or duration_s <= time_limit_s / 2
 
 
 def pipeable(path: str) -> bool:

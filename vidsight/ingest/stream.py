@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from fractions import Fraction
@@ -114,7 +115,7 @@ class StreamSource:
         self._paced_at: float | None = None   # realtime: when a frame is due (`time.monotonic`), less its time
         self._carried_shift = 0.0   # a live stream's jumps back continued so far, for its next connection
         self._endless = False        # a network stream that declared no duration when opened
-        self._closed = False         # `close`d: read no further, reconnect no more
+        self._closing = threading.Event()   # `close`d: read no further, reconnect no more, wait no longer
         self.codec: str | None = None   # the video stream's codec, once opened
         self.frame_rate = 0.0           # and the frame rate it declares
         self.pixel_aspect = Fraction(1)  # and its pixels' displayed width over height (`pixel_aspect`)
@@ -139,7 +140,7 @@ class StreamSource:
             decoded_before = self.frames_decoded
             try:
                 for (frame, index, pts_s, kind, gop), step in self._judged(self._decoded(resume_after), since):
-                    if self._closed:
+                    if self._closing.is_set():
                         return
                     attempt, failing_since = 0, None
                     since.add(kind, step)
@@ -157,6 +158,8 @@ class StreamSource:
                     yield SampledFrame(sampled, index, pts_s, rgb, upright_codec(CodecInfo(kind, gop, *signals), turns),
                                        keyframe, self._arrival(pts_s))
                     sampled += 1
+                if self._closing.is_set():
+                    return
                 if not self._grew(size):
                     if self.frames_decoded == 0:
                         raise VideoError(f"{self.source}: no frame of its video stream could be decoded")
@@ -168,7 +171,7 @@ class StreamSource:
                     continue
                 if isinstance(exc, VideoError):
                     raise
-                if self._closed:
+                if self._closing.is_set():
                     return
                 if isinstance(exc, av.error.InvalidDataError) and self.frames_decoded == decoded_before:
                     raise self._unreadable(exc) from exc
@@ -178,13 +181,15 @@ class StreamSource:
                                      f"over {time.monotonic() - failing_since:.0f} s ({exc})") from exc
                 wait = min(30.0, 2.0 ** attempt)
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
-                time.sleep(wait)
+                if self._closing.wait(wait):
+                    return
                 attempt += 1
 
     def close(self) -> None:
         """Stop reading, from any thread: the frames end at the next one decoded, and a stream
-        that drops is not reopened (a watch or a session stopped while its reader waits on it)."""
-        self._closed = True
+        that drops is not reopened, and a real-time replay waiting for its next frame's time stops
+        waiting (a watch or a session stopped while its reader waits on it)."""
+        self._closing.set()
 
     @property
     def endless(self) -> bool:
@@ -232,9 +237,8 @@ class StreamSource:
         while True:
             if self._size() != size:
                 return True
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._closing.wait(min(0.1, self.follow_idle_s)):
                 return False
-            time.sleep(min(0.1, self.follow_idle_s))
 
     def _judged(self, decoded, since: SampleSignals):
         """``(decoded item, signals)`` of each decoded frame, in presentation order (`FrameJudge`;
@@ -315,7 +319,8 @@ class StreamSource:
                 start = pts_s if start is None else start
                 if self.realtime:
                     self._paced_at = began - start
-                    time.sleep(max(0.0, pts_s + self._paced_at - time.monotonic()))
+                    if self._closing.wait(max(0.0, pts_s + self._paced_at - time.monotonic())):
+                        return
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
 
     def _arrival(self, pts_s: float) -> float:
