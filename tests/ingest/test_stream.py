@@ -156,7 +156,7 @@ def _open_dropping(monkeypatch, path, drop_at, live: bool = False) -> list:
         return _Dropping(real_open(str(path), mode), drop_at(len(opened)), live)
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", fake_open)
-    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    monkeypatch.setattr(StreamSource, "_pause", lambda self, s: False)
     return opened
 
 
@@ -194,7 +194,7 @@ def test_a_stream_that_keeps_failing_gives_up_with_a_clear_error(monkeypatch):
         raise av.error.ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
-    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    monkeypatch.setattr(StreamSource, "_pause", lambda self, s: False)
     with pytest.raises(VideoError, match="rtsp://camera.invalid/live: stream failed"):
         list(StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=2))
 
@@ -320,7 +320,7 @@ def test_a_stream_failing_longer_than_its_window_gives_up_whatever_the_count(mon
         raise av.error.ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", failing_open)
-    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(StreamSource, "_pause", lambda self, s: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr("vidsight.ingest.stream.time.monotonic", lambda: clock[0])
     with pytest.raises(VideoError, match="failed 4 times in a row over 7 s"):
         list(StreamSource("rtsp://camera.invalid/live", fps=2.0, reconnect_tries=100, reconnect_window_s=5.0))
@@ -402,7 +402,7 @@ def test_a_live_stream_reconnected_after_its_clock_went_back_goes_on_from_where_
         return _Dropping(real_open(str(path), mode), drop_at, live=True)
 
     monkeypatch.setattr("vidsight.ingest.stream.av.open", reconnecting_open)
-    monkeypatch.setattr("vidsight.ingest.stream.time.sleep", lambda s: None)
+    monkeypatch.setattr(StreamSource, "_pause", lambda self, s: False)
     with caplog.at_level("WARNING", logger="vidsight.ingest.stream"):
         frames = list(StreamSource("http://camera.invalid/live.m3u8", fps=8.0))
     assert not connections and "timestamps go back" in caplog.text and "stream dropped" in caplog.text

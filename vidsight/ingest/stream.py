@@ -181,9 +181,13 @@ class StreamSource:
                                      f"over {time.monotonic() - failing_since:.0f} s ({exc})") from exc
                 wait = min(30.0, 2.0 ** attempt)
                 log.warning("%s: stream dropped (%s); reconnecting in %.0f s", self.source, exc, wait)
-                if self._closing.wait(wait):
+                if self._pause(wait):
                     return
                 attempt += 1
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless `close` comes first; whether it came."""
+        return self._closing.wait(seconds)
 
     def close(self) -> None:
         """Stop reading, from any thread: the frames end at the next one decoded, and a stream
@@ -237,7 +241,7 @@ class StreamSource:
         while True:
             if self._size() != size:
                 return True
-            if time.monotonic() >= deadline or self._closing.wait(min(0.1, self.follow_idle_s)):
+            if time.monotonic() >= deadline or self._pause(min(0.1, self.follow_idle_s)):
                 return False
 
     def _judged(self, decoded, since: SampleSignals):
@@ -319,7 +323,7 @@ class StreamSource:
                 start = pts_s if start is None else start
                 if self.realtime:
                     self._paced_at = began - start
-                    if self._closing.wait(max(0.0, pts_s + self._paced_at - time.monotonic())):
+                    if self._pause(max(0.0, pts_s + self._paced_at - time.monotonic())):
                         return
                 yield frame, self.frames_decoded - 1, pts_s, kind, max(gop, 0)
 
