@@ -55,13 +55,13 @@ def test_a_completion_answers_what_ask_answers_streamed_or_not(make_server, medi
         assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
 
 
-def test_a_stop_string_ends_the_answer_streamed_or_not(make_server, media, expected, tiny_adapter):
+def test_a_stop_string_ends_the_answer_streamed_or_not(make_local_server, media, expected, tiny_adapter):
     text = expected.answer
     stop = next(text[k:k + 2] for k in range(1, len(text) - 1) if text[k:k + 2].strip() and "\ufffd" not in text[k:k + 2])
     want = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
                                    generation=GenerationConfig(max_new_tokens=12, stop=(stop,)))
     assert want.finish_reason == "stop" and len(want.token_ids) < len(expected.token_ids)
-    with make_server() as (url, _):
+    with make_local_server() as (url, _):
         client = OpenAI(base_url=f"{url}/v1", api_key="unused")
         request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=12,
                        extra_body={"mm_processor_kwargs": {"fps": 4.0}})
@@ -73,11 +73,11 @@ def test_a_stop_string_ends_the_answer_streamed_or_not(make_server, media, expec
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
 
 
-def test_logprobs_come_whole_or_with_the_pieces_they_made(make_server, media, tiny_adapter):
+def test_logprobs_come_whole_or_with_the_pieces_they_made(make_local_server, media, tiny_adapter):
     want = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
                                    generation=GenerationConfig(max_new_tokens=12, logprobs=2))
     expected = [entry.to_dict() for entry in want.logprobs]
-    with make_server() as (url, _):
+    with make_local_server() as (url, _):
         client = OpenAI(base_url=f"{url}/v1", api_key="unused")
         request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=12, logprobs=True,
                        top_logprobs=2, extra_body={"mm_processor_kwargs": {"fps": 4.0}})

@@ -151,21 +151,7 @@ def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
     ({"messages": []}, 422, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "video_url"}]}]}, 422, "video_url"),
     ({"messages": [{"role": "user", "content": "no video here"}]}, 400, "exactly one video_url"),
-    ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"},
-                   *body("other.mp4", "And this one?")["messages"]]}, 400, "exactly one video_url part, got 2"),
-    ({"messages": [{"role": "tool", "content": "{}", "tool_call_id": "1"}, *body("clip.mp4")["messages"]]}, 400,
-     "tool messages are not supported"),
-    ({"messages": [{"role": "user", "content": "Look."}, {"role": "assistant", "content": body("clip.mp4")["messages"][0]["content"]},
-                   {"role": "user", "content": "What colour?"}]}, 400, "the video must be in a user message"),
-    ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"}]}, 400,
-     "the last message must be the user's"),
     ({**body("clip.mp4"), "max_tokens": 0}, 422, "max_tokens"),
-    ({**body("clip.mp4"), "top_logprobs": 2}, 422, "top_logprobs needs logprobs: true"),
-    ({**body("clip.mp4"), "response_format": {"type": "json_object"}}, 400, "'json_object' is not supported"),
-    ({**body("clip.mp4"), "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools are not supported"),
-    ({**body("clip.mp4"), "logit_bias": {"42": 10}}, 400, "logit_bias is not supported"),
-    ({**body("clip.mp4"), "presence_penalty": 3}, 422, "presence_penalty"),
-    ({**body("clip.mp4"), "logprobs": True, "top_logprobs": 21}, 422, "top_logprobs"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fsp": 2}}, 422, "unknown video settings: fsp"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fps": -1}}, 422, "fps must be a positive number"),
     ({**body("clip.mp4"), "model": "gpt-4o"}, 404, "does not exist"),
@@ -175,6 +161,32 @@ def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
 ])
 def test_malformed_requests_get_a_message(make_server, payload, status, message, scratch):
     with make_server() as (url, _):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=payload, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]["message"]
+    assert not os.listdir(scratch)
+
+
+# Refused while the request is read, before the video is touched: one server, not one per deployment.
+@pytest.mark.parametrize("payload,status,message", [
+    ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"},
+                   *body("other.mp4", "And this one?")["messages"]]}, 400, "exactly one video_url part, got 2"),
+    ({"messages": [{"role": "tool", "content": "{}", "tool_call_id": "1"}, *body("clip.mp4")["messages"]]}, 400,
+     "tool messages are not supported"),
+    ({"messages": [{"role": "user", "content": "Look."}, {"role": "assistant", "content": body("clip.mp4")["messages"][0]["content"]},
+                   {"role": "user", "content": "What colour?"}]}, 400, "the video must be in a user message"),
+    ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"}]}, 400,
+     "the last message must be the user's"),
+    ({**body("clip.mp4"), "top_logprobs": 2}, 422, "top_logprobs needs logprobs: true"),
+    ({**body("clip.mp4"), "logprobs": True, "top_logprobs": 21}, 422, "top_logprobs"),
+    ({**body("clip.mp4"), "response_format": {"type": "json_object"}}, 400, "'json_object' is not supported"),
+    ({**body("clip.mp4"), "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools are not supported"),
+    ({**body("clip.mp4"), "logit_bias": {"42": 10}}, 400, "logit_bias is not supported"),
+    ({**body("clip.mp4"), "presence_penalty": 3}, 422, "presence_penalty"),
+])
+def test_malformed_conversations_and_generation_fields_get_a_message(make_local_server, payload, status, message,
+                                                                    scratch):
+    with make_local_server() as (url, _):
         answer = httpx.post(f"{url}/v1/chat/completions", json=payload, timeout=60)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]["message"]
