@@ -76,6 +76,23 @@ def test_a_system_message_stop_strings_and_logprobs(make_test_video, tiny_model_
     assert "logprobs" not in report
 
 
+def test_choices_are_scored_instead_of_answered(make_test_video, tiny_model_dir, capsys):
+    path, _ = make_test_video(duration_s=2.0)
+    question, choices = "What colour is the square?", ["red", "blue", "a green square"]
+    options = [str(path), question, "--choices", *choices, "--model", str(tiny_model_dir), "--fps", "2"]
+    assert main(["ask", *options, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = Asker(tiny_model_dir).score(path, question, choices, sampling=SamplingConfig(fps=2))
+    assert [s["text"] for s in report["scores"]] == choices
+    assert [s["logprob"] for s in report["scores"]] == pytest.approx([s.logprob for s in expected.scores], abs=1e-5)
+    assert report["best"] == expected.best and report["stats"]["generated_tokens"] == 0
+    assert main(["ask", *options]) == 0
+    shown = capsys.readouterr()
+    assert shown.out.strip() == choices[expected.best] and all(choice in shown.err for choice in choices)
+    assert main(["ask", str(path), question, "--choices", "red", "", "--model", str(tiny_model_dir)]) == 2
+    assert "no tokens to score" in capsys.readouterr().err
+
+
 def test_probe_json(make_test_video, capsys):
     path, _ = make_test_video(fps=24, duration_s=2.0, gop=12)
     assert main(["probe", str(path), "--json"]) == 0

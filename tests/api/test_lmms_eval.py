@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from vidsight.ingest import SamplingConfig
 from vidsight.ingest.stream import StreamSource
 from vidsight.kv.policies.registry import make_policy
 from vidsight.models.paths import TASK_MODEL
+from vidsight.tasks.families import answer_choices
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 VIDEO = dict(width=320, height=240, fps=24, duration_s=6.0, gop=12, bframes=True)
@@ -35,14 +37,19 @@ def synthetic_video(make_test_video):
 
 
 def test_lmms_eval_answers_the_local_task_as_bench_accuracy_does(tmp_path):
+    """The generated task answered by generating, and its multiple-choice form (one lmms-eval run,
+    both tasks): the first as `vidsight bench accuracy` answers it, the second by `Asker.score`."""
     folder, fps = write_task("smoke", tmp_path / "suites", tmp_path / "tasks")
-    command = lmms_eval_command(task_name("smoke"), str(folder), str(TASK_MODEL), fps)
+    write_task("smoke", tmp_path / "suites", tmp_path / "tasks", multiple_choice=True)
+    command = lmms_eval_command(f"{task_name('smoke')},{task_name('smoke', multiple_choice=True)}",
+                                str(folder.parent), str(TASK_MODEL), fps)
     command[command.index("--model_args") + 1] += f",device=cpu,stats_path={tmp_path / 'stats.jsonl'}"
     lmms_eval = Path(sys.executable).with_name("lmms-eval")
     run = subprocess.run([str(lmms_eval), *command[1:], "--log_samples", "--output_path", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=600, env={**os.environ, **OFFLINE}, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "|vidsight_smoke|" in run.stdout and "accuracy" in run.stdout   # lmms-eval's table
+    assert re.search(r"\|vidsight_smoke *\|.*\|accuracy", run.stdout)   # lmms-eval's table
+    assert re.search(r"\|vidsight_smoke_mc *\|.*\|acc ", run.stdout)
 
     (samples,) = (tmp_path / "out").rglob("*_samples_vidsight_smoke.jsonl")
     answered = {s["doc_id"]: s for s in map(json.loads, samples.read_text().splitlines())}
@@ -57,7 +64,23 @@ def test_lmms_eval_answers_the_local_task_as_bench_accuracy_does(tmp_path):
     # Each request's costs are kept: token counts for lmms-eval, stage times in the stats file.
     assert answered[0]["token_counts"][0]["output_tokens"] >= 1
     records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
-    assert len(records) == 20 and set(records[0]["stats"]["stages_s"]) >= {"decode", "vision", "prefill", "generate"}
+    answers = [r for r in records if "answer" in r]
+    assert len(answers) == 20 and set(answers[0]["stats"]["stages_s"]) >= {"decode", "vision", "prefill", "generate"}
+
+    # Multiple choice: each question's choices ranked by the mean negative log-likelihood of each.
+    (samples,) = (tmp_path / "out").rglob("*_samples_vidsight_smoke_mc.jsonl")
+    chosen = {s["doc_id"]: s for s in map(json.loads, samples.read_text().splitlines())}
+    assert len(chosen) == 20 and len(records) == 40   # one record per question: its choices share a prefill
+    asker = Asker(str(TASK_MODEL), device="cpu")
+    right = 0
+    for doc_id, doc in enumerate(json.loads(line) for line in (folder / "documents.jsonl").read_text().splitlines()):
+        choices = answer_choices(doc["question"])
+        scores = asker.score(doc["video"], doc["question"], choices, sampling=SamplingConfig(fps=fps)).scores
+        losses = [-s.logprob / len(s.tokens) for s in scores]
+        assert [float(loss) for loss, _ in chosen[doc_id]["filtered_resps"]] == pytest.approx(losses, abs=1e-5)
+        assert chosen[doc_id]["acc"] == float(choices[losses.index(min(losses))] == doc["answer"])
+        right += chosen[doc_id]["acc"]
+    assert right >= 18   # the task model knows the answers it was trained to give
 
 
 def test_model_arguments_are_the_command_lines_flags():
@@ -103,6 +126,27 @@ def test_ask_mode_answers_as_asker_and_cuts_at_the_tasks_stop_strings(tiny_model
     model.task_dict, requests = _requests(synthetic_video, ["What happens?"],
                                           {"max_new_tokens": 5, "until": [stop]})
     assert model.generate_until(requests)[0].text == results[0].text.split(stop, 1)[0]
+
+
+def test_loglikelihood_scores_each_choice_as_asker_does_one_prefill_per_question(tiny_model_dir, synthetic_video):
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", rho=0.5, fps=2)
+    docs = [{"video": synthetic_video, "choice": "blue"}]
+    questions = ["What colour is the square?", "How many squares are there?"]
+    choices = ["red", "blue", lambda doc: doc["choice"]]   # lmms-eval's doc_to_target: a string or a function
+    model.task_dict = {"task": {"test": docs}}
+    requests = [_Request(args=(question, choice, lambda doc: [doc["video"]], 0, "task", "test"))
+                for choice in choices for question in questions]   # a question's choices apart, as may come
+    results = model.loglikelihood(requests)
+    _, _, prefill = ask_configs({"rho": 0.5})
+    for question in questions:
+        expected = Asker(model.asker.adapter).score(synthetic_video, question, ["red", "blue", "blue"],
+                                                    sampling=SamplingConfig(fps=2), prefill=prefill).scores
+        mine = [result for request, result in zip(requests, results) if request.args[0] == question]
+        assert [result.text for result in mine] == [(-s.logprob / len(s.tokens), s.greedy) for s in expected]
+    assert len(model.request_stats) == 2 and all(len(r["scores"]) == 3 for r in model.request_stats)
+    assert model.request_stats[0]["stats"]["kept_visual_tokens"] < model.request_stats[0]["stats"]["visual_tokens"]
+    with pytest.raises(ConfigError, match="chat policy"):
+        VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="rekv").loglikelihood(requests)
 
 
 def test_policy_mode_streams_the_video_into_a_chat_session(tiny_model_dir, synthetic_video):

@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
+from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.models.conversation import VIDEO_PART, Conversation, Message
+from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
 
 from tests.settings import (BF16_RELATIVE_TOLERANCE, DEVICE, DTYPE, assert_input_matters, assert_logits_close,
-                            assert_same_greedy_ids, logits_error, on_device)
+                            assert_same_greedy_ids, logits_error, logits_tolerance, on_device)
 from tests.variants import fast_first
 
 pytestmark = pytest.mark.device_check
@@ -166,14 +168,61 @@ def test_logprobs_are_the_log_softmax_of_transformers_logits_at_each_step(tiny_a
     assert Asker(tiny_adapter).ask(path, QUESTION, sampling=sampling).logprobs is None   # not asked: none
 
 
+def test_continuation_scores_are_transformers_log_probabilities(reference_adapter, make_test_video, request):
+    """`Asker.score` (lm-eval's loglikelihood): each continuation's tokens scored as transformers'
+    forward pass over the prompt and that continuation scores them; greedy exactly when every
+    token is the argmax; the prompt's cache is reused, so a continuation scored twice scores the
+    same; the greedy answer from `ask` is greedy and scores the sum of its own log probabilities."""
+    adapter = reference_adapter
+    task_adapter = adapter if request.node.callspec.params["reference_adapter"] == "task model" else None
+    path, _ = make_test_video(**CASES[0][1])
+    sampling = SamplingConfig(fps=CASES[0][2])
+    asked = Asker(adapter).ask(path, QUESTION, sampling=sampling,
+                               generation=GenerationConfig(max_new_tokens=4, logprobs=1, repetition_penalty=1.0))
+    answer = adapter.decode_text([t.token_id for t in asked.logprobs])
+    continuations = [answer, "red", "a blue circle", answer]
+    result = Asker(adapter).score(path, QUESTION, continuations, sampling=sampling, prefill=PrefillConfig(group_frames=2))
+    inputs, video = reference_inputs(adapter, path, sampling)
+    prompt = inputs["input_ids"]
+    assert result.stats.prompt_tokens == prompt.shape[1] and result.stats.generated_tokens == 0
+    start = int(torch.nonzero(prompt[0] == adapter.video_token_id)[0])
+    video_positions = adapter.video_positions(video.grid_thw, float(inputs["second_per_grid_ts"][0]), start)
+    for text, score in zip(continuations, result.scores):
+        ids = torch.tensor([adapter.text_ids(text)], device=prompt.device)
+        whole = torch.cat([prompt, ids], dim=1)
+        # Qwen's positions given explicitly: the task model's video is past transformers' short regime.
+        positions, _ = prompt_positions(whole.shape[1], start, video_positions)
+        with torch.inference_mode():
+            logits = adapter.model(**{**inputs, "input_ids": whole, "attention_mask": torch.ones_like(whole),
+                                      "mm_token_type_ids": (whole == adapter.video_token_id).int() * 2},
+                                   position_ids=positions[:, None, :].to(DEVICE)).logits[0]
+        expected = torch.log_softmax(logits[prompt.shape[1] - 1:-1].float(), dim=-1)   # row i scores token i
+        chosen = expected[torch.arange(ids.shape[1]), ids[0]]
+        assert score.text == text and [t.token_id for t in score.tokens] == ids[0].tolist()
+        assert_logits_close(torch.tensor([t.logprob for t in score.tokens]), chosen, atol=1e-3)
+        assert abs(score.logprob - float(chosen.sum())) <= logits_tolerance(chosen, 1e-3) * ids.shape[1]
+        if DTYPE == torch.float32:
+            assert score.greedy == bool((expected.argmax(-1) == ids[0]).all())
+    assert result.scores[0] == result.scores[3]
+    answer_ids = [t.token_id for t in asked.logprobs]
+    # The random models' byte-level tokens need not read back as generated; the task model's do.
+    if adapter.text_ids(answer) == answer_ids:
+        assert result.scores[0].greedy
+        assert abs(result.scores[0].logprob - sum(t.logprob for t in asked.logprobs)) < 1e-3 * len(answer_ids)
+    else:
+        assert adapter is not task_adapter
+    assert result.best in (0, 1, 2) and result.scores[result.best].logprob == max(s.logprob for s in result.scores)
+    for bad, named in (([], "one or more"), ("red", "list"), (["red", ""], "no tokens")):
+        with pytest.raises(ConfigError, match=named):
+            Asker(adapter).score(path, QUESTION, bad)
+
+
 def test_long_video_prefill_matches_transformers_forward_at_qwen_positions(tiny_adapter, make_test_video):
     """Beyond the short regime, feed transformers the positions of Qwen's rule explicitly."""
     path, _ = make_test_video(width=176, height=144, duration_s=12.0)
     sampling = SamplingConfig(fps=2.0)
     inputs, video = reference_inputs(tiny_adapter, path, sampling)
     layout_start = int(torch.nonzero(inputs["input_ids"][0] == tiny_adapter.video_token_id)[0])
-    from vidsight.models.positions import prompt_positions
-
     vpos = tiny_adapter.video_positions(video.grid_thw, float(inputs["second_per_grid_ts"][0]), layout_start)
     positions, _ = prompt_positions(inputs["input_ids"].shape[1], layout_start, vpos)
     with torch.inference_mode():
@@ -208,7 +257,6 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(model, tiny_model_dir, 
     round in another order; a greedy answer can differ from transformers' where its two best logits
     are closer than twice the tolerance (as a recorded rho-1 bench run did)."""
     from vidsight.models import TASK_MODEL, load_model
-    from vidsight.models.positions import prompt_positions
 
     adapter = load_model(tiny_model_dir if model == "tiny" else TASK_MODEL, DEVICE, dtype=torch.bfloat16)
     path, _ = make_test_video(**CASES[0][1])

@@ -3,8 +3,8 @@ import pytest
 
 from vidsight.tasks.chat import make_chat_stream
 from vidsight.tasks.scenes import COLOURS, OBJECT_SHAPES, Scene, SceneObject, shape_mask
-from vidsight.tasks.families import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label, make_sample,
-                                  order_shapes, probe_questions)
+from vidsight.tasks.families import (ANOMALY_QUERY, DEFAULT_FRAMES, FAMILIES, FRAME, Sample, anomaly_label,
+                                     answer_choices, make_sample, order_shapes, probe_questions)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -94,6 +94,17 @@ def test_probe_questions_are_answered_by_the_scene(family):
                 assert answer == (a if appears[a] < appears[b] else b) and abs(appears[a] - appears[b]) >= 2
             else:
                 assert question == ANOMALY_QUERY and answer == ("Yes" if anomaly_label(sample.scene, times) else "No")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_question_has_its_answer_among_its_choices_and_no_repeats(family):
+    for seed in range(30):
+        sample = make_sample(family, seed)
+        for question, answer in [(sample.question, sample.answer), *probe_questions(sample)]:
+            choices = answer_choices(question)
+            assert answer in choices and len(set(choices)) == len(choices) >= 2, (question, answer, choices)
+    with pytest.raises(ValueError, match="no answer choices"):
+        answer_choices("Why?")
 
 
 def test_probe_order_questions_do_not_name_the_earlier_shape_first_by_rule():

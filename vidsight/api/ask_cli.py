@@ -42,6 +42,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")
     ask.add_argument("--stop", action="append", metavar="TEXT",
                      help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
+    ask.add_argument("--choices", nargs="+", default=None, metavar="TEXT",
+                     help="score these answers instead of generating one (a multiple-choice question): print the "
+                          "likeliest, and each one's log probability under the model on stderr (or with --json)")
     ask.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ask.add_argument("--meter-memory", action="store_true",
@@ -68,14 +71,24 @@ def run_ask(args) -> int:
 
 def _answer(args, asker, video: str, conversations, sampling, generation, prefill) -> None:
     """Answer each of ``args.question`` (as ``conversations``) about ``video`` in turn, printing each answer."""
+    progress = sys.stderr.isatty() and not args.json
     for question, conversation in zip(args.question, conversations):
-        result = asker.ask(video, conversation, sampling=sampling, generation=generation, prefill=prefill,
-                           feed=feed_config(vars(args)), progress=sys.stderr.isatty() and not args.json)
+        if args.choices:
+            result = asker.score(video, conversation, args.choices, sampling=sampling, prefill=prefill,
+                                 feed=feed_config(vars(args)), progress=progress)
+        else:
+            result = asker.ask(video, conversation, sampling=sampling, generation=generation, prefill=prefill,
+                               feed=feed_config(vars(args)), progress=progress)
         if args.json:   # one object per question, a line each
             print(json.dumps({**({"question": question} if len(args.question) > 1 else {}), **result.to_dict()}),
                   flush=True)
             continue
-        print(result.answer, flush=True)
+        if args.choices:
+            print(result.scores[result.best].text, flush=True)
+            for score in result.scores:
+                print(f"  {score.logprob:9.3f}  {score.text}{'  (greedy)' if score.greedy else ''}", file=sys.stderr)
+        else:
+            print(result.answer, flush=True)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
         encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""

@@ -8,6 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.config": ("DEFAULT_MODEL", "GenerationConfig"),
     "vidsight.engine.generate": ("generate_together",),
     "vidsight.engine.prefill.config": ("PrefillConfig",),
+    "vidsight.engine.score": ("ContinuationScore", "ScoreResult"),
     "vidsight.engine.stats": ("AskStats", "WindowStats"),
     "vidsight.engine.watch": ("WatchConfig", "Watcher", "WindowVerdict"),
     "vidsight.kv.config": ("PruneConfig",),

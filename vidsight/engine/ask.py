@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_st
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
 from vidsight.engine.prompt import plan_video
 from vidsight.engine.request import Request
+from vidsight.engine.score import ScoreResult, continuation_ids, score_continuations
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
@@ -195,6 +196,29 @@ class Asker:
         question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         return run_to_end(self._prefill(video, question, sampling, prefill, feed, 1, request), self.adapter).logits
+
+    def score(
+        self,
+        video: str | Path,
+        question: str | Conversation,
+        continuations: Sequence[str],
+        *,
+        sampling: SamplingConfig = SamplingConfig(),
+        prefill: PrefillConfig = PrefillConfig(),
+        feed: FeedConfig = FeedConfig(),
+        progress: bool = False,
+    ) -> ScoreResult:
+        """How likely each of ``continuations`` is as the answer to ``question`` about ``video``
+        (`vidsight.engine.score`): the video and question are prefilled once, as `ask` prefills
+        them, and each continuation is scored after them instead of generating an answer."""
+        # A bad continuation fails before the video is decoded.
+        longest = max(len(ids) for ids in continuation_ids(self.adapter, continuations))
+        question = Conversation.of(question)
+        request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
+        state = run_to_end(self._prefill(video, question, sampling, prefill, feed, longest, request), self.adapter)
+        with request.clock.stage("prefill"):
+            scores = score_continuations(self.adapter, state, continuations)
+        return ScoreResult(scores, request.clock.finish())
 
     def _prefill(self, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
                  feed_config: FeedConfig, max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:

@@ -282,6 +282,22 @@ def order_shapes(question: str) -> tuple[str, str] | None:
     return first, second
 
 
+def answer_choices(question: str) -> list[str]:
+    """The answers a family's ``question`` can have, the right one among them: what a
+    multiple-choice reading of a suite ranks (`vidsight bench lmms-task --multiple-choice`)."""
+    if question == ANOMALY_QUERY:
+        return ["Yes", "No"]
+    if question.startswith("How many"):
+        return ["1", "2", "3", "4"]   # count_task places one to four objects
+    if question.startswith("What colour"):
+        return list(COLOURS)
+    if question.startswith("What shape"):
+        return list(OBJECT_SHAPES)
+    if shapes := order_shapes(question):
+        return list(shapes)
+    raise ValueError(f"no answer choices for the question {question!r}")
+
+
 FAMILIES: dict[str, Callable] = {
     "count": count_task,
     "attribute": attribute_task,

@@ -18,6 +18,9 @@ def add_lmms_task_parser(bench_commands, common) -> None:
     task.add_argument("--out", default="out/lmms-tasks", help="where the task folder goes (default: out/lmms-tasks)")
     task.add_argument("--model", default=str(TASK_MODEL), help=f"the checkpoint the printed command names "
                                                                f"(default: {TASK_MODEL})")
+    task.add_argument("--multiple-choice", action="store_true",
+                      help="write it as a multiple-choice task: lmms-eval ranks each question's choices by the "
+                           "model's likelihood of them (vidsight's loglikelihood) instead of reading a generated answer")
     task.add_argument("--json", action="store_true", help="print the task's name, folder and command as JSON")
     from vidsight.api.bench import add_split_option
 
@@ -34,8 +37,8 @@ def run_lmms_task(args) -> int:
     from vidsight.api.lmms.task import task_name, write_task
 
     folder, fps = write_task(args.suite, args.root, args.out, progress=sys.stderr.isatty() and not args.json,
-                             split=args.suite_split)
-    name = task_name(args.suite, args.suite_split)
+                             split=args.suite_split, multiple_choice=args.multiple_choice)
+    name = task_name(args.suite, args.suite_split, args.multiple_choice)
     command = lmms_eval_command(name, str(folder), args.model, fps)
     if args.json:
         print(json.dumps({"task": name, "folder": str(folder), "command": command}))

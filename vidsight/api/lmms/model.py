@@ -3,7 +3,7 @@
 Without ``policy`` a request goes through `Asker.ask` (QuickVideo's pipeline, with whatever KV
 and motion pruning the arguments ask for); with ``policy`` the video is streamed into a
 `ChatSession` under that retrieval policy and the question asked at its end, as a streaming
-benchmark would. The task's ``generation_kwargs`` set each answer's length and sampling; the
+benchmark would. Loglikelihood requests (multiple-choice tasks) are scored by `Asker.score`. The task's ``generation_kwargs`` set each answer's length and sampling; the
 model arguments set everything else (`vidsight.api.lmms.settings`).
 """
 
@@ -63,8 +63,37 @@ class VidsightLMM(lmms):
                                                                           output_tokens=record["generated_tokens"])))
         return results
 
-    def loglikelihood(self, requests):
-        raise NotImplementedError("vidsight answers by generating: loglikelihood tasks are not supported")
+    def loglikelihood(self, requests) -> list[GenerationResult]:
+        """Each request's continuation scored after its video and context (`Asker.score`): the
+        requests of one video and context (a multiple-choice question's choices) share one prefill.
+
+        Returns, per request, what lmms-eval's models return and its multiple-choice scoring ranks
+        by its smallest value: the continuation's mean negative log-likelihood per token (the
+        cross-entropy "loss"), and whether greedy decoding would produce it. The pair comes as a
+        `GenerationResult`'s ``text``: lmms-eval 0.7.3 turns any other reply into its ``str``
+        (``unwrap_generation_output``), which its multiple-choice scoring cannot unpack.
+        """
+        if self.settings.mode != "ask":
+            raise ConfigError("vidsight model_args: loglikelihood tasks are scored as `ask` scores; a chat "
+                              "policy does not apply to them")
+        sampling, _, prefill = ask_configs(self.settings.settings)
+        feed = feed_config(self.settings.settings)
+        prompts: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for number, request in enumerate(requests):
+            context, target, doc_to_visual, doc_id, task, split = request.args
+            doc = self.task_dict[task][split][doc_id]
+            video = self._video(doc_to_visual(doc), task, doc_id)
+            prompts.setdefault((video, context), []).append((number, target if isinstance(target, str) else target(doc)))
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for (video, context), members in tqdm(prompts.items(), desc="vidsight", disable=self.rank != 0):
+            scored = self.asker.score(video, context, [text for _, text in members], sampling=sampling,
+                                      prefill=prefill, feed=feed)
+            for (number, _), score in zip(members, scored.scores):
+                counts = TokenCounts(input_tokens=scored.stats.prompt_tokens + len(score.tokens), output_tokens=0)
+                results[number] = GenerationResult((-score.logprob / len(score.tokens), score.greedy), counts)
+            self._keep({"video": video, "question": context, "scores": [s.to_dict() for s in scored.scores],
+                        "prompt_tokens": scored.stats.prompt_tokens, "stats": scored.stats.to_dict()})
+        return results
 
     def generate_until_multi_round(self, requests):
         raise NotImplementedError("vidsight answers one round per request: multi-round tasks are not supported")

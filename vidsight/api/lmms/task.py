@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vidsight.bench.accuracy import ANSWER_TOKENS, normalise
 from vidsight.bench.suite import build_suite
+from vidsight.tasks.families import answer_choices
 
 TASK_YAML = """\
 # Written by `vidsight bench lmms-task`: the {suite} suite's clips (generated, with known answers).
@@ -37,16 +38,41 @@ metric_list:
 metadata:
   - version: 1.0
 """
-TASK_UTILS = "from vidsight.api.lmms.task import doc_to_text, doc_to_visual, process_results  # noqa: F401\n"
+# The same clips as a multiple-choice task: lmms-eval ranks each question's choices (`answer_choices`)
+# by the model's likelihood of them as the answer instead of reading a generated answer.
+MULTIPLE_CHOICE_YAML = """\
+# Written by `vidsight bench lmms-task --multiple-choice`: the {suite} suite's clips (generated, with known answers).
+task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {documents}
+test_split: test
+output_type: multiple_choice
+doc_to_visual: !function utils.doc_to_visual
+doc_to_text: !function utils.doc_to_text
+doc_to_choice: !function utils.doc_to_choice
+doc_to_target: answer
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  - version: 1.0
+"""
+TASK_UTILS = ("from vidsight.api.lmms.task import doc_to_choice, doc_to_text, doc_to_visual, process_results  "
+              "# noqa: F401\n")
 
 
-def task_name(suite: str, split: str = "validation") -> str:
-    return f"vidsight_{suite}" + ("" if split == "validation" else f"_{split}")
+def task_name(suite: str, split: str = "validation", multiple_choice: bool = False) -> str:
+    return f"vidsight_{suite}" + ("" if split == "validation" else f"_{split}") + ("_mc" if multiple_choice else "")
 
 
 def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = False,
-               split: str = "validation") -> tuple[Path, float]:
-    """Build ``split`` of suite ``suite`` under ``root`` if missing and write its clips as a task under ``out``.
+               split: str = "validation", multiple_choice: bool = False) -> tuple[Path, float]:
+    """Build ``split`` of suite ``suite`` under ``root`` if missing and write its clips as a task under
+    ``out``: answered by generating, or with ``multiple_choice`` by ranking each question's choices.
 
     Returns:
         The task folder (for ``--include_path``) and the suite's sampling rate, which the model
@@ -55,15 +81,16 @@ def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = F
     manifest_path = build_suite(suite, root, progress=progress, split=split)
     manifest = json.loads(manifest_path.read_text())
     videos = manifest_path.parent.resolve()
-    folder = Path(out) / task_name(suite, split)
+    name = task_name(suite, split, multiple_choice)
+    folder = Path(out) / name
     folder.mkdir(parents=True, exist_ok=True)
     documents = folder / "documents.jsonl"
     with documents.open("w") as lines:
         for number, clip in enumerate(manifest["clips"]):
             lines.write(json.dumps({"id": number, "family": clip["family"], "video": str(videos / clip["video"]),
                                     "question": clip["question"], "answer": clip["answer"]}) + "\n")
-    (folder / f"{task_name(suite, split)}.yaml").write_text(TASK_YAML.format(
-        suite=f"{suite} ({split} split)", task=task_name(suite, split), documents=json.dumps(str(documents.resolve())),
+    (folder / f"{name}.yaml").write_text((MULTIPLE_CHOICE_YAML if multiple_choice else TASK_YAML).format(
+        suite=f"{suite} ({split} split)", task=name, documents=json.dumps(str(documents.resolve())),
         answer_tokens=ANSWER_TOKENS))
     (folder / "utils.py").write_text(TASK_UTILS)
     return folder, manifest["sample_fps"]
@@ -75,6 +102,10 @@ def doc_to_visual(doc: dict) -> list[str]:
 
 def doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> str:
     return doc["question"]
+
+
+def doc_to_choice(doc: dict) -> list[str]:
+    return answer_choices(doc["question"])
 
 
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
