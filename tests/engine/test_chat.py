@@ -74,6 +74,25 @@ def test_full_answers_as_ask_on_the_frames_seen_at_every_question(family_adapter
         earlier = logits
 
 
+def test_a_repetition_penalty_counts_the_streams_prompt_as_ask_counts_its_own(family_adapter, make_test_video):
+    """A checkpoint's repetition penalty (Qwen2.5-VL's sets 1.05; 1.3 here) counts every token id of
+    the prompt, as transformers counts its input ids: the video's placeholder id and the family's
+    text between patches (Qwen3-VL's times) included, so the session answers as `ask` under it."""
+    batch = sampled(make_test_video, VIDEOS[2])
+    generation = GenerationConfig(max_new_tokens=NEW_TOKENS, repetition_penalty=1.3)
+    session = ChatSession(family_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, len(batch)))
+    begun = session.begin(QUESTIONS[0], generation)
+    clock = StageClock(AskStats(), family_adapter.device)
+    state = prefill_video(family_adapter, FrameFeed.decoded(batch), QUESTIONS[0], FPS, PrefillConfig(), NEW_TOKENS,
+                          Request(clock))
+    assert sorted(set(begun.answer.context.tolist())) == sorted(set(state.prompt_ids.tolist()))
+    answer = begun.generate_alone()
+    ids = generate(family_adapter, state.cache, state.logits, state.next_position, generation,
+                   context=state.prompt_ids)
+    assert_same_answer(answer.token_ids, answer.logits, ids, state.logits)
+
+
 def test_a_system_message_goes_before_the_stream_as_before_a_question_to_ask(tiny_adapter, make_test_video):
     batch = sampled(make_test_video, VIDEOS[2])
     system = "You watch a shop's camera."
@@ -212,7 +231,7 @@ def test_rekvs_index_kept_across_questions_chooses_as_a_fresh_one(tiny_adapter, 
 def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tiny_adapter, make_test_video):
     """With turns kept, the second answer equals one transformers forward over the whole dialogue:
     video, question, answer, a new user turn with the next video span (Qwen's positions for a
-    second video), and the second question."""
+    second video), and the second question; a repetition penalty counts that whole prompt's ids."""
     from vidsight.models.positions import video_grid_positions
     from vidsight.vision import preprocess_video
 
@@ -222,7 +241,9 @@ def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tin
     first = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
     after_first = session.cache.length
     session.push(as_frames(batch, 4, 8))
-    second = session.ask(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    begun = session.begin(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    context = set(begun.answer.context.tolist())
+    second = begun.generate_alone()
     assert session.cache.length > after_first  # the second turn stays too
 
     spec, tokenizer = tiny_adapter.vision, tiny_adapter.tokenizer
@@ -235,6 +256,7 @@ def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tin
     answer = first.token_ids if first.token_ids[-1] == end else first.token_ids + [end]
     reopen = prefix[prefix.index(end) + 1 :]
     ids = one.input_ids.tolist() + answer + reopen + two.input_ids[two.video_start :].tolist()
+    assert context == set(ids)
 
     def video_positions(video, start):
         return video_grid_positions(tuple(video.grid_thw), spec.merge_size, spec.temporal_patch_size / FPS,

@@ -108,7 +108,7 @@ class ChatInProgress(AnswerInProgress):
 
     def start(self, logits: torch.Tensor, next_position: int, context: torch.Tensor) -> None:
         """The question is prefilled: its last ``(vocab,)`` logits, the first answer token's position
-        and the prompt's text ids (a repetition penalty counts them)."""
+        and the prompt's token ids (a repetition penalty counts them)."""
         self.logits, self.first_position = logits, next_position
         self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
                              policy=self.session.policy, step=self.answer_step, context=context)
@@ -127,7 +127,7 @@ class ChatInProgress(AnswerInProgress):
             self.stream.finish(ids)
         if session.config.keep_dialogue and not self.answer.cancelled:
             # The answer's last token is at the position after those fed before it.
-            session._keep_turn(ids, self.first_position + len(ids) - 1)
+            session._keep_turn(ids, self.first_position + len(ids) - 1, self.answer.context)
         self.clock.charge("generate", self._since)
         if not session.config.keep_dialogue or self.answer.cancelled:
             session.cache.truncate(self.before)
@@ -167,8 +167,13 @@ class ChatSession:
         self.cache = new_cache(adapter, INITIAL_CAPACITY, tiers)
         # The session's own policy state (a policy object given to several sessions is shared by none).
         self.policy = (policy if policy is not None else FullPolicy()).start(self.cache)
-        layout = adapter.build_prompt(Conversation.of("?", self.config.system), 0)
-        self._prefix = layout.input_ids[: layout.video_start]
+        empty, one = (adapter.build_prompt(Conversation.of("?", self.config.system), tokens) for tokens in (0, 1))
+        self._prefix = empty.input_ids[: empty.video_start]
+        self._video_id = int(one.input_ids[one.video_start])   # the id `ask`'s prompt gives video tokens
+        # Every token id of the stream's prompt so far (its video tokens by their placeholder id, as
+        # `ask`'s prompt holds them): a repetition penalty counts them as transformers counts a
+        # prompt's input ids, so a session's answer is `ask`'s on the same frames under it too.
+        self._prompt_ids: set[int] = set()
         self._pending: list[SampledFrame] = []   # frames waiting for the rest of their temporal patch
         self._size: tuple[int, int] | None = None  # resized (height, width), fixed by the first frame
         self._input_hw: tuple[int, int] | None = None
@@ -243,6 +248,7 @@ class ChatSession:
         if self._patches == 0:
             with clock.stage("prefill"):
                 yield self._text_chunk(self._prefix, torch.arange(len(self._prefix)).expand(3, -1), Step("frame"))
+            self._prompt_ids.update(self._prefix.tolist())
         with clock.stage("preprocess"), torch.inference_mode():
             video = preprocess_video(torch.stack([f.rgb for f in frames]).to(adapter.device), spec, adapter.dtype,
                                      size=self._size)
@@ -271,6 +277,7 @@ class ChatSession:
         lasts = frames[spec.temporal_patch_size - 1 :: spec.temporal_patch_size]
         texts = [adapter.patch_text(in_span + k, (first.pts_s + last.pts_s) / 2 - self._origin_s)
                  for k, (first, last) in enumerate(zip(firsts, lasts))]
+        self._prompt_ids.update([self._video_id, *(t for before, after in texts for t in before + after)])
         frame_index, time_s = torch.tensor([f.frame_index for f in firsts]), torch.tensor([f.pts_s for f in firsts])
         if any(before or after for before, after in texts):
             video_rows = patch_rows(self._patches, spec.token_hw((gh, gw)), frame_index, time_s,
@@ -327,7 +334,7 @@ class ChatSession:
         fork = copy.copy(self)
         fork.cache = self.cache.clone()
         fork.policy = (self.policy if policy is None else policy).start(fork.cache)
-        fork._pending, fork.patches = list(self._pending), []
+        fork._pending, fork.patches, fork._prompt_ids = list(self._pending), [], set(self._prompt_ids)
         return fork
 
     # -- questions -------------------------------------------------------------------------------
@@ -384,10 +391,11 @@ class ChatSession:
         except BaseException:   # the pass failed, or a scheduler gave the question up
             progress.abandon()
             raise
-        progress.start(logits, self._next_position + length, layout.input_ids)
+        progress.start(logits, self._next_position + length,
+                       torch.tensor(sorted(self._prompt_ids.union(question_ids.tolist()))))
         return progress
 
-    def _keep_turn(self, ids: list[int], last_position: int) -> None:
+    def _keep_turn(self, ids: list[int], last_position: int, context: torch.Tensor) -> None:
         """Close the answered turn and open the next user turn's video span after it.
 
         The answer's last token is not in the cache yet (`generate` stops before writing it);
@@ -404,5 +412,6 @@ class ChatSession:
         tokens = torch.tensor(closing + reopen)
         positions = (torch.arange(len(tokens)) + last_position).expand(3, -1)
         self._prefill_text(tokens, positions, Step("answer"))
+        self._prompt_ids.update(context.tolist() + ids + tokens.tolist())   # the question's ids are in the context
         self._next_position = self._span_start = last_position + len(tokens)
         self._span_first_patch = self._patches
