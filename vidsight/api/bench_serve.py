@@ -159,13 +159,13 @@ def _run_on_ray(args) -> int:
 
     from vidsight.api.serve.config import RayConfig
     from vidsight.api.serve.ray_app import build_app
+    from vidsight.api.serve.ray_cli import start_serve_on_a_free_port
     from vidsight.bench.serve_scaling import format_scaling_report, scaling_report, write_scaling_report
 
     runs = []
     ray.init(address=args.ray_address or "local", include_dashboard=False, log_to_driver=False)
     try:
-        port = _free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        port = start_serve_on_a_free_port()
         for replicas in args.replicas:
             with _served_video(args) as (config, video):
                 serve.run(build_app(config, RayConfig(replicas=replicas, replica_cpus=args.replica_cpus)),
@@ -181,14 +181,6 @@ def _run_on_ray(args) -> int:
     json_path, png_path = write_scaling_report(report, args.out)
     print(json.dumps(report) if args.json else f"{format_scaling_report(report)}\n\n{json_path}\n{png_path}")
     return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 thread) or Ray Serve (a local Ray instance on 127.0.0.1 with two replicas); and a media directory."""
 
 import contextlib
-import socket
 
 import pytest
 
@@ -87,12 +86,11 @@ def ray_serve(ray_tmp):
     import ray
     from ray import serve
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from vidsight.api.serve.ray_cli import start_serve_on_a_free_port
+
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, runtime_env={"env_vars": {"TMPDIR": str(ray_tmp)}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = start_serve_on_a_free_port()
     yield f"http://127.0.0.1:{port}", {}
     serve.shutdown()
     ray.shutdown()

@@ -89,3 +89,28 @@ def test_bad_ray_settings_exit_2_naming_the_problem(flags, message, capsys, tiny
 
     assert main(["serve", "--ray", "--model", str(tiny_model_dir), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_starts_on_another_port_when_its_free_port_is_taken_before_it_binds(monkeypatch):
+    """The port found free can be taken before Ray's proxy binds it (the 0f479bc fresh-clone run
+    failed so: "Failed to bind to address"); then Serve is shut down and started on another port.
+    Other errors are raised as they come."""
+    from ray import serve
+
+    from vidsight.api.serve.ray_cli import start_serve_on_a_free_port
+
+    tried, shut = [], []
+
+    def start(http_options, fail_with="Failed to bind to address"):
+        tried.append(http_options["port"])
+        if len(tried) == 1:
+            raise RuntimeError(f"ray::ProxyActor.ready() ... {fail_with} '127.0.0.1:{tried[-1]}'.")
+
+    monkeypatch.setattr(serve, "shutdown", lambda: shut.append(True))
+    monkeypatch.setattr(serve, "start", start)
+    assert start_serve_on_a_free_port() == tried[1] and len(tried) == 2 and shut == [True]
+    tried.clear()
+    monkeypatch.setattr(serve, "start", lambda http_options: start(http_options, "HTTP proxies not available"))
+    with pytest.raises(RuntimeError, match="not available"):
+        start_serve_on_a_free_port()
+    assert len(tried) == 1 and shut == [True]

@@ -10,6 +10,32 @@ from vidsight.api.serve.config import RayConfig, ServeConfig
 APP_NAME = "vidsight"
 
 
+def start_serve_on_a_free_port(host: str = "127.0.0.1", attempts: int = 3) -> int:
+    """Start Ray Serve (Ray already up) with its HTTP proxy on a free port of ``host``; the port.
+
+    A port found free by binding port 0 can be taken by another process before the proxy binds
+    it (a benchmark's or a test's servers beside it), so a proxy that fails to bind is shut down
+    and started again on another port.
+    """
+    import socket
+
+    from ray import serve
+
+    attempt = 1
+    while True:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        try:
+            serve.start(http_options={"host": host, "port": port})
+            return port
+        except Exception as error:   # Ray wraps the proxy's own error in its task error
+            if "Failed to bind" not in str(error) or attempt == attempts:
+                raise
+            serve.shutdown()
+            attempt += 1
+
+
 def run_on_ray(config: ServeConfig, ray_config: RayConfig, host: str, port: int, debug: bool = False) -> int:
     """Start (or join) Ray, deploy the app with its HTTP proxy on ``host:port``, serve until Ctrl-C."""
     require_extra("ray", "vidsight serve --ray")
