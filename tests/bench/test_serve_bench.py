@@ -78,3 +78,30 @@ def test_a_short_soak_gives_back_what_the_server_took(tmp_path, tiny_model_dir):
     assert report["server_errors"] == []
     warm, end = report["warm"], report["end"]
     assert end["fds"] <= warm["fds"] and end["threads"] <= warm["threads"] and end["temp_entries"] == 0
+
+
+def test_a_soak_server_whose_free_port_is_taken_before_it_binds_starts_on_another(tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    """The port found free can be taken before `vidsight serve` binds it (it then exits: "address
+    already in use"); the soak's server is started again on another port."""
+    import socket
+    import types
+
+    import httpx
+
+    from vidsight.bench import soak
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    probes = []
+
+    class FirstProbeFindsTheTakenPort(socket.socket):
+        def getsockname(self):
+            probes.append(True)
+            return taken.getsockname() if len(probes) == 1 else super().getsockname()
+
+    monkeypatch.setattr(soak, "socket", types.SimpleNamespace(socket=FirstProbeFindsTheTakenPort))
+    with taken, soak._server(str(tiny_model_dir), tmp_path, tmp_path / "serve.db", tmp_path, "cpu") as (url, _):
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert url != f"http://127.0.0.1:{taken.getsockname()[1]}" and len(probes) == 2

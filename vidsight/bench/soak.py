@@ -91,33 +91,46 @@ def run_soak(seconds: float, model: str, videos: list[Path], device: str | None 
 
 
 @contextlib.contextmanager
-def _server(model: str, media: Path, db: Path, scratch: Path, device: str | None):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "vidsight", "serve", "--model", model, "--allowed-local-media-path", str(media),
-               "--db", str(db), "--port", str(port), *(["--device", device] if device else [])]
-    server = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited: {server.stderr.read().decode(errors='replace')[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start within 300 s")
-            time.sleep(0.3)
-        yield url, server.pid
-    finally:
-        server.terminate()
+def _server(model: str, media: Path, db: Path, scratch: Path, device: str | None, attempts: int = 3):
+    """`vidsight serve` in a process of its own on a free port; ``(url, pid)`` once it is healthy.
+
+    A port found free can be taken before the server binds it: a server that exits on that is
+    started again on another port.
+    """
+    for attempt in range(1, attempts + 1):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        command = [sys.executable, "-m", "vidsight", "serve", "--model", model, "--allowed-local-media-path",
+                   str(media), "--db", str(db), "--port", str(port), *(["--device", device] if device else [])]
+        server = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
         try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+            exited = _wait_until_healthy(server, f"http://127.0.0.1:{port}")
+            if exited is None:
+                yield f"http://127.0.0.1:{port}", server.pid
+                return
+            if "address already in use" not in exited or attempt == attempts:
+                raise RuntimeError(f"the server exited: {exited[-2000:]}")
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def _wait_until_healthy(server: subprocess.Popen, url: str) -> str | None:
+    """None once ``server`` answers ``/health``; what it wrote to stderr if it exits first."""
+    deadline = time.monotonic() + 300
+    while server.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return None
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not start within 300 s")
+        time.sleep(0.3)
+    return server.stderr.read().decode(errors="replace")
 
 
 def _body(video: str, stream: bool) -> dict:
