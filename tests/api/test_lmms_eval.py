@@ -145,8 +145,15 @@ def test_loglikelihood_scores_each_choice_as_asker_does_one_prefill_per_question
         assert [result.text for result in mine] == [(-s.logprob / len(s.tokens), s.greedy) for s in expected]
     assert len(model.request_stats) == 2 and all(len(r["scores"]) == 3 for r in model.request_stats)
     assert model.request_stats[0]["stats"]["kept_visual_tokens"] < model.request_stats[0]["stats"]["visual_tokens"]
-    with pytest.raises(ConfigError, match="chat policy"):
-        VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="rekv").loglikelihood(requests)
+    # With a policy: the video streamed into a session, as its questions are answered.
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="rekv", fps=2)
+    model.task_dict = {"task": {"test": docs}}
+    results = model.loglikelihood(requests[:2])
+    with ChatSession(model.asker.adapter, make_policy("rekv"), ChatConfig(fps=2)) as session:
+        for frame in StreamSource(synthetic_video, fps=2):
+            session.push([frame])
+        expected = [session.score(question, ["red"]).scores[0] for question in questions]
+    assert [result.text for result in results] == [(-s.logprob / len(s.tokens), s.greedy) for s in expected]
 
 
 def test_policy_mode_streams_the_video_into_a_chat_session(tiny_model_dir, synthetic_video):

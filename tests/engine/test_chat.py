@@ -10,6 +10,7 @@ from vidsight.engine.request import Request
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.forward import unrotation
 from vidsight.engine.generate import generate
+from vidsight.engine.score import score_continuations
 from vidsight.errors import ConfigError
 from vidsight.ingest import FrameBatch, SamplingConfig, decode_frames, probe, sample_frames
 from vidsight.ingest.feed import FrameFeed
@@ -20,7 +21,7 @@ from vidsight.kv.policies import ReKVConfig, ReKVPolicy, RecentConfig, RecentPol
 
 from vidsight.models.conversation import Conversation
 
-from tests.settings import assert_input_matters, assert_same_answer, logits_error
+from tests.settings import DEVICE, DTYPE, assert_input_matters, assert_logits_close, assert_same_answer, logits_error
 from tests.variants import fast_first
 
 QUESTIONS = ["What colour is the square?", "Where is the square now?", "How many squares?"]
@@ -91,6 +92,53 @@ def test_a_repetition_penalty_counts_the_streams_prompt_as_ask_counts_its_own(fa
     ids = generate(family_adapter, state.cache, state.logits, state.next_position, generation,
                    context=state.prompt_ids)
     assert_same_answer(answer.token_ids, answer.logits, ids, state.logits)
+
+
+def test_scores_under_full_are_asks_on_the_same_frames_and_leave_only_the_video(tiny_adapter, make_test_video):
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, len(batch)))
+    length = session.cache.length
+    choices = ["red", "a blue square", "red"]
+    result = session.score(QUESTIONS[0], choices)
+    assert session.cache.length == length and all(f == length for f in session.cache.filled)
+    state = prefill_video(tiny_adapter, FrameFeed.decoded(batch), QUESTIONS[0], FPS, PrefillConfig(), NEW_TOKENS,
+                          Request(StageClock(AskStats(), tiny_adapter.device)))
+    expected = score_continuations(tiny_adapter, state, choices)
+    for ours, theirs in zip(result.scores, expected):
+        assert [t.token_id for t in ours.tokens] == [t.token_id for t in theirs.tokens]
+        assert_logits_close(torch.tensor([t.logprob for t in ours.tokens]),
+                            torch.tensor([t.logprob for t in theirs.tokens]), atol=1e-3)
+    assert result.scores[0] == result.scores[2] and result.stats.cached_tokens == length
+    with pytest.raises(ConfigError, match="no tokens"):
+        session.score(QUESTIONS[0], ["red", ""])
+    assert session.cache.length == length and session.score(QUESTIONS[0], choices).scores == result.scores
+
+
+def test_under_resv_a_continuation_scores_as_generating_it_would(make_test_video, monkeypatch):
+    """Under a policy that retrieves per generated token (ReSV), a continuation is fed as an answer
+    is generated: each token's score is the log probability the decode loop gives it when it is
+    the token chosen (the sampler forced to choose the continuation)."""
+    from vidsight.engine.generate import TokenSampler
+    from vidsight.kv.policies.registry import make_policy
+    from vidsight.models import TASK_MODEL, load_model
+
+    adapter = load_model(TASK_MODEL, DEVICE, DTYPE)
+    batch = sampled(make_test_video, VIDEOS[0])
+    session = ChatSession(adapter, make_policy("resv"), ChatConfig(fps=FPS))
+    session.push(as_frames(batch, 0, len(batch)))
+    text = "red circle blue square"
+    forced = adapter.text_ids(text)
+    chosen = iter(forced)
+    monkeypatch.setattr(TokenSampler, "__call__", lambda sampler, logits: next(chosen))
+    begun = session.begin(QUESTIONS[1], GenerationConfig(max_new_tokens=len(forced), logprobs=1,
+                                                         repetition_penalty=1.0))
+    assert begun.generate_alone().token_ids == forced
+    (score,) = session.score(QUESTIONS[1], [text]).scores
+    assert [t.token_id for t in score.tokens] == forced and len(forced) == 4
+    assert_logits_close(torch.tensor([t.logprob for t in score.tokens]),
+                        torch.tensor([logprob for logprob, _, _ in begun.answer.logprobs]), atol=1e-3)
+    assert not score.greedy   # the task model answers one word, then ends
 
 
 def test_a_system_message_goes_before_the_stream_as_before_a_question_to_ask(tiny_adapter, make_test_video):

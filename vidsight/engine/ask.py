@@ -216,7 +216,7 @@ class Asker:
         question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
         state = run_to_end(self._prefill(video, question, sampling, prefill, feed, longest, request), self.adapter)
-        with request.clock.stage("prefill"):
+        with request.clock.stage("generate"):
             scores = score_continuations(self.adapter, state, continuations)
         return ScoreResult(scores, request.clock.finish())
 

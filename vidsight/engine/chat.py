@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -21,7 +21,9 @@ from vidsight.engine.config import GenerationConfig
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
+from vidsight.engine.prefill import Prefilled
 from vidsight.engine.prompt import interleave, patch_rows
+from vidsight.engine.score import ScoreResult, continuation_ids, score_continuations
 from vidsight.engine.stats import ChatStats, PatchStats, StageClock
 from vidsight.engine.steps import EncodeRequest, Preemptible, Stepped, drive, run_to_end
 from vidsight.errors import ConfigError, ModelError
@@ -113,6 +115,19 @@ class ChatInProgress(AnswerInProgress):
         self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
                              policy=self.session.policy, step=self.answer_step, context=context)
         self._since = self.clock.mark()
+
+    def score(self, continuations: Sequence[str]) -> ScoreResult:
+        """Score ``continuations`` as answers (`vidsight.engine.score`) instead of generating one,
+        each token attending through the session's policy as an answer's would; then `finish`
+        without keeping a turn."""
+        try:
+            state = Prefilled(self.session.cache, self.logits, self.first_position, self.answer.context)
+            scores = score_continuations(self.adapter, state, continuations, self.session.policy, self.answer_step)
+        except BaseException:
+            self.abandon()
+            raise
+        self.answer.cancel()   # nothing was generated: no turn to keep
+        return ScoreResult(scores, self.finish().stats)
 
     def abandon(self) -> None:
         """The question and what was generated leave the cache; the session takes frames again."""
@@ -353,6 +368,17 @@ class ChatSession:
             ConfigError: an empty or overlong question, or no complete temporal patch yet.
         """
         return self.begin(question, generation, on_text).generate_alone()
+
+    def score(self, question: str, continuations: Sequence[str]) -> ScoreResult:
+        """How likely each of ``continuations`` is as the answer to ``question`` about the video so
+        far (`vidsight.engine.score`): the question is prefilled as for `ask`, each continuation
+        is fed after it through the session's policy, and the cache keeps only the video afterwards.
+
+        Raises:
+            ConfigError: no continuations, one without tokens, or what `ask` refuses.
+        """
+        longest = max(len(ids) for ids in continuation_ids(self.adapter, continuations))
+        return self.begin(question, GenerationConfig(max_new_tokens=longest)).score(continuations)
 
     def begin(self, question: str, generation: GenerationConfig = GenerationConfig(),
               on_text: Callable[[str], None] | None = None) -> ChatInProgress:

@@ -3,8 +3,9 @@
 This is what lm-eval's and lmms-eval's ``loglikelihood`` asks of a model (their multiple-choice
 tasks rank the choices by it): the sum of the model's log probabilities of a continuation's
 tokens after the prompt, and whether greedy decoding would produce those tokens. The prompt is
-prefilled once; each continuation is fed after it as one chunk and cut off again, so N choices
-cost one prefill and N short chunks.
+prefilled once; each continuation is fed after it and cut off again, so N choices cost one
+prefill and N short chunks. Under a chat session's retrieval policy a continuation is fed a token
+at a time, as an answer is generated: the policy chooses what each token attends to.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import torch
 from vidsight.engine.forward import forward
 from vidsight.engine.generate import TokenLogprob
 from vidsight.engine.prefill import Prefilled
-from vidsight.engine.stats import AskStats
+from vidsight.engine.stats import AskStats, ChatStats
 from vidsight.errors import ConfigError
 from vidsight.kv import TokenTable
+from vidsight.kv.policies import KVPolicy, Step
 from vidsight.models.base import VLMAdapter
 
 
@@ -51,11 +53,12 @@ class ScoreResult:
 
     Attributes:
         scores: One per continuation, in the order given.
-        stats: Frames, tokens, stage times (the continuations' chunks count as ``prefill``).
+        stats: The workload's (`AskStats`, `ChatStats`): frames, tokens, stage times (scoring
+            counts as ``generate``, the stage it takes the place of).
     """
 
     scores: list[ContinuationScore]
-    stats: AskStats
+    stats: AskStats | ChatStats
 
     @property
     def best(self) -> int:
@@ -79,28 +82,40 @@ def continuation_ids(adapter: VLMAdapter, continuations: Sequence[str]) -> list[
 
 
 @torch.inference_mode()
-def score_continuations(adapter: VLMAdapter, state: Prefilled, continuations: Sequence[str]) -> list[ContinuationScore]:
+def score_continuations(adapter: VLMAdapter, state: Prefilled, continuations: Sequence[str],
+                        policy: KVPolicy | None = None, step: Step | None = None) -> list[ContinuationScore]:
     """Score each of ``continuations`` after the prompt prefilled in ``state``.
 
     Each continuation's tokens but the last are fed after the prompt (the last one's own logits
     would score nothing), then cut off, so the cache holds the prompt alone again afterwards.
+    With a ``policy`` they are fed one at a time as an ``answer`` ``step``, as `generate` feeds them.
     """
-    prompt_end = state.cache.length
     scores = []
     for text, ids in zip(continuations, continuation_ids(adapter, continuations)):
-        logits = state.logits[None]
-        if len(ids) > 1:
-            fed = torch.tensor([ids[:-1]])
-            positions = torch.arange(state.next_position, state.next_position + len(ids) - 1)[None].repeat(3, 1)
-            state.cache.reserve(len(ids) - 1)
-            try:
-                hidden = forward(adapter, state.cache, adapter.embed_tokens(fed), positions, TokenTable.text(positions))
-            finally:
-                state.cache.truncate(prompt_end)
-            logits = torch.cat([logits, adapter.logits(hidden[0])])
+        logits = _continuation_logits(adapter, state, ids, policy, step)
         logprobs = torch.log_softmax(logits.float(), dim=-1)   # (len(ids), vocab): row i scores ids[i]
         chosen = logprobs[torch.arange(len(ids)), torch.tensor(ids, device=logprobs.device)]
         greedy = bool((logprobs.argmax(dim=-1).cpu() == torch.tensor(ids)).all())
         tokens = tuple(TokenLogprob(token, adapter.decode_text([token]), float(p)) for token, p in zip(ids, chosen))
         scores.append(ContinuationScore(text, float(chosen.double().sum()), greedy, tokens))
     return scores
+
+
+def _continuation_logits(adapter: VLMAdapter, state: Prefilled, ids: list[int], policy: KVPolicy | None,
+                         step: Step | None) -> torch.Tensor:
+    """``(len(ids), vocab)`` logits, row ``i`` scoring ``ids[i]``: the prompt's last, then those
+    of each fed token."""
+    if len(ids) == 1:
+        return state.logits[None]
+    prompt_end, fed = state.cache.length, torch.tensor([ids[:-1]])
+    positions = torch.arange(state.next_position, state.next_position + fed.shape[1])[None].repeat(3, 1)
+    # Without a policy every token attends to everything: the chunk is what feeding them one by one computes.
+    pieces = [(0, fed.shape[1])] if policy is None else [(k, k + 1) for k in range(fed.shape[1])]
+    state.cache.reserve(fed.shape[1])
+    try:
+        hidden = torch.cat([forward(adapter, state.cache, adapter.embed_tokens(fed[:, a:b]), positions[:, a:b],
+                                    TokenTable.text(positions[:, a:b]), policy=policy, step=step)[0]
+                            for a, b in pieces])
+    finally:
+        state.cache.truncate(prompt_end)
+    return torch.cat([state.logits[None], adapter.logits(hidden)])

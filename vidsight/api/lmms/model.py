@@ -3,12 +3,14 @@
 Without ``policy`` a request goes through `Asker.ask` (QuickVideo's pipeline, with whatever KV
 and motion pruning the arguments ask for); with ``policy`` the video is streamed into a
 `ChatSession` under that retrieval policy and the question asked at its end, as a streaming
-benchmark would. Loglikelihood requests (multiple-choice tasks) are scored by `Asker.score`. The task's ``generation_kwargs`` set each answer's length and sampling; the
+benchmark would. Loglikelihood requests (multiple-choice tasks) are scored by `Asker.score`, or with
+``policy`` by the session's `ChatSession.score`. The task's ``generation_kwargs`` set each answer's length and sampling; the
 model arguments set everything else (`vidsight.api.lmms.settings`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from vidsight.api.lmms.settings import parse_model_args
 from vidsight.api.settings import ask_configs, chat_configs, feed_config, generation_config
 from vidsight.engine import Asker
 from vidsight.engine.config import DEFAULT_MODEL
+from vidsight.engine.score import ScoreResult
 from vidsight.errors import ConfigError
 
 
@@ -64,8 +67,9 @@ class VidsightLMM(lmms):
         return results
 
     def loglikelihood(self, requests) -> list[GenerationResult]:
-        """Each request's continuation scored after its video and context (`Asker.score`): the
-        requests of one video and context (a multiple-choice question's choices) share one prefill.
+        """Each request's continuation scored after its video and context (`Asker.score`; with a
+        ``policy``, after the video streamed into a session, `ChatSession.score`): the requests of
+        one video and context (a multiple-choice question's choices) share one prefill.
 
         Returns, per request, what lmms-eval's models return and its multiple-choice scoring ranks
         by its smallest value: the continuation's mean negative log-likelihood per token (the
@@ -73,11 +77,6 @@ class VidsightLMM(lmms):
         `GenerationResult`'s ``text``: lmms-eval 0.7.3 turns any other reply into its ``str``
         (``unwrap_generation_output``), which its multiple-choice scoring cannot unpack.
         """
-        if self.settings.mode != "ask":
-            raise ConfigError("vidsight model_args: loglikelihood tasks are scored as `ask` scores; a chat "
-                              "policy does not apply to them")
-        sampling, _, prefill = ask_configs(self.settings.settings)
-        feed = feed_config(self.settings.settings)
         prompts: dict[tuple[str, str], list[tuple[int, str]]] = {}
         for number, request in enumerate(requests):
             context, target, doc_to_visual, doc_id, task, split = request.args
@@ -86,13 +85,13 @@ class VidsightLMM(lmms):
             prompts.setdefault((video, context), []).append((number, target if isinstance(target, str) else target(doc)))
         results: list[GenerationResult | None] = [None] * len(requests)
         for (video, context), members in tqdm(prompts.items(), desc="vidsight", disable=self.rank != 0):
-            scored = self.asker.score(video, context, [text for _, text in members], sampling=sampling,
-                                      prefill=prefill, feed=feed)
+            scored = self._score(video, context, [text for _, text in members])
+            prompt_tokens = scored.stats.prompt_tokens if self.settings.mode == "ask" else scored.stats.cached_tokens
             for (number, _), score in zip(members, scored.scores):
-                counts = TokenCounts(input_tokens=scored.stats.prompt_tokens + len(score.tokens), output_tokens=0)
+                counts = TokenCounts(input_tokens=prompt_tokens + len(score.tokens), output_tokens=0)
                 results[number] = GenerationResult((-score.logprob / len(score.tokens), score.greedy), counts)
             self._keep({"video": video, "question": context, "scores": [s.to_dict() for s in scored.scores],
-                        "prompt_tokens": scored.stats.prompt_tokens, "stats": scored.stats.to_dict()})
+                        "prompt_tokens": prompt_tokens, "stats": scored.stats.to_dict()})
         return results
 
     def generate_until_multi_round(self, requests):
@@ -132,17 +131,31 @@ class VidsightLMM(lmms):
         return {"video": video, "question": question, "answer": result.answer, **record, "stats": stats.to_dict()}
 
     def _chat(self, video: str, question: str, settings: dict):
+        with self._streamed(video, settings) as session:
+            return session.ask(question, generation_config(settings))
+
+    def _score(self, video: str, question: str, continuations: list[str]) -> ScoreResult:
+        settings = self.settings.settings
+        if self.settings.mode == "ask":
+            sampling, _, prefill = ask_configs(settings)
+            return self.asker.score(video, question, continuations, sampling=sampling, prefill=prefill,
+                                    feed=feed_config(settings))
+        with self._streamed(video, settings) as session:
+            return session.score(question, continuations)
+
+    @contextlib.contextmanager
+    def _streamed(self, video: str, settings: dict):
+        """A chat session under the arguments' policy, ``video`` streamed into it."""
         from vidsight.engine.chat import ChatSession
         from vidsight.ingest.stream import StreamSource
 
         config, tiers = chat_configs(settings)
-        generation = generation_config(settings)
         # A session per request: each stream's memory and policy state are its own.
         policy = chat_policy(self.settings.namespace())
         with ChatSession(self.asker.adapter, policy, config, tiers) as session:
             for frame in StreamSource(video, fps=config.fps):
                 session.push([frame])
-            return session.ask(question, generation)
+            yield session
 
     def _keep(self, record: dict) -> None:
         self.request_stats.append(record)
