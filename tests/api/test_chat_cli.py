@@ -32,8 +32,35 @@ def test_scheduled_questions_are_answered_at_their_stream_times(make_test_video,
     assert lines[-1] == {"type": "end", "frames_seen": 12, "frames_dropped": 0, "damaged_packets": 0}
 
 
+def test_a_question_with_choices_is_scored_as_the_session_scores_it(make_test_video, tiny_model_dir, tmp_path,
+                                                                   capsys):
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.ingest.stream import StreamSource
+    from vidsight.models import load_model
+
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    choices = ["red", "blue", "a green circle"]
+    questions = write_questions(tmp_path / "q.jsonl", [
+        {"time_s": 60.0, "question": "What colour is the square?", "choices": choices},
+        {"time_s": 60.0, "question": "Where is it?"},
+    ])
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--fps", "2", "--questions", str(questions),
+                 "--max-new-tokens", "3", "--json"])
+    assert code == 0
+    scored, generated = [json.loads(line) for line in capsys.readouterr().out.splitlines()][:2]
+    with ChatSession(load_model(tiny_model_dir, device="cpu"), config=ChatConfig(fps=2)) as session:
+        for frame in StreamSource(str(video), fps=2):
+            session.push([frame])
+        expected = session.score("What colour is the square?", choices)
+    assert [s["text"] for s in scored["scores"]] == choices
+    assert [s["logprob"] for s in scored["scores"]] == pytest.approx([s.logprob for s in expected.scores], abs=1e-5)
+    assert scored["answer"] == choices[expected.best] == choices[scored["best"]]
+    assert scored["stats"]["frames_seen"] == 12 and "scores" not in generated and generated["answer"]
+
+
 @pytest.mark.parametrize("content,message", [
     ('{"time_s": 1}\n', "q.jsonl:1"), ("not json\n", "q.jsonl:1"), ('{"time_s": -1, "question": "x"}\n', "time_s"),
+    ('{"time_s": 1, "question": "x", "choices": ["a", ""]}\n', "choices"), ('[1]\n', "q.jsonl:1"),
 ])
 def test_a_bad_questions_file_names_the_line(make_test_video, tiny_model_dir, tmp_path, capsys, content, message):
     video, _ = make_test_video(duration_s=1.0)

@@ -32,7 +32,8 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_policy_options(chat)
     add_tier_options(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
-                      help='{"time_s": ..., "question": ...} per line (default: questions typed on stdin)')
+                      help='{"time_s": ..., "question": ...} per line, with "choices": [...] to score those answers '
+                           'instead of generating one (default: questions typed on stdin)')
     chat.add_argument("--batch-patches", type=int, default=1, metavar="K",
                       help="encode and prefill K temporal patches together (Mosaic's batching; default: 1)")
     chat.add_argument("--keep-dialogue", action="store_true",
@@ -47,8 +48,9 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--json", action="store_true", help="one JSON line per answer and progress report")
 
 
-def read_questions(path: str | Path) -> list[tuple[float, str]]:
-    """``(time_s, question)`` pairs from a JSON-lines file, in time order."""
+def read_questions(path: str | Path) -> list[tuple[float, str, tuple[str, ...] | None]]:
+    """``(time_s, question, choices)`` from a JSON-lines file, in time order: a line's optional
+    ``choices`` (a list of answers) are scored instead of generating an answer."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -60,12 +62,16 @@ def read_questions(path: str | Path) -> list[tuple[float, str]]:
             continue
         try:
             record = json.loads(line)
-            time_s, question = float(record["time_s"]), str(record["question"])
-        except (ValueError, KeyError, TypeError):
+            time_s, question, choices = float(record["time_s"]), str(record["question"]), record.get("choices")
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(f'{path}:{number}: expected {{"time_s": seconds, "question": text}}, got {line[:80]!r}') from None
         if time_s < 0 or not question.strip():
             raise ConfigError(f"{path}:{number}: time_s must be >= 0 and the question non-empty")
-        questions.append((time_s, question))
+        if choices is not None and (not isinstance(choices, list) or not choices
+                                    or not all(isinstance(c, str) and c.strip() for c in choices)):
+            raise ConfigError(f"{path}:{number}: choices must be a list of one or more non-empty strings, "
+                              f"got {choices!r}"[:200])
+        questions.append((time_s, question, None if choices is None else tuple(choices)))
     return sorted(questions, key=lambda q: q[0])
 
 
@@ -125,7 +131,18 @@ def _converse(args, session, source, scheduled, generation) -> int:
     typing_ended = False
     origin = None
 
-    def answer(question: str) -> None:
+    def answer(question: str, choices: tuple[str, ...] | None = None) -> None:
+        if choices is not None:
+            scored = session.score(question, choices)
+            best = scored.scores[scored.best].text
+            if args.json:
+                print(json.dumps({"type": "answer", "time_s": scored.stats.time_s, "question": question,
+                                  "answer": best, "best": scored.best, "scores": [s.to_dict() for s in scored.scores],
+                                  "stats": {**scored.stats.to_dict(), "frames_dropped": frames.dropped}}), flush=True)
+                return
+            print(f"[{session.time_s:8.1f} s] {question}\n{best}  ("
+                  + ", ".join(f"{s.text} {s.logprob:.3f}" for s in scored.scores) + ")", flush=True)
+            return
         if args.json:
             record = session.ask(question, generation).to_dict()
             record["stats"]["frames_dropped"] = frames.dropped
@@ -135,8 +152,8 @@ def _converse(args, session, source, scheduled, generation) -> int:
         session.ask(question, generation, on_text=lambda text: print(text, end="", flush=True))
         print(flush=True)
 
-    def due(now_s: float) -> list[str]:
-        """Questions whose time has come (typed ones at once), once the session has video."""
+    def due(now_s: float) -> list[tuple[str, tuple[str, ...] | None]]:
+        """Questions whose time has come (typed ones at once) and their choices, once the session has video."""
         if session.frames_seen < session.adapter.vision.temporal_patch_size:
             return []
         nonlocal typing_ended
@@ -145,9 +162,9 @@ def _converse(args, session, source, scheduled, generation) -> int:
             while not typing_ended and not typed.empty():
                 item = typed.get_nowait()
                 typing_ended = item is None
-                ready += [item] if item is not None else []
+                ready += [(item, None)] if item is not None else []
             return ready
-        ready = [q for t, q in scheduled if t <= now_s]
+        ready = [(q, choices) for t, q, choices in scheduled if t <= now_s]
         del scheduled[: len(ready)]
         return ready
 
@@ -155,8 +172,8 @@ def _converse(args, session, source, scheduled, generation) -> int:
     for frame in frames:
         origin = frame.pts_s if origin is None else origin
         session.push([frame])
-        for question in due(frame.pts_s - origin):
-            answer(question)
+        for question, choices in due(frame.pts_s - origin):
+            answer(question, choices)
         if len(session.patches) >= patches + PROGRESS_EVERY_PATCHES:
             patches = len(session.patches)
             recent = [p.per_patch_s for p in session.patches[-PROGRESS_EVERY_PATCHES:]]
@@ -172,8 +189,8 @@ def _converse(args, session, source, scheduled, generation) -> int:
         while not typing_ended and (item := typed.get()) is not None:
             answer(item)
     else:
-        for _, question in scheduled:
-            answer(question)
+        for _, question, choices in scheduled:
+            answer(question, choices)
     damaged = source.damaged_packets
     print(json.dumps({"type": "end", "frames_seen": session.frames_seen, "frames_dropped": frames.dropped,
                       "damaged_packets": damaged}) if args.json else
