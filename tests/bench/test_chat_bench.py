@@ -104,14 +104,18 @@ def test_the_task_model_reaches_the_suites_figures_and_losing_the_past_costs_ans
     """Values a run must reach, not only well-formed ones: with vidsight's task model, full compute
     answers every colour and shape question of three validation streams (colour 100 % and shape 98 %
     on both splits in docs/benchmarks.md), and a window too short to hold the events answers fewer."""
-    from vidsight.bench.chat_accuracy import run_chat_accuracy
+    from vidsight.bench.chat_accuracy import format_chat_accuracy, run_chat_accuracy
     from vidsight.models import load_model
     from vidsight.models.paths import TASK_MODEL
 
     report = run_chat_accuracy(load_model(TASK_MODEL, "cpu"), streams=3, frames=256, policies=("full", "recent"),
-                               settings={"recent": {"window_tokens": 64}})
+                               settings={"recent": {"window_tokens": 64}}, choices=True)
     full = [q for q in report["questions"] if q["policy"] == "full"]
     assert all(q["correct"] for q in full if q["family"] != "order") and len(full) == 9
+    # The likeliest of the possible answers, too, where the generated one is right (the same model).
+    assert all(q["choice_correct"] for q in full if q["family"] != "order")
+    assert report["choice_accuracy"]["full"] == sum(q["choice_correct"] for q in full) / 9
+    assert "likeliest of each question's choices" in format_chat_accuracy(report)
     assert report["accuracy"]["recent"] < report["accuracy"]["full"]
     assert report["against_first"]["recent"]["only_first"] >= 6   # most answers need the past
     order = [q for q in full if q["family"] == "order"]

@@ -164,6 +164,9 @@ def add_bench_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             help=f"with --accuracy, the model answering (default: {TASK_MODEL}); without it, a "
                                  "checkpoint to time instead of --shape")
     bench_chat.add_argument("--streams", type=int, default=20, help="with --accuracy: streams (default: 20)")
+    bench_chat.add_argument("--choices", action="store_true",
+                            help="with --accuracy: also rank each question's possible answers by likelihood "
+                                 "(ChatSession.score) and score the likeliest")
     bench_chat.add_argument("--stream-frames", type=int, default=512,
                             help="with --accuracy: sampled frames per stream (default: 512)")
     bench_chat.add_argument("--out", default="out/bench", help="JSON and PNG go here (default: out/bench)")
@@ -344,7 +347,7 @@ def _run_bench_chat(args) -> int:
 
         report = run_chat_accuracy(load_model(args.model or TASK_MODEL, device="cpu"), args.streams, args.stream_frames,
                                    tuple(args.policies), settings, progress=not args.json, tiers=tier_config(vars(args)),
-                                   split=args.suite_split)
+                                   split=args.suite_split, choices=args.choices)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "chat-accuracy.json").write_text(json.dumps(report, indent=1))

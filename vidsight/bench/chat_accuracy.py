@@ -2,7 +2,9 @@
 
 Every policy sees the same streams and questions: one session per stream and policy; the
 stream is pushed up to each question's time, the question is asked (its turn then dropped, as
-chat does by default) and the stream goes on. The first answer word is scored against the truth.
+chat does by default) and the stream goes on. The first answer word is scored against the truth;
+with ``choices``, the question's possible answers (`tasks.families.answer_choices`) are also
+ranked by likelihood (`ChatSession.score`) after the answer, and the likeliest is scored too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from vidsight.kv.store import traffic_of
 from vidsight.kv.tiers import TierConfig
 from vidsight.models.base import VLMAdapter
 from vidsight.tasks.chat import CHAT_FAMILIES, ChatStream, make_chat_stream
-from vidsight.tasks.families import SAMPLE_FPS, order_shapes
+from vidsight.tasks.families import SAMPLE_FPS, answer_choices, order_shapes
 from vidsight.tasks.splits import split_seed, split_seeds
 
 CHAT_STREAMS = 20
@@ -43,8 +45,9 @@ def stream_frames(stream: ChatStream) -> list[SampledFrame]:
 
 
 def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledFrame], policy_name: str,
-                  settings: dict, tiers: TierConfig | None = None) -> list[dict]:
-    """One session over ``stream`` under one policy: each question asked at its time."""
+                  settings: dict, tiers: TierConfig | None = None, choices: bool = False) -> list[dict]:
+    """One session over ``stream`` under one policy: each question asked at its time (and with
+    ``choices``, its possible answers scored)."""
     rows = []
     with ChatSession(adapter, make_policy(policy_name, **settings), ChatConfig(fps=SAMPLE_FPS), tiers) as chat:
         for question in stream.questions:
@@ -65,12 +68,17 @@ def answer_stream(adapter: VLMAdapter, stream: ChatStream, frames: list[SampledF
                          "question_bytes_moved": sum(answer.stats.question_bytes_moved.values()),
                          "read_bytes": sum(answer.stats.read_bytes.values()),
                          "whole_read_bytes": sum(answer.stats.whole_read_bytes.values())})
+            if choices:   # after the answer's figures: scoring is a second question to the policy
+                scored = chat.score(question.question, answer_choices(question.question))
+                rows[-1]["choice"] = scored.scores[scored.best].text
+                rows[-1]["choice_correct"] = normalise(rows[-1]["choice"]) == question.answer
     return rows
 
 
 def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: int = CHAT_STREAM_FRAMES,
                       policies: tuple[str, ...] = ("full", "recent", "rekv"), settings: dict[str, dict] | None = None,
-                      progress: bool = False, tiers: TierConfig | None = None, split: str = "validation") -> dict:
+                      progress: bool = False, tiers: TierConfig | None = None, split: str = "validation",
+                      choices: bool = False) -> dict:
     """Answer every question of ``streams`` chat-suite streams under each policy.
 
     Args:
@@ -82,6 +90,7 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
         settings: Per policy name, its config's fields to change from the defaults.
         progress: Print each stream's answers.
         tiers: KV tiers for every session (the device's peak during each question is reported).
+        choices: Also rank each question's possible answers by likelihood (``choice_accuracy``).
 
     Returns:
         ``{"streams", "frames", "settings", "accuracy": {policy: share}, "by_family": {policy:
@@ -98,7 +107,8 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
         stream = make_chat_stream(split_seed("chat", split, k), frames)
         pictures = stream_frames(stream)
         for name in policies:
-            for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {}), tiers):
+            for row in answer_stream(adapter, stream, pictures, name, settings.get(name.partition(":")[0], {}), tiers,
+                                     choices):
                 questions.append({"policy": name, **row})
                 if progress:
                     print(f"stream {k} t={row['time_s']:6.1f} s {name:<6} {row['question']} -> {row['answer']!r} "
@@ -126,6 +136,9 @@ def run_chat_accuracy(adapter: VLMAdapter, streams: int = CHAT_STREAMS, frames: 
             "bytes_moved": {n: share(mine(n), "bytes_moved") for n in policies},
             "question_bytes_moved": {n: share(mine(n), "question_bytes_moved") for n in policies},
             **_reads(questions, policies),
+            **({"choice_accuracy": {n: share(mine(n), "choice_correct") for n in policies},
+                "choice_accuracy_interval": {n: wilson(sum(q["choice_correct"] for q in mine(n)), len(mine(n)))
+                                             for n in policies}} if choices else {}),
             "questions": questions}
 
 
@@ -217,6 +230,9 @@ def format_chat_accuracy(report: dict) -> str:
         lines.append(f"{name:<28} {accuracy:6.1%} [{low:5.1%}-{high:6.1%}] {families} {report['attended_share'][name]:8.1%} "
                      f"{report['retrieved_share'][name]:9.1%} {report['ttft_s'][name] * 1000:8.0f}  "
                      f"{report['settings'][name] or ''}")
+    for name, accuracy in report.get("choice_accuracy", {}).items():
+        low, high = report["choice_accuracy_interval"][name]
+        lines.append(f"{name}: the likeliest of each question's choices right {accuracy:.1%} [{low:.1%}-{high:.1%}]")
     for name, cells in report["order_breakdown"].items():
         lines.append(f"{name} order questions right: " + ", ".join(f"{cell} {right}/{asked}"
                                                                     for cell, (right, asked) in cells.items()))
