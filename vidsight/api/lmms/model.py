@@ -3,9 +3,9 @@
 Without ``policy`` a request goes through `Asker.ask` (QuickVideo's pipeline, with whatever KV
 and motion pruning the arguments ask for); with ``policy`` the video is streamed into a
 `ChatSession` under that retrieval policy and the question asked at its end, as a streaming
-benchmark would. Loglikelihood requests (multiple-choice tasks) are scored by `Asker.score`, or with
-``policy`` by the session's `ChatSession.score`. The task's ``generation_kwargs`` set each answer's length and sampling; the
-model arguments set everything else (`vidsight.api.lmms.settings`).
+benchmark would. Loglikelihood requests (multiple-choice tasks) are scored by `Asker.score`, or
+with ``policy`` by the session's `ChatSession.score`. The task's ``generation_kwargs`` set each
+answer's length and sampling; the model arguments set everything else (`vidsight.api.lmms.settings`).
 """
 
 from __future__ import annotations
