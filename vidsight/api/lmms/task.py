@@ -14,18 +14,23 @@ from vidsight.bench.accuracy import ANSWER_TOKENS, normalise
 from vidsight.bench.suite import build_suite
 from vidsight.tasks.families import answer_choices
 
+# A task's YAML: what every task of a suite says, then how it is answered and scored.
 TASK_YAML = """\
-# Written by `vidsight bench lmms-task`: the {suite} suite's clips (generated, with known answers).
+# Written by `vidsight bench lmms-task{flag}`: the {suite} suite's clips (generated, with known answers).
 task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {documents}
 test_split: test
-output_type: generate_until
 doc_to_visual: !function utils.doc_to_visual
 doc_to_text: !function utils.doc_to_text
 doc_to_target: answer
+{answering}metadata:
+  - version: 1.0
+"""
+GENERATED = """\
+output_type: generate_until
 generation_kwargs:
   max_new_tokens: {answer_tokens}
   temperature: 0
@@ -35,31 +40,17 @@ metric_list:
   - metric: accuracy
     aggregation: mean
     higher_is_better: true
-metadata:
-  - version: 1.0
 """
 # The same clips as a multiple-choice task: lmms-eval ranks each question's choices (`answer_choices`)
 # by the model's likelihood of them as the answer instead of reading a generated answer.
-MULTIPLE_CHOICE_YAML = """\
-# Written by `vidsight bench lmms-task --multiple-choice`: the {suite} suite's clips (generated, with known answers).
-task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {documents}
-test_split: test
+MULTIPLE_CHOICE = """\
 output_type: multiple_choice
-doc_to_visual: !function utils.doc_to_visual
-doc_to_text: !function utils.doc_to_text
 doc_to_choice: !function utils.doc_to_choice
-doc_to_target: answer
 target_delimiter: ""
 metric_list:
   - metric: acc
     aggregation: mean
     higher_is_better: true
-metadata:
-  - version: 1.0
 """
 TASK_UTILS = ("from vidsight.api.lmms.task import doc_to_choice, doc_to_text, doc_to_visual, process_results  "
               "# noqa: F401\n")
@@ -89,9 +80,10 @@ def write_task(suite: str, root: str | Path, out: str | Path, progress: bool = F
         for number, clip in enumerate(manifest["clips"]):
             lines.write(json.dumps({"id": number, "family": clip["family"], "video": str(videos / clip["video"]),
                                     "question": clip["question"], "answer": clip["answer"]}) + "\n")
-    (folder / f"{name}.yaml").write_text((MULTIPLE_CHOICE_YAML if multiple_choice else TASK_YAML).format(
-        suite=f"{suite} ({split} split)", task=name, documents=json.dumps(str(documents.resolve())),
-        answer_tokens=ANSWER_TOKENS))
+    answering = MULTIPLE_CHOICE if multiple_choice else GENERATED.format(answer_tokens=ANSWER_TOKENS)
+    (folder / f"{name}.yaml").write_text(TASK_YAML.format(
+        flag=" --multiple-choice" if multiple_choice else "", suite=f"{suite} ({split} split)", task=name,
+        documents=json.dumps(str(documents.resolve())), answering=answering))
     (folder / "utils.py").write_text(TASK_UTILS)
     return folder, manifest["sample_fps"]
 
