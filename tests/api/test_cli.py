@@ -91,6 +91,7 @@ def test_choices_are_scored_instead_of_answered(make_test_video, tiny_model_dir,
     assert shown.out.strip() == choices[expected.best] and all(choice in shown.err for choice in choices)
     assert main(["ask", str(path), question, "--choices", "red", "", "--model", str(tiny_model_dir)]) == 2
     assert "no tokens to score" in capsys.readouterr().err
+    assert main(["ask", *options, "--logprobs", "2"]) == 2 and "--logprobs and --stop" in capsys.readouterr().err
 
 
 def test_probe_json(make_test_video, capsys):

@@ -9,6 +9,7 @@ import sys
 from vidsight.api.options import _float, add_feed_options, add_prefill_options, motion_note
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
+from vidsight.errors import ConfigError
 
 
 def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -60,6 +61,9 @@ def run_ask(args) -> int:
     from vidsight.models.conversation import Conversation
 
     conversations = [Conversation.of(question, args.system) for question in args.question]   # refused before loading
+    if args.choices and (args.logprobs is not None or args.stop):
+        raise ConfigError("--choices scores the answers given, each token's log probability included; "
+                          "--logprobs and --stop apply to a generated answer")
     sampling, generation, prefill = ask_configs(vars(args))
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
