@@ -276,17 +276,27 @@ def test_rekvs_index_kept_across_questions_chooses_as_a_fresh_one(tiny_adapter, 
                            fresh.select(layer, session.cache, q, question_step(tiny_adapter, session.cache, 3)))
 
 
-def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tiny_adapter, make_test_video):
+@pytest.mark.parametrize("stopped", [False, True], ids=["whole answer", "stop string"])
+def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tiny_adapter, make_test_video, stopped):
     """With turns kept, the second answer equals one transformers forward over the whole dialogue:
     video, question, answer, a new user turn with the next video span (Qwen's positions for a
-    second video), and the second question; a repetition penalty counts that whole prompt's ids."""
+    second video), and the second question; a repetition penalty counts that whole prompt's ids.
+    An answer a stop string ended is kept as the text shown, as a chat client sends it back."""
     from vidsight.models.positions import video_grid_positions
     from vidsight.vision import preprocess_video
 
     batch = sampled(make_test_video, VIDEOS[0])
+    generation = GenerationConfig(max_new_tokens=NEW_TOKENS)
+    if stopped:
+        whole = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS))
+        whole.push(as_frames(batch, 0, 4))
+        text = whole.ask(QUESTIONS[0], generation).answer
+        stop = next(piece for k in range(1, len(text) - 1) if len(piece := text[k:k + 2].strip()) == 2
+                    and "\ufffd" not in piece)
+        generation = GenerationConfig(max_new_tokens=NEW_TOKENS, stop=(stop,))
     session = ChatSession(tiny_adapter, config=ChatConfig(fps=FPS, keep_dialogue=True))
     session.push(as_frames(batch, 0, 4))
-    first = session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    first = session.ask(QUESTIONS[0], generation)
     after_first = session.cache.length
     session.push(as_frames(batch, 4, 8))
     begun = session.begin(QUESTIONS[1], GenerationConfig(max_new_tokens=NEW_TOKENS))
@@ -301,7 +311,11 @@ def test_a_kept_dialogue_is_one_prompt_with_two_videos_as_the_model_reads_it(tin
     two = tiny_adapter.build_prompt(QUESTIONS[1], tokens[1])
     prefix = one.input_ids[: one.video_start].tolist()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    answer = first.token_ids if first.token_ids[-1] == end else first.token_ids + [end]
+    if stopped:
+        assert first.answer == text.split(stop, 1)[0].strip()
+        answer = tiny_adapter.text_ids(first.answer) + [end]
+    else:
+        answer = first.token_ids if first.token_ids[-1] == end else first.token_ids + [end]
     reopen = prefix[prefix.index(end) + 1 :]
     ids = one.input_ids.tolist() + answer + reopen + two.input_ids[two.video_start :].tolist()
     assert context == set(ids)

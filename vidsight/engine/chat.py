@@ -112,6 +112,7 @@ class ChatInProgress(AnswerInProgress):
         """The question is prefilled: its last ``(vocab,)`` logits, the first answer token's position
         and the prompt's token ids (a repetition penalty counts them)."""
         self.logits, self.first_position = logits, next_position
+        self._question_end = self.session.cache.length
         self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
                              policy=self.session.policy, step=self.answer_step, context=context)
         self._since = self.clock.mark()
@@ -140,9 +141,16 @@ class ChatInProgress(AnswerInProgress):
         session._answering = None
         if self.stream is not None:
             self.stream.finish(ids)
+        text = answer_text(self.adapter.decode_text(ids), self.generation.stop)
         if session.config.keep_dialogue and not self.answer.cancelled:
-            # The answer's last token is at the position after those fed before it.
-            session._keep_turn(ids, self.first_position + len(ids) - 1, self.answer.context)
+            context = self.answer.context.tolist()
+            if self.answer.stopped and ids[-1] not in self.adapter.eos_token_ids:
+                # A stop string ended it: the turn keeps the text shown, as a client sends the answer back.
+                session.cache.truncate(self._question_end)
+                kept = self.adapter.text_ids(text)
+                session._keep_turn(kept, self.first_position, context + kept)
+            else:   # the last token, not in the cache yet, at the position after those fed before it
+                session._keep_turn(ids[-1:], self.first_position + len(ids) - 1, context + ids)
         self.clock.charge("generate", self._since)
         if not session.config.keep_dialogue or self.answer.cancelled:
             session.cache.truncate(self.before)
@@ -156,8 +164,7 @@ class ChatInProgress(AnswerInProgress):
         stats.question_bytes_moved = traffic.since(self.traffic_before).bytes_moved
         stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
         stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
-        return ChatAnswer(self.question, answer_text(self.adapter.decode_text(ids), self.generation.stop), ids, stats,
-                          self.logits)
+        return ChatAnswer(self.question, text, ids, stats, self.logits)
 
 
 class ChatSession:
@@ -421,12 +428,13 @@ class ChatSession:
                        torch.tensor(sorted(self._prompt_ids.union(question_ids.tolist()))))
         return progress
 
-    def _keep_turn(self, ids: list[int], last_position: int, context: torch.Tensor) -> None:
+    def _keep_turn(self, pending: list[int], position: int, seen: list[int]) -> None:
         """Close the answered turn and open the next user turn's video span after it.
 
-        The answer's last token is not in the cache yet (`generate` stops before writing it);
-        it goes in with the turn's end and the template's opening of a user turn with a video
-        (the prompt's tokens after the system turn ends).
+        ``pending``, the answer's tokens not in the cache yet (`generate` stops before writing its
+        last), go in at ``position`` with the turn's end and the template's opening of a user turn
+        with a video (the prompt's tokens after the system turn ends). ``seen``: the turn's ids,
+        which a repetition penalty counts from now on.
         """
         end = next((t for t in self._prefix.tolist() if t in self.adapter.eos_token_ids), None)
         if end is None:
@@ -434,10 +442,10 @@ class ChatSession:
                              "dialogue turns cannot be kept")
         prefix = self._prefix.tolist()
         reopen = prefix[prefix.index(end) + 1 :]
-        closing = ids[-1:] + ([] if ids[-1] in self.adapter.eos_token_ids else [end])
+        closing = pending + ([] if pending and pending[-1] in self.adapter.eos_token_ids else [end])
         tokens = torch.tensor(closing + reopen)
-        positions = (torch.arange(len(tokens)) + last_position).expand(3, -1)
+        positions = (torch.arange(len(tokens)) + position).expand(3, -1)
         self._prefill_text(tokens, positions, Step("answer"))
-        self._prompt_ids.update(context.tolist() + ids + tokens.tolist())   # the question's ids are in the context
-        self._next_position = self._span_start = last_position + len(tokens)
+        self._prompt_ids.update(seen + tokens.tolist())
+        self._next_position = self._span_start = position + len(tokens)
         self._span_first_patch = self._patches
