@@ -4,7 +4,8 @@ from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.engine.ask": ("AskResult", "Asker", "ask"),
-    "vidsight.engine.chat": ("ChatAnswer", "ChatConfig", "ChatSession"),
+    "vidsight.engine.chat": ("ChatConfig", "ChatSession"),
+    "vidsight.engine.chat_turn": ("ChatAnswer",),
     "vidsight.engine.config": ("DEFAULT_MODEL", "GenerationConfig"),
     "vidsight.engine.generate": ("generate_together",),
     "vidsight.engine.prefill.config": ("PrefillConfig",),
