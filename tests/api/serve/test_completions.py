@@ -279,3 +279,31 @@ def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_loca
     assert [{**e, "p_yes": None} for e in served] == [{**r, "p_yes": None} for r in alone]
     assert all(abs(e["p_yes"] - r["p_yes"]) < FLOAT32_TOLERANCE for e, r in zip(served, alone) if "p_yes" in r)
     assert said["answer"] == chatted.answer
+
+
+def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local_server, media, tiny_adapter):
+    """vLLM's structured-output choice (and its older guided_choice): the reply is the answer given
+    that `Asker.score` finds likeliest, whole or streamed as one piece."""
+    import httpx
+
+    choices = ["red", "blue", "a green square"]
+    expected = Asker(tiny_adapter).score(media / "clip.mp4", QUESTION, choices, sampling=SamplingConfig(fps=4.0))
+    best = choices[expected.best]
+    options = {"mm_processor_kwargs": {"fps": 4.0}}
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        for extra in ({"structured_outputs": {"choice": choices}}, {"guided_choice": choices}):
+            whole = client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                                   extra_body={**options, **extra})
+            assert whole.choices[0].message.content == best and whole.choices[0].finish_reason == "stop"
+            assert whole.usage.prompt_tokens == expected.stats.prompt_tokens
+            assert whole.usage.completion_tokens == len(expected.scores[expected.best].tokens)
+        stream = client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                                stream=True, extra_body={**options, "guided_choice": choices})
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == best
+        for bad, said in [({"guided_choice": []}, "1 to 64"), ({"guided_choice": ["red", " "]}, "non-empty"),
+                          ({"structured_outputs": {"regex": "a+"}}, "regex is not supported"),
+                          ({"guided_choice": choices, "logprobs": True}, "logprobs and stop")]:
+            body = {"model": "tiny", "messages": video_message(str(media / "clip.mp4")), **options, **bad}
+            refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text

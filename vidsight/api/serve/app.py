@@ -87,6 +87,9 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
                                     f"{config.served_name!r}")
         video, conversation = body.video_and_conversation()
         sampling, generation, prefill = ask_configs(body.ask_options())
+        choices = body.choices()
+        if choices is not None:
+            return await _choose(server, body, video, conversation, sampling, prefill, choices)
         return await _complete(server, body, video, conversation, sampling, generation, prefill)
 
     add_watch_routes(app, server, admitted, authorised)
@@ -181,6 +184,36 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
             yield _sse({"error": _error_body(_status(exc), str(exc))["error"]})
         finally:
             await exits.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _choose(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
+                  prefill, choices: list[str]):
+    """Answer with the likeliest of ``choices`` (vLLM's structured-output choice): each scored after
+    one prefill of the video and conversation (`Asker.score`), the reply whole or as one piece."""
+    name, request_id, started = server.config.served_name, completion_id(), time.perf_counter()
+    try:
+        with server.admit():
+            async with video_file(video, server.config) as path:
+                result = await server.run_model(lambda: server.asker.score(path, conversation, choices,
+                                                                           sampling=sampling, prefill=prefill))
+    except BaseException:
+        server.metrics.finished("error")
+        raise
+    best = result.scores[result.best]
+    usage = _account(server.metrics, result, started, [])
+    usage.update(completion_tokens=len(best.tokens), total_tokens=usage["prompt_tokens"] + len(best.tokens))
+    if not body.stream:
+        return completion(request_id, name, best.text, "stop", usage)
+
+    async def events():
+        yield _sse(chunk(request_id, name, {"role": "assistant", "content": ""}))
+        yield _sse(chunk(request_id, name, {"content": best.text}))
+        yield _sse(chunk(request_id, name, {}, "stop"))
+        if (body.stream_options or {}).get("include_usage"):
+            yield _sse(chunk(request_id, name, {}, usage=usage))
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -16,6 +16,7 @@ from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 
 # Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
 # ``num_frames``; generation settings come from the request's own fields.
+MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
 PROCESSOR_KWARGS = {**{name: name for name, (config, _) in ASK_SETTINGS.items() if config != "generation"},
                     "num_frames": "max_frames"}
 
@@ -68,6 +69,9 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Any] | None = None
     logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=1)
+    # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
+    structured_outputs: dict[str, Any] | None = None
+    guided_choice: list[str] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -94,6 +98,25 @@ class ChatCompletionRequest(BaseModel):
             return videos[0], Conversation(tuple(messages))
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
+
+    def choices(self) -> list[str] | None:
+        """The answers the reply must be one of (vLLM's ``structured_outputs.choice`` or
+        ``guided_choice``), scored instead of generated; None for a free-text answer."""
+        structured = self.structured_outputs or {}
+        unknown = sorted(set(structured) - {"choice"})
+        if unknown:
+            raise RequestError(400, f"structured_outputs {', '.join(unknown)} is not supported; choice is")
+        choices = structured.get("choice", self.guided_choice)
+        if choices is None:
+            return None
+        if (not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES
+                or not all(isinstance(c, str) and c.strip() and len(c) <= MAX_CHOICE_CHARS for c in choices)):
+            raise RequestError(400, f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings of at most "
+                                    f"{MAX_CHOICE_CHARS} characters")
+        if self.logprobs or self.stop:
+            raise RequestError(400, "choice answers with the likeliest of the answers given; logprobs and stop "
+                                    "apply to a generated answer")
+        return choices
 
     def ask_options(self) -> dict[str, Any]:
         """The `ask` settings the request gives, by the CLI's names."""
