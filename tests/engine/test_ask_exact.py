@@ -277,3 +277,21 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(model, tiny_model_dir, 
         best, second = torch.topk(reference, 2).values
         if best - second > 2 * tolerance:
             assert ours.argmax() == reference.argmax()
+
+
+def test_scoring_pauses_between_prefill_groups_and_scores_as_score(tiny_adapter, make_test_video):
+    """`Asker.score_steps` is preemptible as `begin_steps` is (a server runs other work between its
+    groups), and its scoring, handed back with no answer to generate, is `score`'s."""
+    path, _ = make_test_video(width=176, height=144, duration_s=6.0)
+    choices, prefill = ["red", "a blue square"], PrefillConfig(group_frames=2)
+    steps = Asker(tiny_adapter).score_steps(path, QUESTION, choices, prefill=prefill)
+    pauses, request = 0, next(steps)
+    while True:
+        pauses += request is None
+        try:
+            request = steps.send(None if request is None else request.run(tiny_adapter))
+        except StopIteration as stop:
+            progress = stop.value
+            break
+    assert pauses >= 2 and progress.answer.done
+    assert progress.generate_alone().scores == Asker(tiny_adapter).score(path, QUESTION, choices, prefill=prefill).scores

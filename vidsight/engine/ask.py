@@ -19,7 +19,7 @@ from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_st
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
 from vidsight.engine.prompt import plan_video
 from vidsight.engine.request import Request
-from vidsight.engine.score import ScoreResult, continuation_ids, score_continuations
+from vidsight.engine.score import ScoreInProgress, ScoreResult, continuation_ids
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
@@ -211,14 +211,24 @@ class Asker:
         """How likely each of ``continuations`` is as the answer to ``question`` about ``video``
         (`vidsight.engine.score`): the video and question are prefilled once, as `ask` prefills
         them, and each continuation is scored after them instead of generating an answer."""
-        # A bad continuation fails before the video is decoded.
+        return run_to_end(self.score_steps(video, question, continuations, sampling=sampling, prefill=prefill,
+                                           feed=feed, progress=progress), self.adapter).finish()
+
+    def score_steps(self, video: str | Path, question: str | Conversation, continuations: Sequence[str], *,
+                    sampling: SamplingConfig = SamplingConfig(), prefill: PrefillConfig = PrefillConfig(),
+                    feed: FeedConfig = FeedConfig(), progress: bool = False) -> Preemptible[ScoreInProgress]:
+        """`score` as preemptible work up to its scoring, as `begin_steps` is `ask`'s: a server
+        runs other clients' work between its prefill groups, then scores it in its decode batch."""
+        # A bad continuation fails here, before the video is decoded.
         longest = max(len(ids) for ids in continuation_ids(self.adapter, continuations))
         question = Conversation.of(question)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
-        state = run_to_end(self._prefill(video, question, sampling, prefill, feed, longest, request), self.adapter)
-        with request.clock.stage("generate"):
-            scores = score_continuations(self.adapter, state, continuations)
-        return ScoreResult(scores, request.clock.finish())
+
+        def steps():
+            state = yield from self._prefill(video, question, sampling, prefill, feed, longest, request)
+            return ScoreInProgress(self.adapter, state, continuations, request.clock)
+
+        return steps()
 
     def _prefill(self, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
                  feed_config: FeedConfig, max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:

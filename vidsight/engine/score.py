@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import torch
 
 from vidsight.engine.forward import forward
-from vidsight.engine.generate import TokenLogprob
+from vidsight.engine.generate import Answer, AnswerInProgress, TokenLogprob
 from vidsight.engine.prefill import Prefilled
-from vidsight.engine.stats import AskStats, ChatStats
+from vidsight.engine.stats import AskStats, ChatStats, StageClock
 from vidsight.errors import ConfigError
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
@@ -67,6 +67,22 @@ class ScoreResult:
 
     def to_dict(self) -> dict:
         return {"best": self.best, "scores": [s.to_dict() for s in self.scores], "stats": self.stats.to_dict()}
+
+
+class ScoreInProgress(AnswerInProgress):
+    """A prompt prefilled for scoring (`Asker.score_steps`): an answer of no tokens, over before it
+    begins, so a decode batch hands it back at its next step, where `finish` scores the
+    continuations (a server runs them on its model thread, as it generates answers there).
+    """
+
+    def __init__(self, adapter: VLMAdapter, state: Prefilled, continuations: Sequence[str], clock: StageClock):
+        super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, done=True))
+        self.state, self.continuations, self.clock = state, continuations, clock
+
+    def finish(self) -> ScoreResult:
+        with self.clock.stage("generate"):
+            scores = score_continuations(self.adapter, self.state, self.continuations)
+        return ScoreResult(scores, self.clock.finish())
 
 
 def continuation_ids(adapter: VLMAdapter, continuations: Sequence[str]) -> list[list[int]]:

@@ -283,7 +283,8 @@ def test_completions_beside_a_watch_and_a_session_answer_as_each_alone(make_loca
 
 def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local_server, media, tiny_adapter):
     """vLLM's structured-output choice (and its older guided_choice): the reply is the answer given
-    that `Asker.score` finds likeliest, whole or streamed as one piece."""
+    that `Asker.score` finds likeliest, whole or streamed as one piece, scored in the decode batch
+    or alone."""
     import httpx
 
     choices = ["red", "blue", "a green square"]
@@ -307,3 +308,8 @@ def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local
             body = {"model": "tiny", "messages": video_message(str(media / "clip.mp4")), **options, **bad}
             refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
             assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+    with make_local_server(batch_answers=False) as (url, _):   # scored alone, not in a decode batch
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        alone = client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                               extra_body={**options, "guided_choice": choices})
+        assert alone.choices[0].message.content == best

@@ -192,13 +192,17 @@ async def _complete(server: Server, body: ChatCompletionRequest, video: str, con
 async def _choose(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
                   prefill, choices: list[str]):
     """Answer with the likeliest of ``choices`` (vLLM's structured-output choice): each scored after
-    one prefill of the video and conversation (`Asker.score`), the reply whole or as one piece."""
+    one prefill of the video and conversation (`Asker.score_steps`: the prefill preemptible as a
+    completion's, the scoring in the decode batch), the reply whole or as one piece."""
     name, request_id, started = server.config.served_name, completion_id(), time.perf_counter()
     try:
         with server.admit():
             async with video_file(video, server.config) as path:
-                result = await server.run_model(lambda: server.asker.score(path, conversation, choices,
-                                                                           sampling=sampling, prefill=prefill))
+                def begin():
+                    return (yield from server.asker.score_steps(path, conversation, choices, sampling=sampling,
+                                                                prefill=prefill))
+
+                result = await server.run_answer(begin)
     except BaseException:
         server.metrics.finished("error")
         raise
