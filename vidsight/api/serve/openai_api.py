@@ -16,9 +16,10 @@ from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 
 # Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
 # ``num_frames``; generation settings come from the request's own fields.
-MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
 PROCESSOR_KWARGS = {**{name: name for name, (config, _) in ASK_SETTINGS.items() if config != "generation"},
                     "num_frames": "max_frames"}
+# A structured-output choice's bounds: each answer given is scored, so their number and length are capped.
+MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
 
 
 class VideoURL(BaseModel):
