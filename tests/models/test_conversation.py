@@ -52,8 +52,9 @@ def test_the_qwen_prompt_of_a_conversation_is_its_chat_format(tiny_adapter):
                 "<|vision_start|>" + "<|video_pad|>" * 5 + "<|vision_end|>What colour is the square?<|im_end|>\n"
                 "<|im_start|>assistant\nRed.<|im_end|>\n<|im_start|>user\nAnd where is it at the end?<|im_end|>\n"
                 "<|im_start|>assistant\n")
-    assert layout.input_ids.tolist() == tiny_adapter.text_ids(expected)
-    assert layout.video_start == len(tiny_adapter.text_ids(expected.split("<|video_pad|>")[0]))
+    markup_ids = lambda text: tiny_adapter.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert layout.input_ids.tolist() == markup_ids(expected)
+    assert layout.video_start == len(markup_ids(expected.split("<|video_pad|>")[0]))
     assert layout.video_tokens == 5
     plain = tiny_adapter.build_prompt("What colour is the square?", 5)
     assert tiny_adapter.decode_text(plain.input_ids.tolist()).startswith("system\nYou are a helpful assistant.")

@@ -138,7 +138,8 @@ class VLMAdapter(Protocol):
         (InternVL's frame labels, Qwen3-VL's timestamps; none for Qwen2.5-VL)."""
 
     def text_ids(self, text: str) -> list[int]:
-        """``text`` as token ids, without special tokens."""
+        """``text`` as token ids, read as characters: a special token's string in it is not that
+        token, and no beginning-of-text token is added."""
 
     def decode_text(self, ids: list[int]) -> str:
         """Token ids as text, special tokens left out."""

@@ -5,11 +5,14 @@ norms, and key re-rotation. Each family adds its vision tower and its rotary pos
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vidsight.errors import ConfigError, ModelError
 from vidsight.models.base import PromptLayout, VisionSpec
 from vidsight.models.conversation import Conversation
+from vidsight.models.typed_text import plain_ids, prompt_ids, special_strings
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -72,13 +75,15 @@ class Qwen2DecoderAdapter:
         video, then the question), ready for the answer."""
         from jinja2 import TemplateError
 
-        try:
-            text = self.tokenizer.apply_chat_template(Conversation.of(question).template_form(),
-                                                      chat_template=self.chat_template, add_generation_prompt=True,
-                                                      tokenize=False)
-        except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
-            raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
-        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        def render(conversation: Conversation) -> str:
+            try:
+                return self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
+                                                          add_generation_prompt=True, tokenize=False)
+            except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
+                raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
+
+        ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, Conversation.of(question)),
+                           dtype=torch.long)
         slots = torch.nonzero(ids == self.template_video_id).flatten()
         if len(slots) != 1:
             raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
@@ -102,8 +107,15 @@ class Qwen2DecoderAdapter:
         """Language-model inputs of no tokens: a video part with nothing in it."""
         return self.embed_tokens(torch.empty(0, dtype=torch.long))
 
+    @functools.cached_property
+    def _special_strings(self) -> tuple[str, ...]:
+        """What a client's text may not turn into tokens (`typed_text`): the special tokens, and
+        the video marks should a checkpoint not list them as special."""
+        marks = self.tokenizer.convert_ids_to_tokens([self.video_token_id, self.template_video_id])
+        return tuple(sorted({*special_strings(self.tokenizer), *marks}, key=len, reverse=True))
+
     def text_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return plain_ids(self.tokenizer, text)
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
