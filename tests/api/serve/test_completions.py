@@ -304,7 +304,8 @@ def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == best
         for bad, said in [({"guided_choice": []}, "1 to 64"), ({"guided_choice": ["red", " "]}, "non-empty"),
                           ({"structured_outputs": {"regex": "a+"}}, "regex is not supported"),
-                          ({"guided_choice": choices, "logprobs": True}, "logprobs and stop")]:
+                          ({"guided_choice": choices, "logprobs": True}, "logprobs, stop and n"),
+                          ({"guided_choice": choices, "n": 2}, "logprobs, stop and n")]:
             body = {"model": "tiny", "messages": video_message(str(media / "clip.mp4")), **options, **bad}
             refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
             assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
@@ -313,3 +314,40 @@ def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local
         alone = client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
                                                extra_body={**options, "guided_choice": choices})
         assert alone.choices[0].message.content == best
+
+
+def test_n_answers_are_sampled_with_consecutive_seeds_after_one_video_prefill(make_local_server, media, tiny_adapter):
+    """``n`` answers: answer ``i`` is `ask`'s with ``seed + i``, whole or streamed by index; the
+    usage counts the prompt once and every answer's tokens; the video is prefilled once (the other
+    answers wait for its prefix) and a server without the cache still answers the same."""
+    import re
+
+    import httpx
+
+    sampled = dict(max_new_tokens=10, temperature=1.0)
+    expected = [Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                        generation=GenerationConfig(seed=7 + i, **sampled)) for i in range(3)]
+    assert len({e.answer for e in expected}) > 1   # the seeds matter
+    request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=10, temperature=1.0,
+                   seed=7, n=3, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+    for settings in ({}, {"prefix_cache_bytes": 0}, {"batch_answers": False}):
+        with make_local_server(**settings) as (url, _):
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+            whole = client.chat.completions.create(**request)
+            metrics = httpx.get(f"{url}/metrics").text
+            chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+            too_many = httpx.post(f"{url}/v1/chat/completions", json={**request, "n": 17}, timeout=60)
+        assert [c.index for c in whole.choices] == [0, 1, 2]
+        assert [c.message.content for c in whole.choices] == [e.answer for e in expected]
+        assert [c.finish_reason for c in whole.choices] == [e.finish_reason for e in expected]
+        assert whole.usage.prompt_tokens == expected[0].stats.prompt_tokens
+        assert whole.usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+        if not settings:
+            assert re.search(r'vidsight:prefix_cache_misses_total\{model_name="tiny"\} 1\.0', metrics)
+            assert re.search(r'vidsight:prefix_cache_hits_total\{model_name="tiny"\} 2\.0', metrics)
+        streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                    for i in range(3)]
+        assert streamed == [e.answer for e in expected]
+        ends = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+        assert ends == [0, 1, 2] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert too_many.status_code == 422 and "n" in too_many.json()["error"]["message"]

@@ -20,6 +20,8 @@ PROCESSOR_KWARGS = {**{name: name for name, (config, _) in ASK_SETTINGS.items() 
                     "num_frames": "max_frames"}
 # A structured-output choice's bounds: each answer given is scored, so their number and length are capped.
 MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
+# Answers one request may ask for (``n``): each is decoded beside the others, so they are capped.
+MAX_ANSWERS = 16
 
 
 class VideoURL(BaseModel):
@@ -69,7 +71,7 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     logit_bias: dict[str, float] | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_ANSWERS)
     # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
     structured_outputs: dict[str, Any] | None = None
     guided_choice: list[str] | None = None
@@ -114,9 +116,9 @@ class ChatCompletionRequest(BaseModel):
                 or not all(isinstance(c, str) and c.strip() and len(c) <= MAX_CHOICE_CHARS for c in choices)):
             raise RequestError(400, f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings of at most "
                                     f"{MAX_CHOICE_CHARS} characters")
-        if self.logprobs or self.stop:
-            raise RequestError(400, "choice answers with the likeliest of the answers given; logprobs and stop "
-                                    "apply to a generated answer")
+        if self.logprobs or self.stop or self.n > 1:
+            raise RequestError(400, "choice answers with the likeliest of the answers given; logprobs, stop and n "
+                                    "apply to generated answers")
         return choices
 
     def ask_options(self) -> dict[str, Any]:
@@ -159,17 +161,18 @@ def logprobs_of(entries: list | None) -> dict | None:
     return None if entries is None else {"content": [entry.to_dict() for entry in entries]}
 
 
-def completion(request_id: str, model: str, answer: str, finish_reason: str, usage: dict,
-               logprobs: list | None = None) -> dict:
+def completion(request_id: str, model: str, answers: list[tuple[str, str, list | None]], usage: dict) -> dict:
+    """OpenAI's chat completion of ``answers``, each ``(text, finish_reason, logprobs)``."""
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                         "finish_reason": finish_reason, "logprobs": logprobs_of(logprobs)}],
+            "choices": [{"index": index, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason, "logprobs": logprobs_of(logprobs)}
+                        for index, (text, finish_reason, logprobs) in enumerate(answers)],
             "usage": usage}
 
 
 def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
-          usage: dict | None = None, logprobs: list | None = None) -> dict:
-    choices = [] if usage is not None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+          usage: dict | None = None, logprobs: list | None = None, index: int = 0) -> dict:
+    choices = [] if usage is not None else [{"index": index, "delta": delta, "finish_reason": finish_reason,
                                              "logprobs": logprobs_of(logprobs)}]
     out = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
            "choices": choices}

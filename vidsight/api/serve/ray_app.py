@@ -25,7 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from vidsight.api.serve.app import _error_body, check_api_key, create_app
+from vidsight.api.serve.app import check_api_key, create_app
+from vidsight.api.serve.completions import error_body
 from vidsight.api.serve.config import RayConfig, ServeConfig
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.metrics import merge_expositions
@@ -65,7 +66,7 @@ def route_of(method: str, path: str, store: Store, timeout_s: float) -> dict:
 
 
 def _refusal(status: int, message: str) -> JSONResponse:
-    return JSONResponse(_error_body(status, message), status_code=status)
+    return JSONResponse(error_body(status, message), status_code=status)
 
 
 @serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
