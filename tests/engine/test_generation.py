@@ -1,12 +1,13 @@
 """How answers end and what they avoid: stop strings (OpenAI's ``stop``) end an answer at the token
 that completes one, its text ends before it and streamed text never shows one; the repetition
-penalty is transformers' own, over the prompt and the answer so far."""
+penalty is transformers' own, over the prompt and the answer so far; a sampled token is drawn from
+transformers' warpers' distribution (temperature, top-k, top-p, min-p)."""
 
 import pytest
 import torch
 
 from vidsight.engine import Asker, GenerationConfig
-from vidsight.engine.generate import Answer, answer_text
+from vidsight.engine.generate import Answer, answer_text, sampling_distribution
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
 
@@ -91,3 +92,46 @@ def test_frequency_and_presence_penalties_are_openais_over_the_answer_after_the_
         answer.choose(_Model())
     with pytest.raises(ConfigError, match="must be in \\[-2, 2\\]"):
         GenerationConfig(presence_penalty=2.5)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7), dict(temperature=1.0, top_k=5),
+                                      dict(temperature=0.8, top_p=0.6), dict(temperature=1.3, min_p=0.2),
+                                      dict(temperature=0.9, top_k=12, top_p=0.7, min_p=0.05),
+                                      dict(temperature=1.0, top_k=1)])
+def test_the_sampling_distribution_is_transformers_warpers(settings):
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    config = GenerationConfig(**settings)
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(5)) * 3
+    warpers = [TemperatureLogitsWarper(config.temperature)]
+    warpers += [TopKLogitsWarper(config.top_k)] if config.top_k else []
+    warpers += [TopPLogitsWarper(config.top_p)] if config.top_p < 1 else []
+    warpers += [MinPLogitsWarper(config.min_p)] if config.min_p else []
+    scores = logits[None].clone()
+    for warper in warpers:
+        scores = warper(None, scores)
+    ours = sampling_distribution(logits, config)
+    assert torch.allclose(ours, torch.softmax(scores[0], -1), atol=1e-6)
+    kept = int((ours > 0).sum())
+    assert kept < 64 if len(warpers) > 1 else kept == 64   # each filter cuts something here
+
+
+def test_sampling_settings_are_checked():
+    for bad, said in [(dict(top_k=-1), "top_k must be"), (dict(top_k=2.5), "top_k must be"),
+                      (dict(min_p=1.5), "min_p must be"), (dict(min_p=-0.1), "min_p must be")]:
+        with pytest.raises(ConfigError, match=said):
+            GenerationConfig(**bad)
+
+
+def test_sampling_among_the_one_likeliest_token_is_the_greedy_answer(tiny_adapter, make_test_video):
+    path, _ = make_test_video(width=176, height=144, duration_s=1.5, bframes=False)
+    asker = Asker(tiny_adapter)
+    greedy = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=10))
+    for settings in (dict(top_k=1), dict(min_p=1.0)):
+        sampled = asker.ask(path, QUESTION, sampling=SAMPLING,
+                            generation=GenerationConfig(max_new_tokens=10, temperature=1.5, seed=3, **settings))
+        assert sampled.token_ids == greedy.token_ids
+    free = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=10, temperature=1.5,
+                                                                                     seed=3))
+    assert free.token_ids != greedy.token_ids   # the filters, not the seed, made the answers agree

@@ -31,6 +31,11 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
     ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
     ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
+    ask.add_argument("--top-k", type=int, default=0,
+                     help="when sampling, only among the K likeliest tokens (0, default: all)")
+    ask.add_argument("--min-p", type=_float, default=0.0,
+                     help="when sampling, only tokens at least this share of the likeliest one's probability "
+                          "(0, default: all)")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
     ask.add_argument("--repetition-penalty", type=_float, default=None,
                      help="divide the logits of tokens already in the prompt or answer by this (1: none; "

@@ -21,7 +21,8 @@ ASK_SETTINGS = {
     "prune_tau": ("motion", "tau"), "prune_alpha": ("motion", "alpha"), "prune_rule": ("motion", "rule"),
     "motion_source": ("motion", "source"),
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
-    "top_p": ("generation", "top_p"), "seed": ("generation", "seed"), "stop": ("generation", "stop"),
+    "top_p": ("generation", "top_p"), "top_k": ("generation", "top_k"), "min_p": ("generation", "min_p"),
+    "seed": ("generation", "seed"), "stop": ("generation", "stop"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
     "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
 }

@@ -24,6 +24,9 @@ class GenerationConfig:
         max_new_tokens: Stop after this many tokens if no end-of-sequence token came.
         temperature: 0 for greedy decoding; above 0 samples from the softened distribution.
         top_p: Nucleus sampling mass (only when sampling).
+        top_k: Sample among this many likeliest tokens only (0: all; vLLM's -1 is taken as 0 at
+            the server).
+        min_p: Sample only tokens at least this share of the likeliest token's probability (0: all).
         seed: Seeds sampling, so a sampled answer is reproducible.
         stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
             text ends before the first of them.
@@ -42,6 +45,8 @@ class GenerationConfig:
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int = 0
     stop: tuple[str, ...] = ()
     repetition_penalty: float | None = None
@@ -67,3 +72,7 @@ class GenerationConfig:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be a whole number >= 0 (0: all tokens), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")

@@ -109,7 +109,7 @@ class VidsightLMM(lmms):
         """The model arguments' settings with the task's ``generation_kwargs`` (length, sampling) over them."""
         until = gen_kwargs.get("until")
         chosen = {"max_new_tokens": gen_kwargs.get("max_new_tokens"), "temperature": gen_kwargs.get("temperature"),
-                  "top_p": gen_kwargs.get("top_p"),
+                  "top_p": gen_kwargs.get("top_p"), "top_k": gen_kwargs.get("top_k"), "min_p": gen_kwargs.get("min_p"),
                   "stop": [s for s in ([until] if isinstance(until, str) else until or ()) if s] or None}
         settings = {**self.settings.settings, **{k: v for k, v in chosen.items() if v is not None}}
         if not gen_kwargs.get("do_sample", True):
