@@ -164,6 +164,32 @@ def test_a_question_typing_special_strings_is_answered_as_transformers_answers_i
     assert_same_greedy_ids(result.token_ids, out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), out.logits)
 
 
+def test_min_tokens_and_ignore_eos_are_transformers_generate_without_its_end_token(make_test_video):
+    """On the task model, whose greedy answer is a word and its end token: ``min_tokens`` is
+    transformers' ``min_new_tokens`` (end tokens masked until then), and ``ignore_eos`` is `generate`
+    with no end token at all (the end token is chosen and generation goes on)."""
+    from vidsight.models import TASK_MODEL, load_model
+
+    adapter = load_model(TASK_MODEL, DEVICE, DTYPE)
+    path, _ = make_test_video(**CASES[0][1])
+    sampling = SamplingConfig(fps=CASES[0][2])
+    inputs, _ = reference_inputs(adapter, path, sampling)
+    prompt = inputs["input_ids"].shape[1]
+    asker = Asker(adapter)
+    plain = asker.ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert plain.finish_reason == "stop" and len(plain.token_ids) < 5   # ends early: the settings change it
+    cases = [(dict(min_tokens=5), dict(min_new_tokens=5)),
+             (dict(ignore_eos=True), dict(eos_token_id=adapter.video_token_id, pad_token_id=0))]
+    for ours, theirs in cases:
+        result = asker.ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=NEW_TOKENS, **ours))
+        out = adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                     return_dict_in_generate=True, **theirs)
+        assert_same_greedy_ids(result.token_ids, out.sequences[0, prompt:].tolist(), out.logits)
+        assert len(result.token_ids) >= 5
+    assert len(result.token_ids) == NEW_TOKENS and result.finish_reason == "length"
+    assert result.token_ids[len(plain.token_ids) - 1] in adapter.eos_token_ids   # chosen, and gone past
+
+
 def test_logprobs_are_the_log_softmax_of_transformers_logits_at_each_step(tiny_adapter, make_test_video):
     path, _ = make_test_video(**CASES[0][1])
     sampling = SamplingConfig(fps=CASES[0][2])

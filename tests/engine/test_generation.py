@@ -119,7 +119,9 @@ def test_the_sampling_distribution_is_transformers_warpers(settings):
 
 def test_sampling_settings_are_checked():
     for bad, said in [(dict(top_k=-1), "top_k must be"), (dict(top_k=2.5), "top_k must be"),
-                      (dict(min_p=1.5), "min_p must be"), (dict(min_p=-0.1), "min_p must be")]:
+                      (dict(min_p=1.5), "min_p must be"), (dict(min_p=-0.1), "min_p must be"),
+                      (dict(min_tokens=-1), "min_tokens must be"),
+                      (dict(min_tokens=9, max_new_tokens=8), r"min_tokens must be between 0 and max_new_tokens \(8\)")]:
         with pytest.raises(ConfigError, match=said):
             GenerationConfig(**bad)
 
@@ -135,3 +137,18 @@ def test_sampling_among_the_one_likeliest_token_is_the_greedy_answer(tiny_adapte
     free = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=10, temperature=1.5,
                                                                                      seed=3))
     assert free.token_ids != greedy.token_ids   # the filters, not the seed, made the answers agree
+
+
+def test_no_stop_string_ends_an_answer_before_min_tokens(tiny_adapter, make_test_video):
+    """vLLM's rule: stop strings are looked for only from ``min_tokens`` on."""
+    path, _ = make_test_video(width=176, height=144, duration_s=1.5, bframes=False)
+    asker = Asker(tiny_adapter)
+    free = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=12))
+    stop = free.answer[0]
+    early = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=12, stop=(stop,)))
+    assert early.finish_reason == "stop"
+    floor = len(early.token_ids) + 3
+    assert len(free.token_ids) >= floor   # the unstopped answer goes on past the floor
+    late = asker.ask(path, QUESTION, sampling=SAMPLING,
+                     generation=GenerationConfig(max_new_tokens=12, stop=(stop,), min_tokens=floor))
+    assert len(late.token_ids) >= floor and late.token_ids[:floor] == free.token_ids[:floor]

@@ -37,6 +37,11 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                      help="when sampling, only tokens at least this share of the likeliest one's probability "
                           "(0, default: all)")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ask.add_argument("--min-tokens", type=int, default=0,
+                     help="no end token or stop string ends the answer before this many tokens (vLLM's min_tokens)")
+    ask.add_argument("--ignore-eos", action="store_true",
+                     help="generate --max-new-tokens tokens whatever comes (vLLM's ignore_eos, for timing a "
+                          "fixed answer length)")
     ask.add_argument("--repetition-penalty", type=_float, default=None,
                      help="divide the logits of tokens already in the prompt or answer by this (1: none; "
                           "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")

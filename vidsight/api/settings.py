@@ -22,7 +22,8 @@ ASK_SETTINGS = {
     "motion_source": ("motion", "source"),
     "max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("generation", "temperature"),
     "top_p": ("generation", "top_p"), "top_k": ("generation", "top_k"), "min_p": ("generation", "min_p"),
-    "seed": ("generation", "seed"), "stop": ("generation", "stop"),
+    "seed": ("generation", "seed"), "min_tokens": ("generation", "min_tokens"),
+    "ignore_eos": ("generation", "ignore_eos"), "stop": ("generation", "stop"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
     "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
 }

@@ -28,6 +28,10 @@ class GenerationConfig:
             the server).
         min_p: Sample only tokens at least this share of the likeliest token's probability (0: all).
         seed: Seeds sampling, so a sampled answer is reproducible.
+        min_tokens: No end token, and no stop string, ends the answer before this many tokens (the
+            end tokens' logits are -inf until then, as transformers' ``min_new_tokens``; vLLM's).
+        ignore_eos: An end token does not end the answer (it is kept and generation goes on, as
+            vLLM's ``ignore_eos`` for benchmarks of a fixed answer length).
         stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
             text ends before the first of them.
         repetition_penalty: transformers' (CTRL's): every token of the prompt and of the answer so
@@ -48,6 +52,8 @@ class GenerationConfig:
     top_k: int = 0
     min_p: float = 0.0
     seed: int = 0
+    min_tokens: int = 0
+    ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
@@ -68,6 +74,9 @@ class GenerationConfig:
             raise ConfigError(f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
         if not 1 <= self.max_new_tokens <= 32768:
             raise ConfigError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
+                              f"got {self.min_tokens}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

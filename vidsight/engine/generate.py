@@ -136,7 +136,11 @@ class Answer:
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
         string or the limit."""
-        token = self._sampler(self._penalised(adapter))
+        logits = self._penalised(adapter)
+        if len(self.ids) < self.config.min_tokens:
+            ends = torch.tensor(sorted(adapter.eos_token_ids), dtype=torch.long, device=logits.device)
+            logits = logits.index_fill(0, ends, float("-inf"))
+        token = self._sampler(logits)
         self.ids.append(token)
         if self.config.logprobs is not None:
             logprobs = torch.log_softmax(self.logits.float(), dim=-1)
@@ -144,7 +148,8 @@ class Answer:
             self.logprobs.append((float(logprobs[token]), top.indices.tolist(), top.values.tolist()))
         if self.on_token is not None:
             self.on_token(self.ids)
-        self.stopped = token in adapter.eos_token_ids or self._stop_string(adapter)
+        ended = token in adapter.eos_token_ids and not self.config.ignore_eos
+        self.stopped = len(self.ids) >= self.config.min_tokens and (ended or self._stop_string(adapter))
         self.done = self.stopped or len(self.ids) == self.config.max_new_tokens
         return token
 

@@ -62,6 +62,8 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)   # vLLM's extra sampling parameters; -1 (or 0) is off
     min_p: float | None = Field(default=None, ge=0, le=1)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
@@ -145,7 +147,7 @@ class ChatCompletionRequest(BaseModel):
             raise RequestError(400, "logit_bias is not supported")
         if self.top_k is not None:
             options["top_k"] = max(self.top_k, 0)
-        for name in ("temperature", "top_p", "min_p", "seed", "stop", "repetition_penalty", "frequency_penalty",
+        for name in ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "repetition_penalty", "frequency_penalty",
                      "presence_penalty"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
