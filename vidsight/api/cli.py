@@ -12,13 +12,14 @@ import sys
 from vidsight.api.ask_cli import add_ask_parser
 from vidsight.api.bench import add_bench_parser
 from vidsight.api.chat import add_chat_parser
+from vidsight.api.config_file import FLAG, with_config_file
 from vidsight.api.demo_cli import add_demo_parser
 from vidsight.api.serve_cli import add_serve_parser
 from vidsight.api.tools_cli import add_model_parser, add_probe_parser
 from vidsight.api.train_cli import add_train_parser
 from vidsight.api.watch import add_watch_parser
 from vidsight._libraries import quiet_libraries
-from vidsight.errors import VidsightError
+from vidsight.errors import ConfigError, VidsightError
 
 EXIT_BAD_INPUT = 2
 
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     # --debug is accepted after the subcommand too; SUPPRESS keeps it from resetting the global one.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logs")
+    # Read before parsing (`with_config_file`); here for --help.
+    common.add_argument(FLAG, metavar="FILE", help="YAML or JSON file of this command's settings by flag name "
+                                                    "(fps: 2, max-new-tokens: 64); flags given here win")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (add_ask_parser, add_watch_parser, add_chat_parser, add_serve_parser, add_probe_parser,
                 add_model_parser, add_bench_parser, add_train_parser, add_demo_parser):
@@ -65,6 +69,11 @@ def version_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    try:
+        argv = with_config_file(parser, sys.argv[1:] if argv is None else list(argv))
+    except ConfigError as exc:
+        print(f"vidsight: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="vidsight: %(message)s")
     if not args.debug:
