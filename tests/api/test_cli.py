@@ -91,7 +91,28 @@ def test_choices_are_scored_instead_of_answered(make_test_video, tiny_model_dir,
     assert shown.out.strip() == choices[expected.best] and all(choice in shown.err for choice in choices)
     assert main(["ask", str(path), question, "--choices", "red", "", "--model", str(tiny_model_dir)]) == 2
     assert "no tokens to score" in capsys.readouterr().err
-    assert main(["ask", *options, "--logprobs", "2"]) == 2 and "--logprobs and --stop" in capsys.readouterr().err
+    assert main(["ask", *options, "--logprobs", "2"]) == 2 and "--logprobs, --stop" in capsys.readouterr().err
+    assert main(["ask", *options, "--answer-regex", "a+"]) == 2 and "answer formats" in capsys.readouterr().err
+
+
+def test_an_answer_format_from_text_or_a_file_holds_the_answer(make_test_video, tiny_model_dir, capsys, tmp_path):
+    from vidsight.engine import Asker, GenerationConfig
+    from vidsight.engine.config import AnswerFormat
+    from vidsight.ingest import SamplingConfig
+
+    path, _ = make_test_video(duration_s=2.0)
+    schema = ('{"type": "object", "properties": {"moving": {"type": "boolean"}}, "required": ["moving"], '
+              '"additionalProperties": false}')
+    (tmp_path / "schema.json").write_text(schema)
+    expected = Asker(tiny_model_dir).ask(path, "Does it move?", sampling=SamplingConfig(fps=2), generation=GenerationConfig(
+        max_new_tokens=40, answer_format=AnswerFormat("json_schema", schema, any_whitespace=False)))
+    assert set(json.loads(expected.answer)) == {"moving"}
+    for given in (schema, str(tmp_path / "schema.json")):
+        assert main(["ask", str(path), "Does it move?", "--model", str(tiny_model_dir), "--fps", "2",
+                     "--max-new-tokens", "40", "--answer-schema", given, "--compact-json"]) == 0
+        assert capsys.readouterr().out.strip() == expected.answer
+    assert main(["ask", str(path), "q", "--model", str(tiny_model_dir), "--answer-regex", "[a-"]) == 2
+    assert "regex is not valid" in capsys.readouterr().err
 
 
 def test_probe_json(make_test_video, capsys):

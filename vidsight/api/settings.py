@@ -79,11 +79,23 @@ def prefill_config(settings: dict[str, Any]):
                   motion=motion_config(fields["motion"]))
 
 
-def generation_config(settings: dict[str, Any]):
-    """An answer's length and sampling (`GenerationConfig`) from named settings (`ASK_SETTINGS`)."""
-    from vidsight.engine.config import GenerationConfig
+# The answer formats a request or the command line may give (one at most), by kind.
+FORMAT_SETTINGS = {"answer_schema": "json_schema", "answer_regex": "regex", "answer_grammar": "grammar"}
 
-    return _build(GenerationConfig, _grouped(settings, ASK_SETTINGS)["generation"])
+
+def generation_config(settings: dict[str, Any]):
+    """An answer's length, sampling and format (`GenerationConfig`) from named settings
+    (`ASK_SETTINGS`, `FORMAT_SETTINGS` and ``compact_json``)."""
+    from vidsight.engine.config import AnswerFormat, GenerationConfig
+
+    fields = _grouped(settings, ASK_SETTINGS)["generation"]
+    formats = [(kind, settings[name]) for name, kind in FORMAT_SETTINGS.items() if settings.get(name) is not None]
+    if len(formats) > 1:
+        raise ConfigError(f"give one answer format, not {len(formats)} ({', '.join(kind for kind, _ in formats)})")
+    if formats:
+        fields["answer_format"] = _build(AnswerFormat, {"kind": formats[0][0], "text": formats[0][1],
+                                                        "any_whitespace": not settings.get("compact_json")})
+    return _build(GenerationConfig, fields)
 
 
 def ask_configs(settings: dict[str, Any]):

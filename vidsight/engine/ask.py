@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
+from vidsight.engine.constrain import format_tokenizer
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, TokenLogprob, answer_text, token_logprobs
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
@@ -151,6 +152,8 @@ class Asker:
         server runs other clients' work there and a long video holds the model for one group at a
         time. Memory metering on the CPU (``meter_memory``) would count the work run in between."""
         question = Conversation.of(question)
+        if generation.answer_format is not None:
+            format_tokenizer(self.adapter)   # a tokenizer llguidance cannot read is refused before the video is read
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
 
         def steps():

@@ -13,6 +13,38 @@ REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
 # Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs
+# The text of an answer format (a JSON schema, a regular expression, a grammar): compiled per answer.
+MAX_FORMAT_CHARS = 100000
+FORMAT_KINDS = ("json_schema", "regex", "grammar")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerFormat:
+    """The form an answer must take (vLLM's structured outputs): each token is chosen among those
+    that keep the answer a prefix of a text of this form (`engine.constrain`), and the answer can
+    end only once it is whole.
+
+    Attributes:
+        kind: ``json_schema`` (the answer is JSON valid under the schema), ``regex`` (it matches
+            the regular expression whole) or ``grammar`` (Lark, or GBNF as llama.cpp and vLLM write it).
+        text: The schema (JSON text), the expression or the grammar.
+        any_whitespace: Between JSON's tokens any white space is allowed (vLLM's default); False
+            writes JSON compactly (vLLM's ``disable_any_whitespace``), which keeps a weak model from
+            spending its tokens on white space.
+    """
+
+    kind: str
+    text: str
+    any_whitespace: bool = True
+
+    def __post_init__(self):
+        if self.kind not in FORMAT_KINDS:
+            raise ConfigError(f"an answer format is one of {', '.join(FORMAT_KINDS)}, not {self.kind!r}")
+        if not isinstance(self.text, str) or not self.text.strip() or len(self.text) > MAX_FORMAT_CHARS:
+            raise ConfigError(f"the answer's {self.kind} must be a text of 1 to {MAX_FORMAT_CHARS} characters")
+        from vidsight.engine.constrain import check_format
+
+        check_format(self)
 ALERT_AFTER = 2
 
 
@@ -44,6 +76,7 @@ class GenerationConfig:
             this (-2 to 2; 0 is none; Qwen3-VL's card suggests 1.5).
         logprobs: Record each chosen token's log probability and this many of the likeliest
             tokens' at its step (OpenAI's ``top_logprobs``, at most 20); None records none.
+        answer_format: The form the answer must take (`AnswerFormat`); None: free text.
     """
 
     max_new_tokens: int = 128
@@ -59,6 +92,7 @@ class GenerationConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: int | None = None
+    answer_format: AnswerFormat | None = None
 
     def __post_init__(self):
         if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
@@ -85,3 +119,6 @@ class GenerationConfig:
             raise ConfigError(f"top_k must be a whole number >= 0 (0: all tokens), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.answer_format is not None and (self.min_tokens or self.ignore_eos):
+            raise ConfigError("min_tokens and ignore_eos do not combine with an answer format, which decides "
+                              "where the answer ends")

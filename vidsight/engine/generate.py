@@ -9,6 +9,7 @@ import torch
 
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.config import GenerationConfig
+from vidsight.engine.constrain import FormatMatcher
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
 from vidsight.kv.store import KVStore
@@ -132,6 +133,7 @@ class Answer:
         self._answered: set[int] = set()
         self._seen_ids = self._answered_ids = None
         self._counted = 0
+        self._format: FormatMatcher | None = None   # made at the first token, where the adapter is at hand
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
@@ -140,8 +142,14 @@ class Answer:
         if len(self.ids) < self.config.min_tokens:
             ends = torch.tensor(sorted(adapter.eos_token_ids), dtype=torch.long, device=logits.device)
             logits = logits.index_fill(0, ends, float("-inf"))
+        if self.config.answer_format is not None:
+            if self._format is None:
+                self._format = FormatMatcher(adapter, self.config.answer_format)
+            logits = logits.masked_fill(~self._format.allowed(len(logits), logits.device), float("-inf"))
         token = self._sampler(logits)
         self.ids.append(token)
+        if self._format is not None:
+            self._format.accept(token)
         if self.config.logprobs is not None:
             logprobs = torch.log_softmax(self.logits.float(), dim=-1)
             top = torch.topk(logprobs, self.config.logprobs)

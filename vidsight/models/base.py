@@ -127,6 +127,9 @@ class VLMAdapter(Protocol):
     device: torch.device
     eos_token_ids: frozenset[int]
     repetition_penalty: float   # the checkpoint's default (its generation_config.json; 1.0: none)
+    # The checkpoint's fast tokenizer (transformers'), whose vocabulary an answer format
+    # (`engine.constrain`) is compiled against; text goes through `text_ids` and `decode_text`.
+    tokenizer: object
 
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-templated prompt of a question or a conversation (`Conversation`), its video

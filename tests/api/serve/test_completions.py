@@ -303,7 +303,8 @@ def test_a_choice_among_given_answers_is_the_likeliest_of_them_scored(make_local
                                                 stream=True, extra_body={**options, "guided_choice": choices})
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == best
         for bad, said in [({"guided_choice": []}, "1 to 64"), ({"guided_choice": ["red", " "]}, "non-empty"),
-                          ({"structured_outputs": {"regex": "a+"}}, "regex is not supported"),
+                          ({"structured_outputs": {"structural_tag": "a+"}}, "structural_tag is not supported"),
+                          ({"guided_choice": choices, "guided_regex": "a+"}, "one answer format at most"),
                           ({"guided_choice": choices, "logprobs": True}, "logprobs, stop and n"),
                           ({"guided_choice": choices, "n": 2}, "logprobs, stop and n")]:
             body = {"model": "tiny", "messages": video_message(str(media / "clip.mp4")), **options, **bad}
@@ -351,3 +352,44 @@ def test_n_answers_are_sampled_with_consecutive_seeds_after_one_video_prefill(ma
         ends = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
         assert ends == [0, 1, 2] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
         assert too_many.status_code == 422 and "n" in too_many.json()["error"]["message"]
+
+
+def test_an_answer_format_holds_the_reply_in_each_of_its_spellings(make_local_server, media, tiny_adapter):
+    """OpenAI's response_format and vLLM's structured outputs (and its older guided fields): the
+    reply is what `ask` answers under the same `AnswerFormat`, whole, streamed, or n of them sampled."""
+    import json
+    import re
+
+    from vidsight.engine.config import AnswerFormat
+
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}, "moving": {"type": "boolean"}},
+              "required": ["colour", "moving"], "additionalProperties": False}
+
+    def expected(kind, text, compact=False):
+        generation = GenerationConfig(max_new_tokens=60, answer_format=AnswerFormat(kind, text, not compact))
+        return Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
+                                       generation=generation).answer
+
+    compact_schema = expected("json_schema", json.dumps(schema), compact=True)
+    assert set(json.loads(compact_schema)) == {"colour", "moving"}
+    cases = [({"response_format": {"type": "json_schema", "json_schema": {"name": "seen", "schema": schema}}},
+              expected("json_schema", json.dumps(schema))),
+             ({"response_format": {"type": "json_object"}}, expected("json_schema", '{"type": "object"}')),
+             ({"structured_outputs": {"json": schema, "disable_any_whitespace": True}}, compact_schema),
+             ({"guided_json": schema, "structured_outputs": {"disable_any_whitespace": True}}, compact_schema),
+             ({"structured_outputs": {"regex": "(red|blue) [0-9]"}}, expected("regex", "(red|blue) [0-9]")),
+             ({"guided_grammar": 'root ::= "yes" | "no"'}, expected("grammar", 'root ::= "yes" | "no"'))]
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=60)
+        for fields, want in cases:
+            response_format = fields.pop("response_format", None)
+            extra = {"mm_processor_kwargs": {"fps": 4.0}, **fields}
+            formatted = {"response_format": response_format} if response_format else {}
+            whole = client.chat.completions.create(**request, **formatted, extra_body=extra)
+            assert whole.choices[0].message.content == want, fields
+            chunks = client.chat.completions.create(**request, **formatted, extra_body=extra, stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+        sampled = client.chat.completions.create(**request, n=3, temperature=1.5, extra_body={
+            "mm_processor_kwargs": {"fps": 4.0}, "structured_outputs": {"regex": "(red|blue) [0-9]"}})
+    assert all(re.fullmatch("(red|blue) [0-9]", choice.message.content) for choice in sampled.choices)

@@ -74,3 +74,41 @@ def test_a_session_body_and_the_chat_flags_give_the_same_system_message():
     config, _ = chat_configs({name: body[name] for name in ("fps", "batch_patches", "system")})
     assert config == chat_configs(vars(build_parser().parse_args(["chat", "cam", "--system", body["system"]])))[0]
     assert config.system == "You watch a shop's camera."
+
+
+@pytest.mark.parametrize("fields,settings", [
+    ({}, {}),
+    ({"response_format": {"type": "text"}}, {}),
+    ({"response_format": {"type": "json_object"}}, {"answer_schema": '{"type": "object"}', "compact_json": False}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}},
+     {"answer_schema": '{"type": "integer"}', "compact_json": False}),
+    ({"structured_outputs": {"json": '{"type": "integer"}', "disable_any_whitespace": True}},
+     {"answer_schema": '{"type": "integer"}', "compact_json": True}),
+    ({"structured_outputs": {"json_object": True}}, {"answer_schema": '{"type": "object"}', "compact_json": False}),
+    ({"structured_outputs": {"regex": "a+"}}, {"answer_regex": "a+", "compact_json": False}),
+    ({"guided_grammar": "start: /a+/"}, {"answer_grammar": "start: /a+/", "compact_json": False}),
+    ({"guided_json": {"type": "integer"}}, {"answer_schema": '{"type": "integer"}', "compact_json": False}),
+])
+def test_each_spelling_of_an_answer_format_gives_the_flags_setting(fields, settings):
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **fields)
+    options = body.ask_options()
+    assert {k: options[k] for k in options if k.startswith("answer_") or k == "compact_json"} == settings
+    flags = {"answer_schema": "--answer-schema", "answer_regex": "--answer-regex", "answer_grammar": "--answer-grammar"}
+    given = [token for name, value in settings.items() if name in flags for token in (flags[name], value)]
+    given += ["--compact-json"] if settings.get("compact_json") else []
+    cli = ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *given])))[1]
+    assert ask_configs(options)[1] == cli
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"response_format": {"type": "json_schema"}}, "needs 'json_schema'"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "one answer format at most"),
+    ({"structured_outputs": {"regex": "a", "grammar": "start: /a/"}}, "one answer format at most"),
+    ({"structured_outputs": {"regex": 3}}, "structured_outputs.regex must be a text"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "whitespace_pattern is not supported"),
+    ({"guided_json": 3}, "guided_json must be a JSON schema"),
+])
+def test_malformed_answer_formats_are_refused(fields, said):
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **fields)
+    with pytest.raises(RequestError, match=said):
+        body.ask_options()

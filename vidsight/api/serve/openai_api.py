@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
 from vidsight.api.settings import ASK_SETTINGS
 from vidsight.errors import ConfigError
@@ -71,7 +72,7 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # Read only to refuse what would change the answer's form: vidsight answers in free text.
+    # OpenAI's answer formats (`formats`); tools and logit_bias are read only to be refused.
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     logit_bias: dict[str, float] | None = None
@@ -79,6 +80,9 @@ class ChatCompletionRequest(BaseModel):
     # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
     structured_outputs: dict[str, Any] | None = None
     guided_choice: list[str] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -109,11 +113,7 @@ class ChatCompletionRequest(BaseModel):
     def choices(self) -> list[str] | None:
         """The answers the reply must be one of (vLLM's ``structured_outputs.choice`` or
         ``guided_choice``), scored instead of generated; None for a free-text answer."""
-        structured = self.structured_outputs or {}
-        unknown = sorted(set(structured) - {"choice"})
-        if unknown:
-            raise RequestError(400, f"structured_outputs {', '.join(unknown)} is not supported; choice is")
-        choices = structured.get("choice", self.guided_choice)
+        choices = (self.structured_outputs or {}).get("choice", self.guided_choice)
         if choices is None:
             return None
         if (not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES
@@ -138,9 +138,10 @@ class ChatCompletionRequest(BaseModel):
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             options["max_new_tokens"] = limit
-        if (self.response_format or {}).get("type", "text") != "text":
-            raise RequestError(400, f"response_format {self.response_format.get('type')!r} is not supported; "
-                                    "vidsight answers in free text")
+        choosing = (self.structured_outputs or {}).get("choice", self.guided_choice) is not None
+        options.update(format_settings(self.response_format, self.structured_outputs,
+                                       {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                                        "guided_grammar": self.guided_grammar}, choosing))
         if self.tools:
             raise RequestError(400, "tools are not supported; vidsight answers in free text")
         if self.logit_bias:
