@@ -97,3 +97,41 @@ def test_a_session_with_kv_budgets_spills_to_the_servers_disk_tier_and_answers_t
         refused = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "kv_disk": "/tmp"})
         assert refused.status_code == 422   # where the disk tier lives is the server's choice
     assert answers["tiered"]["answer"] == answers["plain"]["answer"]
+
+
+def test_a_sessions_message_takes_the_completions_sampling_and_format_fields(make_local_server, media, tiny_adapter):
+    """A message's temperature, seed, stop and answer format (vLLM's structured outputs, OpenAI's
+    response_format): its answer is a `ChatSession`'s under the same `GenerationConfig`."""
+    import json
+
+    from vidsight.engine.config import AnswerFormat
+
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}}, "required": ["colour"],
+              "additionalProperties": False}
+    settings = [({"structured_outputs": {"json": schema, "disable_any_whitespace": True}},
+                 dict(answer_format=AnswerFormat("json_schema", json.dumps(schema), any_whitespace=False))),
+                ({"response_format": {"type": "json_object"}, "temperature": 1.2, "seed": 5},
+                 dict(answer_format=AnswerFormat("json_schema", '{"type": "object"}'), temperature=1.2, seed=5)),
+                ({"temperature": 0.9, "top_p": 0.8, "seed": 2, "stop": ["x"]},
+                 dict(temperature=0.9, top_p=0.8, seed=2, stop=("x",)))]
+    expected = []
+    with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
+        chat.push(StreamSource(media / "clip.mp4", fps=2.0))
+        for _, fields in settings:
+            expected.append(chat.ask(QUESTION, GenerationConfig(max_new_tokens=40, **fields)).answer)
+    assert json.loads(expected[0]) in ({"colour": "red"}, {"colour": "blue"})
+    with make_local_server() as (url, _):
+        session_id = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0}).json()["id"]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/sessions/{session_id}").json()["state"] == "reading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for (fields, _), want in zip(settings, expected):
+            answer = httpx.post(f"{url}/v1/sessions/{session_id}/messages", timeout=60,
+                                json={"question": QUESTION, "max_tokens": 40, "stream": False, **fields})
+            assert answer.json()["answer"] == want, fields
+        for bad, status, said in [({"structured_outputs": {"choice": ["a"]}}, 400, "choice is not supported"),
+                                  ({"structured_outputs": {"regex": "[a-"}}, 422, "regex is not valid")]:
+            refused = httpx.post(f"{url}/v1/sessions/{session_id}/messages", timeout=60,
+                                 json={"question": QUESTION, "stream": False, **bad})
+            assert refused.status_code == status and said in refused.json()["error"]["message"], refused.text

@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.tenants import Tenant
 
@@ -35,11 +36,30 @@ class SessionRequest(BaseModel):
 
 
 class MessageRequest(BaseModel):
+    """``POST /v1/sessions/{id}/messages``: a question, its answer's length, sampling and format
+    (the chat completion's fields by the same names)."""
+
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1)
     max_tokens: int = Field(default=64, ge=1, le=32768)
     stream: bool = True
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    def generation(self):
+        """The answer's `GenerationConfig`."""
+        from vidsight.api.settings import generation_config
+
+        if "choice" in (self.structured_outputs or {}):
+            raise RequestError(400, "a session's answer is generated; structured_outputs.choice is not supported here")
+        return generation_config({"max_new_tokens": self.max_tokens, "temperature": self.temperature,
+                                  "top_p": self.top_p, "seed": self.seed, "stop": self.stop,
+                                  **format_settings(self.response_format, self.structured_outputs, {}, False)})
 
 
 def add_session_routes(app: FastAPI, server, admitted) -> None:
@@ -69,10 +89,8 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
 
     @app.post("/v1/sessions/{session_id}/messages")
     async def message(session_id: str, body: MessageRequest, tenant: Tenant = Depends(admitted)):
-        from vidsight.engine.config import GenerationConfig
-
         session = _visible(server, session_id, tenant)
-        generation = GenerationConfig(max_new_tokens=body.max_tokens)
+        generation = body.generation()
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
 
