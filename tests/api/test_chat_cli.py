@@ -58,6 +58,30 @@ def test_a_question_with_choices_is_scored_as_the_session_scores_it(make_test_vi
     assert scored["stats"]["frames_seen"] == 12 and "scores" not in generated and generated["answer"]
 
 
+def test_an_answer_format_holds_the_sessions_answers(make_test_video, tiny_model_dir, tmp_path, capsys):
+    import re
+
+    from vidsight.engine import GenerationConfig
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.config import AnswerFormat
+    from vidsight.ingest.stream import StreamSource
+    from vidsight.models import load_model
+
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    questions = write_questions(tmp_path / "q.jsonl", [{"time_s": 60.0, "question": "What colour is the square?"}])
+    pattern = "(red|blue) at [0-9]{1,2}s"
+    code = main(["chat", str(video), "--model", str(tiny_model_dir), "--fps", "2", "--questions", str(questions),
+                 "--max-new-tokens", "20", "--answer-regex", pattern, "--json"])
+    assert code == 0
+    answer = json.loads(capsys.readouterr().out.splitlines()[0])["answer"]
+    with ChatSession(load_model(tiny_model_dir, device="cpu"), config=ChatConfig(fps=2)) as session:
+        for frame in StreamSource(str(video), fps=2):
+            session.push([frame])
+        expected = session.ask("What colour is the square?", GenerationConfig(
+            max_new_tokens=20, answer_format=AnswerFormat("regex", pattern)))
+    assert answer == expected.answer and re.fullmatch(pattern, answer)
+
+
 @pytest.mark.parametrize("content,message", [
     ('{"time_s": 1}\n', "q.jsonl:1"), ("not json\n", "q.jsonl:1"), ('{"time_s": -1, "question": "x"}\n', "time_s"),
     ('{"time_s": 1, "question": "x", "choices": ["a", ""]}\n', "choices"), ('[1]\n', "q.jsonl:1"),

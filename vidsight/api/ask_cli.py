@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from vidsight.api.options import _float, add_feed_options, add_prefill_options, motion_note
+from vidsight.api.options import (_float, add_answer_format_options, add_feed_options, add_prefill_options,
+                                  answer_format_settings, motion_note)
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
 from vidsight.errors import ConfigError
@@ -54,14 +54,7 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")
     ask.add_argument("--stop", action="append", metavar="TEXT",
                      help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
-    shape = ask.add_argument_group("answer format (vLLM's structured outputs; one at most)")
-    shape.add_argument("--answer-schema", metavar="SCHEMA",
-                       help="the answer is JSON valid under this JSON schema (its text, or a file holding it)")
-    shape.add_argument("--answer-regex", metavar="PATTERN", help="the answer matches this regular expression whole")
-    shape.add_argument("--answer-grammar", metavar="GRAMMAR",
-                       help="the answer is a sentence of this grammar, Lark or GBNF (its text, or a file holding it)")
-    shape.add_argument("--compact-json", action="store_true",
-                       help="with --answer-schema: no white space between JSON's tokens (vLLM's disable_any_whitespace)")
+    add_answer_format_options(ask)
     ask.add_argument("--choices", nargs="+", default=None, metavar="TEXT",
                      help="score these answers instead of generating one (a multiple-choice question): print the "
                           "likeliest, and each one's log probability under the model on stderr (or with --json)")
@@ -84,24 +77,13 @@ def run_ask(args) -> int:
     if args.choices and (args.logprobs is not None or args.stop or shaped):
         raise ConfigError("--choices scores the answers given, each token's log probability included; "
                           "--logprobs, --stop and answer formats apply to a generated answer")
-    sampling, generation, prefill = ask_configs({**vars(args), "answer_schema": _text_or_file(args.answer_schema),
-                                                 "answer_grammar": _text_or_file(args.answer_grammar)})
+    sampling, generation, prefill = ask_configs(answer_format_settings(args))
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
     asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
         _answer(args, asker, video, conversations, sampling, generation, prefill)
     return 0
-
-
-def _text_or_file(value: str | None) -> str | None:
-    """A format given on the command line: its text, or the file holding it (a name that exists)."""
-    if value is None or "\n" in value or len(value) > 4096 or not Path(value).is_file():
-        return value
-    try:
-        return Path(value).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{value}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def _answer(args, asker, video: str, conversations, sampling, generation, prefill) -> None:

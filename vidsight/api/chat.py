@@ -9,9 +9,10 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import _float, add_policy_options, add_tier_options, foreign_policy_flags, policy_settings
+from vidsight.api.options import (_float, add_answer_format_options, add_policy_options, add_tier_options,
+                                  answer_format_settings, foreign_policy_flags, policy_settings)
 from vidsight.api.sources import STDIN, live_source
-from vidsight.api.settings import chat_configs
+from vidsight.api.settings import chat_configs, generation_config
 from vidsight.errors import ConfigError
 
 PROGRESS_EVERY_PATCHES = 32
@@ -31,6 +32,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                       help="which cached tokens each step attends to (default: full, exact)")
     add_policy_options(chat)
     add_tier_options(chat)
+    add_answer_format_options(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line, with "choices": [...] to score those answers '
                            'instead of generating one (default: questions typed on stdin)')
@@ -105,7 +107,6 @@ def _stdin_questions() -> queue.Queue:
 
 def run_chat(args) -> int:
     from vidsight.engine.chat import ChatSession
-    from vidsight.engine.config import GenerationConfig
     from vidsight.ingest.stream import StreamSource
     from vidsight.models import load_model
 
@@ -113,7 +114,7 @@ def run_chat(args) -> int:
         raise ConfigError("-: the video comes on standard input, so the questions cannot be typed there: "
                           "give them with --questions FILE.jsonl")
     scheduled = read_questions(args.questions) if args.questions else None
-    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    generation = generation_config(answer_format_settings(args))
     config, tiers = chat_configs(vars(args))
     policy = chat_policy(args)
     source = StreamSource(live_source(args.source), fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)

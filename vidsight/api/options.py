@@ -1,8 +1,10 @@
-"""Command-line options shared by `ask`, `watch` and the benchmarks: prefill groups, KV and motion pruning, decoding."""
+"""Command-line options shared by `ask`, `watch`, `chat` and the benchmarks: prefill groups, KV and
+motion pruning, decoding, answer formats."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _float(text: str) -> float:
@@ -129,3 +131,32 @@ def add_tier_options(parser: argparse.ArgumentParser) -> None:
                        help="cached tokens host memory keeps; the rest moves to --kv-disk, or is evicted")
     group.add_argument("--kv-disk", default=None, metavar="DIR", help="memory-mapped disk tier, a directory per session")
     group.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
+
+
+def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("answer format (vLLM's structured outputs; one at most)")
+    group.add_argument("--answer-schema", metavar="SCHEMA",
+                       help="the answer is JSON valid under this JSON schema (its text, or a file holding it)")
+    group.add_argument("--answer-regex", metavar="PATTERN", help="the answer matches this regular expression whole")
+    group.add_argument("--answer-grammar", metavar="GRAMMAR",
+                       help="the answer is a sentence of this grammar, Lark or GBNF (its text, or a file holding it)")
+    group.add_argument("--compact-json", action="store_true",
+                       help="with --answer-schema: no white space between JSON's tokens (vLLM's disable_any_whitespace)")
+
+
+def answer_format_settings(args: argparse.Namespace) -> dict:
+    """``args`` as named settings, a schema or grammar given as a file read in."""
+    return {**vars(args), "answer_schema": _text_or_file(args.answer_schema),
+            "answer_grammar": _text_or_file(args.answer_grammar)}
+
+
+def _text_or_file(value: str | None) -> str | None:
+    """A format given on the command line: its text, or the file holding it (a name that exists)."""
+    from vidsight.errors import ConfigError
+
+    if value is None or "\n" in value or len(value) > 4096 or not Path(value).is_file():
+        return value
+    try:
+        return Path(value).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{value}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
