@@ -12,7 +12,7 @@ Names load their modules on first use, so ``import vidsight`` alone does not loa
 from vidsight._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "vidsight.engine": ("AskResult", "AskStats", "Asker", "ChatAnswer", "ChatConfig", "ChatSession", "ContinuationScore",
+    "vidsight.engine": ("AnswerFormat", "AskResult", "AskStats", "Asker", "ChatAnswer", "ChatConfig", "ChatSession", "ContinuationScore",
                         "GenerationConfig", "PrefillConfig", "PruneConfig", "ScoreResult", "WatchConfig", "Watcher",
                         "WindowStats", "WindowVerdict", "ask", "generate_together"),
     "vidsight.errors": ("ConfigError", "ModelError", "VideoError", "VidsightError"),
