@@ -54,6 +54,7 @@ def test_sampled_answers_take_the_form_too(tiny_adapter, clip):
         assert set(json.loads(answer)) == {"colour", "moving"}
 
 
+@pytest.mark.device_check
 def test_the_greedy_answer_is_transformers_generate_under_the_formats_mask(tiny_adapter, clip):
     from llguidance import LLMatcher
     from transformers import LogitsProcessor, LogitsProcessorList
