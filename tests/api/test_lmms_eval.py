@@ -156,6 +156,15 @@ def test_loglikelihood_scores_each_choice_as_asker_does_one_prefill_per_question
     assert [result.text for result in results] == [(-s.logprob / len(s.tokens), s.greedy) for s in expected]
 
 
+def test_acc_mutual_infos_requests_without_a_video_are_refused_by_name(tiny_model_dir, synthetic_video):
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", fps=2)
+    model.task_dict = {"task": {"test": [{"video": synthetic_video}]}}
+    requests = [_Request(args=("What colour?", "red", lambda doc: [doc["video"]], 0, "task", "test")),
+                _Request(args=("", "red"))]   # what lmms-eval adds for acc_mutual_info
+    with pytest.raises(ConfigError, match="leave acc_mutual_info out of the task's metric_list"):
+        model.loglikelihood(requests)
+
+
 def test_policy_mode_streams_the_video_into_a_chat_session(tiny_model_dir, synthetic_video):
     model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", policy="rekv", fps=2)
     model.task_dict, requests = _requests(synthetic_video, ["What happened first?"], {"max_new_tokens": 4})

@@ -79,6 +79,10 @@ class VidsightLMM(lmms):
         """
         prompts: dict[tuple[str, str], list[tuple[int, str]]] = {}
         for number, request in enumerate(requests):
+            if len(request.args) == 2:   # the unconditional requests of lmms-eval's acc_mutual_info
+                raise ConfigError("acc_mutual_info scores each choice with no context and no video; vidsight "
+                                  "scores an answer after a video, so leave acc_mutual_info out of the task's "
+                                  f"metric_list (request {request.args!r:.80})")
             context, target, doc_to_visual, doc_id, task, split = request.args
             doc = self.task_dict[task][split][doc_id]
             video = self._video(doc_to_visual(doc), task, doc_id)
