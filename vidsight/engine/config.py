@@ -13,6 +13,7 @@ REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
 # Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs
+ALERT_AFTER = 2
 # The text of an answer format (a JSON schema, a regular expression, a grammar): compiled per answer.
 MAX_FORMAT_CHARS = 100000
 FORMAT_KINDS = ("json_schema", "regex", "grammar")
@@ -45,7 +46,6 @@ class AnswerFormat:
         from vidsight.engine.constrain import check_format
 
         check_format(self)
-ALERT_AFTER = 2
 
 
 @dataclasses.dataclass(frozen=True)
