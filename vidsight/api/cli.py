@@ -14,6 +14,7 @@ from vidsight.api.bench import add_bench_parser
 from vidsight.api.chat import add_chat_parser
 from vidsight.api.config_file import FLAG, with_config_file
 from vidsight.api.demo_cli import add_demo_parser
+from vidsight.api.run_batch_cli import add_run_batch_parser
 from vidsight.api.serve_cli import add_serve_parser
 from vidsight.api.tools_cli import add_model_parser, add_probe_parser
 from vidsight.api.train_cli import add_train_parser
@@ -38,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(FLAG, metavar="FILE", help="YAML or JSON file of this command's settings by flag name "
                                                     "(fps: 2, max-new-tokens: 64); flags given here win")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (add_ask_parser, add_watch_parser, add_chat_parser, add_serve_parser, add_probe_parser,
-                add_model_parser, add_bench_parser, add_train_parser, add_demo_parser):
+    for add in (add_ask_parser, add_watch_parser, add_chat_parser, add_serve_parser, add_run_batch_parser,
+                add_probe_parser, add_model_parser, add_bench_parser, add_train_parser, add_demo_parser):
         add(commands, [common])
     return parser
 
