@@ -70,6 +70,29 @@ def test_a_tenant_past_its_requests_in_progress_gets_429():
         pass
 
 
+def test_n_answers_count_as_n_requests_and_n_places(make_local_server, keys_file, media):
+    """A completion's n answers hold n of the server's places and count as n of its tenant's
+    requests (alice may have 2 in progress), so n cannot multiply what a tenant may run."""
+    from vidsight.api.serve.media import RequestError
+
+    counter, tenant = RequestCounter(), Tenant("alice", max_requests=2)
+    with counter.admit(tenant):
+        with pytest.raises(RequestError, match="requests=2.*2 more wanted"):
+            with counter.admit(tenant, 2):
+                pass
+        with counter.admit(tenant, 1):
+            pass
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": str(media / "clip.mp4")}}, {"type": "text", "text": "Colour?"}]}]}
+    with make_local_server(api_keys=read_api_keys(keys_file), max_concurrent=4) as (url, _):
+        answered = [httpx.post(f"{url}/v1/chat/completions", json={**body, "n": n}, headers=auth("alice"), timeout=60)
+                    for n in (2, 3)]
+        crowded = httpx.post(f"{url}/v1/chat/completions", json={**body, "n": 5}, headers=auth("bob"), timeout=60)
+    assert answered[0].status_code == 200 and len(answered[0].json()["choices"]) == 2
+    assert answered[1].status_code == 429 and "requests=2" in answered[1].json()["error"]["message"]
+    assert crowded.status_code == 429 and "5 wanted for n=5" in crowded.json()["error"]["message"]
+
+
 def test_tenants_see_and_stop_only_their_own_watches_and_sessions(make_local_server, keys_file, long_video):
     with make_local_server(api_keys=read_api_keys(keys_file)) as (url, _):
         mine = httpx.post(f"{url}/v1/watches", json=WATCH, headers=auth("alice"))

@@ -76,8 +76,8 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         return {"object": "list", "data": [{"id": config.served_name, "object": "model", "created": 0,
                                             "owned_by": "vidsight"}]}
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
-    async def chat_completions(body: ChatCompletionRequest):
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, tenant: Tenant = Depends(admitted)):
         if body.model is not None and body.model != config.served_name:
             raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
                                     f"{config.served_name!r}")
@@ -86,7 +86,7 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         choices = body.choices()
         if choices is not None:
             return await choose(server, body, video, conversation, sampling, prefill, choices)
-        return await complete(server, body, video, conversation, sampling, generation, prefill)
+        return await complete(server, tenant, body, video, conversation, sampling, generation, prefill)
 
     add_watch_routes(app, server, admitted, authorised)
     add_session_routes(app, server, admitted)

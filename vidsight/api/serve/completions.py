@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from vidsight.api.serve.media import RequestError, video_file
 from vidsight.api.serve.openai_api import ChatCompletionRequest, chunk, completion, completion_id, usage_of
 from vidsight.api.serve.state import Server
+from vidsight.api.serve.tenants import Tenant
 from vidsight.errors import ConfigError, VidsightError
 from vidsight.models.conversation import Conversation
 
@@ -42,9 +43,10 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-async def complete(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
-                   generation, prefill):
-    """Answer one chat completion (``body.n`` answers), streamed as OpenAI's chunks or whole."""
+async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, video: str, conversation: Conversation,
+                   sampling, generation, prefill):
+    """Answer one chat completion (``body.n`` answers, which hold ``n`` of the server's places and
+    count as ``n`` of ``tenant``'s requests), streamed as OpenAI's chunks or whole."""
     from vidsight.engine.generate import token_logprobs
 
     metrics, name, request_id = server.metrics, server.config.served_name, completion_id()
@@ -82,7 +84,8 @@ async def complete(server: Server, body: ChatCompletionRequest, video: str, conv
     exits = contextlib.AsyncExitStack()
     await exits.__aenter__()
     try:
-        exits.enter_context(server.admit())
+        exits.enter_context(server.admit(body.n))
+        exits.enter_context(server.requests.admit(tenant, body.n - 1))
         path = await exits.enter_async_context(video_file(video, server.config))
         works = []
         for index in range(body.n):

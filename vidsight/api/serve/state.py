@@ -106,11 +106,18 @@ class Server:
         return await asyncio.wrap_future(future)
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Hold one of the server's ``max_concurrent`` places for a request's life (429 when none is free)."""
-        if not self._places.acquire(blocking=False):
-            raise RequestError(429, f"{self.config.max_concurrent} requests are already in progress; try again later")
+    def admit(self, places: int = 1) -> Iterator[None]:
+        """Hold ``places`` of the server's ``max_concurrent`` places for a request's life (a
+        completion's ``n`` answers hold ``n``; 429 when they are not free)."""
+        held = 0
+        while held < places and self._places.acquire(blocking=False):
+            held += 1
         try:
+            if held < places:
+                raise RequestError(429, f"{self.config.max_concurrent} requests are already in progress"
+                                        f"{f' ({places} wanted for n={places})' if places > 1 else ''}; "
+                                        "try again later")
             yield
         finally:
-            self._places.release()
+            for _ in range(held):
+                self._places.release()

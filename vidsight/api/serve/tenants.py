@@ -113,17 +113,20 @@ class RequestCounter:
         self._running: dict[str, int] = {}
 
     @contextlib.contextmanager
-    def admit(self, tenant: Tenant):
+    def admit(self, tenant: Tenant, count: int = 1):
+        """Count ``count`` requests of ``tenant`` in progress for the block (a completion's ``n``
+        answers count ``n - 1`` more beside the request itself)."""
         from vidsight.api.serve.media import RequestError
 
         with self._lock:
             running = self._running.get(tenant.name, 0)
-            if tenant.max_requests is not None and running >= tenant.max_requests:
+            if tenant.max_requests is not None and running + count > tenant.max_requests:
                 raise RequestError(429, f"tenant {tenant.name}: {running} requests in progress, its limit "
-                                        f"(requests={tenant.max_requests})")
-            self._running[tenant.name] = running + 1
+                                        f"(requests={tenant.max_requests})"
+                                        + (f"; {count} more wanted" if count > 1 else ""))
+            self._running[tenant.name] = running + count
         try:
             yield
         finally:
             with self._lock:
-                self._running[tenant.name] -= 1
+                self._running[tenant.name] -= count
