@@ -325,12 +325,13 @@ def test_n_answers_are_sampled_with_consecutive_seeds_after_one_video_prefill(ma
 
     import httpx
 
-    sampled = dict(max_new_tokens=10, temperature=1.0)
+    sampled = dict(max_new_tokens=10, temperature=1.0, logprobs=1)
     expected = [Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0),
                                         generation=GenerationConfig(seed=7 + i, **sampled)) for i in range(3)]
     assert len({e.answer for e in expected}) > 1   # the seeds matter
+    logprobs = [[entry.logprob for entry in e.logprobs] for e in expected]
     request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=10, temperature=1.0,
-                   seed=7, n=3, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+                   seed=7, n=3, logprobs=True, top_logprobs=1, extra_body={"mm_processor_kwargs": {"fps": 4.0}})
     for settings in ({}, {"prefix_cache_bytes": 0}, {"batch_answers": False}):
         with make_local_server(**settings) as (url, _):
             client = OpenAI(base_url=f"{url}/v1", api_key="unused")
@@ -351,6 +352,12 @@ def test_n_answers_are_sampled_with_consecutive_seeds_after_one_video_prefill(ma
         assert streamed == [e.answer for e in expected]
         ends = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
         assert ends == [0, 1, 2] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        # Each answer's log probabilities, whole and as its own chunks carried them.
+        for i in range(3):
+            assert [t.logprob for t in whole.choices[i].logprobs.content] == pytest.approx(logprobs[i], abs=1e-5)
+            pieces = [t.logprob for c in chunks if c.choices and c.choices[0].index == i and c.choices[0].logprobs
+                      for t in c.choices[0].logprobs.content]
+            assert pieces == pytest.approx(logprobs[i], abs=1e-5)
         assert too_many.status_code == 422 and "n" in too_many.json()["error"]["message"]
 
 
