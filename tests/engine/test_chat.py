@@ -119,7 +119,7 @@ def test_under_resv_a_continuation_scores_as_generating_it_would(make_test_video
     """Under a policy that retrieves per generated token (ReSV), a continuation is fed as an answer
     is generated: each token's score is the log probability the decode loop gives it when it is
     the token chosen (the sampler forced to choose the continuation)."""
-    from vidsight.engine.generate import TokenSampler
+    from vidsight.engine.sampling import TokenSampler
     from vidsight.kv.policies.registry import make_policy
     from vidsight.models import TASK_MODEL, load_model
 
