@@ -1,4 +1,5 @@
-"""Token selection and the decode loop: one answer (`generate`), or several stepped together (`DecodeBatch`)."""
+"""The decode loop: one answer (`generate`), or several stepped together (`DecodeBatch`); each token is
+chosen by `sampling`, within an answer format's mask (`constrain`) when there is one."""
 
 from __future__ import annotations
 
