@@ -68,6 +68,9 @@ def test_without_a_file_nothing_changes():
     ("stop: [null]\n", "'stop' takes a number or a text, not None"),
     ("- fps\n", "a mapping of flag names to values, not a list"),
     ("fps: [2\n", "not valid YAML"),
+    ("fps: fast\n", "'fps': not a number: 'fast'"),
+    ("max-new-tokens: 2.5\n", "'max-new-tokens': invalid literal for int"),
+    ("prune-rule: median\n", "'prune-rule' is one of persistent, paper, max, not 'median'"),
 ])
 def test_a_bad_file_is_refused_naming_it_and_the_setting(tmp_path, content, said):
     path = tmp_path / "bad.yaml"

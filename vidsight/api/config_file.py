@@ -117,6 +117,13 @@ def _tokens(flag: str, action: argparse.Action, value, path: str, key) -> list[s
     def scalar(item) -> str:
         if isinstance(item, bool) or item is None or not isinstance(item, (str, int, float)):
             raise ConfigError(f"{path}: {key!r} takes a number or a text, not {item!r}")
+        # Checked here as argparse will check it, so the error names the file, not only the flag.
+        try:
+            parsed = action.type(str(item)) if callable(action.type) else str(item)
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}: {key!r}: {exc or f'not a valid value: {item!r}'}") from None
+        if action.choices is not None and parsed not in action.choices:
+            raise ConfigError(f"{path}: {key!r} is one of {', '.join(map(str, action.choices))}, not {item!r}")
         return str(item)
 
     if action.nargs == 0:   # a switch
