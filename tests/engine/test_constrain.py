@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from vidsight.engine import Asker, GenerationConfig
+from vidsight.engine import Asker, ChatSession, GenerationConfig
 from vidsight.engine.config import AnswerFormat
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
@@ -111,6 +111,8 @@ def test_formats_that_cannot_be_held_are_refused_before_the_video_is_read(tmp_pa
     with pytest.raises(ConfigError, match="do not combine with an answer format"):
         GenerationConfig(min_tokens=2, answer_format=AnswerFormat("regex", "a+"))
     task = load_model(TASK_MODEL, "cpu", torch.float32)   # a WordPiece tokenizer, which llguidance cannot read
+    held = GenerationConfig(answer_format=AnswerFormat("regex", "a+"))
     with pytest.raises(ConfigError, match="need a byte-level or SentencePiece tokenizer"):
-        Asker(task).ask(tmp_path / "absent.mp4", QUESTION,
-                        generation=GenerationConfig(answer_format=AnswerFormat("regex", "a+")))
+        Asker(task).ask(tmp_path / "absent.mp4", QUESTION, generation=held)
+    with ChatSession(task) as session, pytest.raises(ConfigError, match="need a byte-level"):
+        session.ask(QUESTION, held)   # before "no video yet": the format is checked first

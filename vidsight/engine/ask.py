@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
-from vidsight.engine.constrain import format_tokenizer
+from vidsight.engine.constrain import check_generation
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, TokenLogprob, answer_text, token_logprobs
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
@@ -152,8 +152,7 @@ class Asker:
         server runs other clients' work there and a long video holds the model for one group at a
         time. Memory metering on the CPU (``meter_memory``) would count the work run in between."""
         question = Conversation.of(question)
-        if generation.answer_format is not None:
-            format_tokenizer(self.adapter)   # a tokenizer llguidance cannot read is refused before the video is read
+        check_generation(self.adapter, generation)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
 
         def steps():
@@ -180,6 +179,7 @@ class Asker:
             fps: The rate the frames were sampled at (sets the model's temporal positions).
         """
         question = Conversation.of(question)
+        check_generation(self.adapter, generation)
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from vidsight.engine.config import GenerationConfig
+from vidsight.engine.constrain import check_generation
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import first_level, new_cache
 from vidsight.engine.chat_turn import ChatAnswer, ChatInProgress
@@ -303,6 +304,7 @@ class ChatSession:
         sequences and generates the answer in its decode batch. The session takes no frames
         until the answer is finished."""
         conversation = Conversation.of(question, self.config.system)   # refused before anything is done
+        check_generation(self.adapter, generation)
         self._check_idle()
         drive(self._flushing(), self.adapter)
         if self._patches == 0:

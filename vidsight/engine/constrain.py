@@ -69,6 +69,13 @@ def format_tokenizer(adapter):
     return built[ends]
 
 
+def check_generation(adapter, generation) -> None:
+    """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, before
+    the video is read (the matcher itself is made at the answer's first token)."""
+    if generation.answer_format is not None:
+        format_tokenizer(adapter)
+
+
 class FormatMatcher:
     """One answer's place in its format: which tokens may come next, fed each token chosen.
 
