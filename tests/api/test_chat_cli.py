@@ -82,6 +82,27 @@ def test_an_answer_format_holds_the_sessions_answers(make_test_video, tiny_model
     assert answer == expected.answer and re.fullmatch(pattern, answer)
 
 
+def test_the_answers_sampling_flags_are_asks(make_test_video, tiny_model_dir, tmp_path, capsys):
+    from vidsight.engine import GenerationConfig
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.ingest.stream import StreamSource
+    from vidsight.models import load_model
+
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    questions = write_questions(tmp_path / "q.jsonl", [{"time_s": 60.0, "question": "What colour is the square?"}])
+    flags = ["--temperature", "1.3", "--top-k", "40", "--seed", "3", "--frequency-penalty", "0.5"]
+    assert main(["chat", str(video), "--model", str(tiny_model_dir), "--fps", "2", "--questions", str(questions),
+                 "--max-new-tokens", "12", "--json", *flags]) == 0
+    answer = json.loads(capsys.readouterr().out.splitlines()[0])["answer"]
+    with ChatSession(load_model(tiny_model_dir, device="cpu"), config=ChatConfig(fps=2)) as session:
+        for frame in StreamSource(str(video), fps=2):
+            session.push([frame])
+        generation = GenerationConfig(max_new_tokens=12, temperature=1.3, top_k=40, seed=3, frequency_penalty=0.5)
+        expected = session.ask("What colour is the square?", generation)
+        greedy = session.ask("What colour is the square?", GenerationConfig(max_new_tokens=12))
+    assert answer == expected.answer != greedy.answer
+
+
 @pytest.mark.parametrize("content,message", [
     ('{"time_s": 1}\n', "q.jsonl:1"), ("not json\n", "q.jsonl:1"), ('{"time_s": -1, "question": "x"}\n', "time_s"),
     ('{"time_s": 1, "question": "x", "choices": ["a", ""]}\n', "choices"), ('[1]\n', "q.jsonl:1"),

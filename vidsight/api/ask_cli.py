@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from vidsight.api.options import (_float, add_answer_format_options, add_feed_options, add_prefill_options,
+from vidsight.api.options import (_float, add_feed_options, add_generation_options, add_prefill_options,
                                   answer_format_settings, motion_note)
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
@@ -30,31 +30,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
     ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
-    ask.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
-    ask.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
-    ask.add_argument("--top-k", type=int, default=0,
-                     help="when sampling, only among the K likeliest tokens (0, default: all)")
-    ask.add_argument("--min-p", type=_float, default=0.0,
-                     help="when sampling, only tokens at least this share of the likeliest one's probability "
-                          "(0, default: all)")
-    ask.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ask.add_argument("--min-tokens", type=int, default=0,
-                     help="no end token or stop string ends the answer before this many tokens (vLLM's min_tokens)")
-    ask.add_argument("--ignore-eos", action="store_true",
-                     help="generate --max-new-tokens tokens whatever comes (vLLM's ignore_eos, for timing a "
-                          "fixed answer length)")
-    ask.add_argument("--repetition-penalty", type=_float, default=None,
-                     help="divide the logits of tokens already in the prompt or answer by this (1: none; "
-                          "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")
-    ask.add_argument("--frequency-penalty", type=_float, default=None,
-                     help="lower each token's logit by this times its count in the answer (OpenAI's; -2 to 2)")
-    ask.add_argument("--presence-penalty", type=_float, default=None,
-                     help="lower the logit of each token already in the answer by this (OpenAI's; -2 to 2)")
     ask.add_argument("--logprobs", type=int, default=None, metavar="K",
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")
-    ask.add_argument("--stop", action="append", metavar="TEXT",
-                     help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
-    add_answer_format_options(ask)
+    add_generation_options(ask)
     ask.add_argument("--choices", nargs="+", default=None, metavar="TEXT",
                      help="score these answers instead of generating one (a multiple-choice question): print the "
                           "likeliest, and each one's log probability under the model on stderr (or with --json)")

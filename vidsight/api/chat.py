@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import (_float, add_answer_format_options, add_policy_options, add_tier_options,
+from vidsight.api.options import (_float, add_generation_options, add_policy_options, add_tier_options,
                                   answer_format_settings, foreign_policy_flags, policy_settings)
 from vidsight.api.sources import STDIN, live_source
 from vidsight.api.settings import chat_configs, generation_config
@@ -32,7 +32,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                       help="which cached tokens each step attends to (default: full, exact)")
     add_policy_options(chat)
     add_tier_options(chat)
-    add_answer_format_options(chat)
+    add_generation_options(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line, with "choices": [...] to score those answers '
                            'instead of generating one (default: questions typed on stdin)')

@@ -133,6 +133,35 @@ def add_tier_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--keep-kv", action="store_true", help="leave the session's disk directory when it ends")
 
 
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """How answer tokens are chosen (`GenerationConfig`), for `ask` and `chat` alike; the answer's
+    length limit is each command's own (their defaults differ)."""
+    group = parser.add_argument_group("answer sampling and ending")
+    group.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
+    group.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
+    group.add_argument("--top-k", type=int, default=0,
+                       help="when sampling, only among the K likeliest tokens (0, default: all)")
+    group.add_argument("--min-p", type=_float, default=0.0,
+                       help="when sampling, only tokens at least this share of the likeliest one's probability "
+                            "(0, default: all)")
+    group.add_argument("--seed", type=int, default=0, help="sampling seed")
+    group.add_argument("--min-tokens", type=int, default=0,
+                       help="no end token or stop string ends the answer before this many tokens (vLLM's min_tokens)")
+    group.add_argument("--ignore-eos", action="store_true",
+                       help="generate --max-new-tokens tokens whatever comes (vLLM's ignore_eos, for timing a "
+                            "fixed answer length)")
+    group.add_argument("--repetition-penalty", type=_float, default=None,
+                       help="divide the logits of tokens already in the prompt or answer by this (1: none; "
+                            "default: the checkpoint's generation_config.json, Qwen2.5-VL's 1.05)")
+    group.add_argument("--frequency-penalty", type=_float, default=None,
+                       help="lower each token's logit by this times its count in the answer (OpenAI's; -2 to 2)")
+    group.add_argument("--presence-penalty", type=_float, default=None,
+                       help="lower the logit of each token already in the answer by this (OpenAI's; -2 to 2)")
+    group.add_argument("--stop", action="append", metavar="TEXT",
+                       help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
+    add_answer_format_options(parser)
+
+
 def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("answer format (vLLM's structured outputs; one at most)")
     group.add_argument("--answer-schema", metavar="SCHEMA",
