@@ -56,7 +56,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
     first: list[float] = []
     # Each answer once prefilled, and how many of its tokens' log probabilities went out: each text
     # piece carries those of the tokens it came from (called on the model thread, after prefill).
-    begun: list[list] = [[] for _ in range(body.n)]
+    begun: list = [None] * body.n
     sent = [0] * body.n
     tickets: list[list] = [[] for _ in range(body.n)]
 
@@ -65,8 +65,8 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
             if not first:
                 first.append(time.perf_counter())
             logprobs = None
-            if generation.logprobs is not None and begun[index]:
-                logprobs = token_logprobs(server.adapter, begun[index][0].answer, sent[index])
+            if generation.logprobs is not None and begun[index] is not None:
+                logprobs = token_logprobs(server.adapter, begun[index].answer, sent[index])
                 sent[index] += len(logprobs)
             loop.call_soon_threadsafe(pieces.put_nowait, (index, "text", (text, logprobs)))
         return on_text
@@ -77,7 +77,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
         def begin():
             progress = yield from server.asker.begin_steps(path, conversation, sampling=sampling, generation=settings,
                                                            prefill=prefill, on_text=on_text_of(index))
-            begun[index].append(progress)
+            begun[index] = progress
             return progress
         return begin
 

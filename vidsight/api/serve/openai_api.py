@@ -110,10 +110,13 @@ class ChatCompletionRequest(BaseModel):
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
 
+    def _given_choices(self):
+        return (self.structured_outputs or {}).get("choice", self.guided_choice)
+
     def choices(self) -> list[str] | None:
         """The answers the reply must be one of (vLLM's ``structured_outputs.choice`` or
         ``guided_choice``), scored instead of generated; None for a free-text answer."""
-        choices = (self.structured_outputs or {}).get("choice", self.guided_choice)
+        choices = self._given_choices()
         if choices is None:
             return None
         if (not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES
@@ -138,7 +141,7 @@ class ChatCompletionRequest(BaseModel):
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             options["max_new_tokens"] = limit
-        choosing = (self.structured_outputs or {}).get("choice", self.guided_choice) is not None
+        choosing = self._given_choices() is not None
         options.update(format_settings(self.response_format, self.structured_outputs,
                                        {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
                                         "guided_grammar": self.guided_grammar}, choosing))
