@@ -190,6 +190,32 @@ def test_min_tokens_and_ignore_eos_are_transformers_generate_without_its_end_tok
     assert result.token_ids[len(plain.token_ids) - 1] in adapter.eos_token_ids   # chosen, and gone past
 
 
+def test_logit_bias_is_transformers_sequence_bias_of_single_tokens(tiny_adapter, make_test_video):
+    """OpenAI's ``logit_bias``: each bias added to its token's logit before the repetition penalty
+    (vLLM's order, and transformers' for ``sequence_bias``), so the answer is transformers'
+    `generate` with the same biases as one-token sequence biases."""
+    path, _ = make_test_video(**CASES[0][1])
+    sampling = SamplingConfig(fps=CASES[0][2])
+    inputs, _ = reference_inputs(tiny_adapter, path, sampling)
+    asker = Asker(tiny_adapter)
+    plain = asker.ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
+    banned, favoured = plain.token_ids[0], plain.token_ids[0] + 1
+    for penalty in (1.0, 1.3):
+        biases = {str(banned): -100, str(favoured): 4.5}
+        result = asker.ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(
+            max_new_tokens=NEW_TOKENS, logit_bias=biases, repetition_penalty=penalty))
+        out = tiny_adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                          return_dict_in_generate=True, repetition_penalty=penalty,
+                                          sequence_bias={(banned,): -100.0, (favoured,): 4.5})
+        assert_same_greedy_ids(result.token_ids, out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), out.logits)
+        assert banned not in result.token_ids and result.token_ids != plain.token_ids
+    forced = asker.ask(path, QUESTION, sampling=sampling, generation=GenerationConfig(
+        max_new_tokens=4, temperature=1.0, logit_bias=[(favoured, 100)]))
+    assert forced.token_ids == [favoured] * 4
+    with pytest.raises(ConfigError, match="has no token"):
+        asker.ask(path, QUESTION, generation=GenerationConfig(logit_bias={len(tiny_adapter.tokenizer): 1}))
+
+
 def test_logprobs_are_the_log_softmax_of_transformers_logits_at_each_step(tiny_adapter, make_test_video):
     path, _ = make_test_video(**CASES[0][1])
     sampling = SamplingConfig(fps=CASES[0][2])

@@ -122,7 +122,11 @@ def test_sampling_settings_are_checked():
     for bad, said in [(dict(top_k=-1), "top_k must be"), (dict(top_k=2.5), "top_k must be"),
                       (dict(min_p=1.5), "min_p must be"), (dict(min_p=-0.1), "min_p must be"),
                       (dict(min_tokens=-1), "min_tokens must be"),
-                      (dict(min_tokens=9, max_new_tokens=8), r"min_tokens must be between 0 and max_new_tokens \(8\)")]:
+                      (dict(min_tokens=9, max_new_tokens=8), r"min_tokens must be between 0 and max_new_tokens \(8\)"),
+                      (dict(logit_bias={"5": 101}), r"token 5 gets 101.0; ids are >= 0 and biases in \[-100, 100\]"),
+                      (dict(logit_bias={"-1": 1}), "token -1 gets"), (dict(logit_bias={"5": float("nan")}), "gets nan"),
+                      (dict(logit_bias={"five": 1}), "logit_bias maps token ids"),
+                      (dict(logit_bias=[(1.5, 1)]), "logit_bias maps token ids")]:
         with pytest.raises(ConfigError, match=said):
             GenerationConfig(**bad)
 

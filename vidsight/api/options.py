@@ -159,7 +159,17 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                        help="lower the logit of each token already in the answer by this (OpenAI's; -2 to 2)")
     group.add_argument("--stop", action="append", metavar="TEXT",
                        help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
+    group.add_argument("--logit-bias", action="append", type=_logit_bias, metavar="ID=BIAS",
+                       help="add BIAS (-100 to 100) to token ID's logit before it is chosen (repeatable; OpenAI's "
+                            "logit_bias)")
     add_answer_format_options(parser)
+
+
+def _logit_bias(value: str) -> tuple[str, str]:
+    token, equals, bias = value.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a token id and its bias as ID=BIAS")
+    return token, bias   # checked with the config's other settings
 
 
 def add_answer_format_options(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
 # Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs
+MAX_LOGIT_BIAS = 100   # OpenAI's bound on a token's logit bias, either way
 ALERT_AFTER = 2
 # The text of an answer format (a JSON schema, a regular expression, a grammar): compiled per answer.
 MAX_FORMAT_CHARS = 100000
@@ -77,6 +78,9 @@ class GenerationConfig:
         logprobs: Record each chosen token's log probability and this many of the likeliest
             tokens' at its step (OpenAI's ``top_logprobs``, at most 20); None records none.
         answer_format: The form the answer must take (`AnswerFormat`); None: free text.
+        logit_bias: ``(token id, bias)`` pairs (or OpenAI's mapping of ids, as text, to biases):
+            each bias, -100 to 100, is added to its token's logit before the penalties and the
+            choice (vLLM's order); -100 all but bans a token, 100 all but forces it.
     """
 
     max_new_tokens: int = 128
@@ -93,8 +97,10 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     logprobs: int | None = None
     answer_format: AnswerFormat | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
             raise ConfigError(f"frequency_penalty and presence_penalty must be in [-2, 2], got "
                               f"{self.frequency_penalty} and {self.presence_penalty}")
@@ -122,3 +128,17 @@ class GenerationConfig:
         if self.answer_format is not None and (self.min_tokens or self.ignore_eos):
             raise ConfigError("min_tokens and ignore_eos do not combine with an answer format, which decides "
                               "where the answer ends")
+
+
+def _bias_pairs(given) -> tuple[tuple[int, float], ...]:
+    """``given`` logit biases as sorted ``(token id, bias)`` pairs, each checked."""
+    pairs = given.items() if isinstance(given, dict) else given
+    try:
+        biases = {int(str(token).strip()): float(bias) for token, bias in pairs}
+    except (TypeError, ValueError):
+        raise ConfigError("logit_bias maps token ids (whole numbers) to biases (numbers)") from None
+    for token, bias in biases.items():
+        if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise ConfigError(f"logit_bias: token {token} gets {bias}; ids are >= 0 and biases in "
+                              f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]")
+    return tuple(sorted(biases.items()))

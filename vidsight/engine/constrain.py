@@ -70,10 +70,15 @@ def format_tokenizer(adapter):
 
 
 def check_generation(adapter, generation) -> None:
-    """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, before
-    the video is read (the matcher itself is made at the answer's first token)."""
+    """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, or
+    whose logit biases name tokens it does not have, before the video is read (the matcher itself
+    is made at the answer's first token)."""
     if generation.answer_format is not None:
         format_tokenizer(adapter)
+    unknown = [token for token, _ in generation.logit_bias if token >= len(adapter.tokenizer)]
+    if unknown:
+        raise ConfigError(f"logit_bias: {adapter.name} has no token {unknown[0]} (its ids run to "
+                          f"{len(adapter.tokenizer) - 1})")
 
 
 class FormatMatcher:

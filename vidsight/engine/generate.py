@@ -106,6 +106,7 @@ class Answer:
         self._seen_ids = self._answered_ids = None
         self._counted = 0
         self._format: FormatMatcher | None = None   # made at the first token, where the adapter is at hand
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None   # (ids, biases), made at the first token
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
@@ -141,7 +142,7 @@ class Answer:
         config = self.config
         repetition = adapter.repetition_penalty if config.repetition_penalty is None else config.repetition_penalty
         if repetition == 1 and not config.frequency_penalty and not config.presence_penalty:
-            return self.logits
+            return self._biased()
         device = self.logits.device
         if self._counts is None:
             self._counts = torch.zeros(len(self.logits), device=device)
@@ -158,7 +159,7 @@ class Answer:
         self._seen_ids = torch.cat([self._seen_ids, torch.tensor(seen, dtype=torch.long, device=device)])
         self._answered_ids = torch.cat([self._answered_ids, torch.tensor(answered, dtype=torch.long, device=device)])
         self._counted = len(self.ids)
-        logits = self.logits.to(torch.float32, copy=True)
+        logits = self._biased().to(torch.float32, copy=True)
         if repetition != 1:
             values = logits[self._seen_ids]
             logits[self._seen_ids] = torch.where(values < 0, values * repetition, values / repetition)
@@ -168,6 +169,16 @@ class Answer:
         if config.presence_penalty:
             logits[answered] -= config.presence_penalty
         return logits
+
+    def _biased(self) -> torch.Tensor:
+        """``logits`` with the config's logit biases added (in float32, as vLLM adds them)."""
+        if not self.config.logit_bias:
+            return self.logits
+        if self._bias is None:
+            tokens, biases = zip(*self.config.logit_bias)
+            self._bias = (torch.tensor(tokens, dtype=torch.long, device=self.logits.device),
+                          torch.tensor(biases, dtype=torch.float32, device=self.logits.device))
+        return self.logits.float().index_add(0, *self._bias)
 
     def _stop_string(self, adapter: VLMAdapter) -> bool:
         if not self.config.stop:

@@ -72,10 +72,10 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # OpenAI's answer formats (`formats`); tools and logit_bias are read only to be refused.
+    # OpenAI's answer formats (`formats`); tools are read only to be refused.
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None   # token id (as text) -> bias
     n: int = Field(default=1, ge=1, le=MAX_ANSWERS)
     # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
     structured_outputs: dict[str, Any] | None = None
@@ -148,7 +148,7 @@ class ChatCompletionRequest(BaseModel):
         if self.tools:
             raise RequestError(400, "tools are not supported; vidsight answers in free text")
         if self.logit_bias:
-            raise RequestError(400, "logit_bias is not supported")
+            options["logit_bias"] = self.logit_bias
         if self.top_k is not None:
             options["top_k"] = max(self.top_k, 0)
         for name in ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "repetition_penalty", "frequency_penalty",
