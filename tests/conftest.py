@@ -66,6 +66,32 @@ def qwen3_adapter(tmp_path_factory):
     return load_model(write_tiny_model(directory, seed=0, family="qwen3_vl"), DEVICE, DTYPE)
 
 
+# Where the tiny template's generation prompt ends, and Qwen3-VL-Thinking's: it opens the thinking,
+# or, with Qwen3's ``enable_thinking`` false, holds an empty one closed.
+GENERATION_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+THINKING_PROMPT = ("{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                   "enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def thinking_adapter(tmp_path_factory):
+    """The tiny Qwen3-VL as a thinking checkpoint: ``<think>`` and ``</think>`` in its vocabulary
+    (added tokens, not special ones, as in Qwen3's) and Qwen3-VL-Thinking's generation prompt."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    directory = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3-vl-thinking", seed=0,
+                                 family="qwen3_vl")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    assert GENERATION_PROMPT in tokenizer.chat_template
+    tokenizer.chat_template = tokenizer.chat_template.replace(GENERATION_PROMPT, THINKING_PROMPT)
+    model = AutoModelForImageTextToText.from_pretrained(directory)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return load_model(directory, DEVICE, DTYPE)
+
+
 @pytest.fixture(params=["tiny_adapter", "qwen3_adapter", "llava_adapter", "internvl_adapter"])
 def family_adapter(request):
     """The tiny model of each family, in turn."""

@@ -115,6 +115,32 @@ def test_an_answer_format_from_text_or_a_file_holds_the_answer(make_test_video, 
     assert "regex is not valid" in capsys.readouterr().err
 
 
+def test_a_reasoning_models_thinking_is_printed_apart_and_template_arguments_reach_its_template(
+        make_test_video, thinking_adapter, capsys):
+    path, _ = make_test_video(duration_s=2.0)
+    end = thinking_adapter.tokenizer.convert_tokens_to_ids("</think>")
+    sampled = dict(max_new_tokens=24, temperature=1.0, seed=4, logit_bias={end: 3}, reasoning_parser="qwen3")
+    flags = ["--model", thinking_adapter.name, "--fps", "2", "--max-new-tokens", "24", "--temperature", "1",
+             "--seed", "4", "--logit-bias", f"{end}=3", "--reasoning-parser", "qwen3"]
+    for kwargs in (None, {"enable_thinking": False}):
+        expected = Asker(thinking_adapter).ask(path, Conversation.of("What?", template_kwargs=kwargs),
+                                               sampling=SamplingConfig(fps=2), generation=GenerationConfig(**sampled))
+        given = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+        assert main(["ask", str(path), "What?", *flags, *given, "--json"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert (printed.get("reasoning"), printed["answer"]) == (expected.reasoning, expected.answer)
+        assert main(["ask", str(path), "What?", *flags, *given]) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == expected.answer and (expected.reasoning is None or expected.reasoning in err)
+    assert expected.reasoning is None   # thinking off in the template
+    for bad, said in (("[1]", "a JSON object is needed"), ("{", "not JSON")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ask", str(path), "What?", *flags, "--chat-template-kwargs", bad])
+        assert exit_info.value.code == 2 and said in capsys.readouterr().err
+    assert main(["ask", str(path), "What?", *flags, "--chat-template-kwargs", '{"tools": []}']) == 2
+    assert "may not set tools" in capsys.readouterr().err
+
+
 def test_probe_json(make_test_video, capsys):
     path, _ = make_test_video(fps=24, duration_s=2.0, gop=12)
     assert main(["probe", str(path), "--json"]) == 0

@@ -7,7 +7,7 @@ import json
 import sys
 
 from vidsight.api.options import (_float, add_feed_options, add_generation_options, add_prefill_options,
-                                  answer_format_settings, motion_note)
+                                  add_reasoning_option, answer_format_settings, motion_note)
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
 from vidsight.errors import ConfigError
@@ -26,6 +26,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--system", default=None, metavar="TEXT",
                      help="a system message before the question (default: the chat template's own, e.g. Qwen's "
                           "'You are a helpful assistant.')")
+    ask.add_argument("--chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                     help="further variables for the chat template, as a JSON object (vLLM's chat_template_kwargs; "
+                          "e.g. '{\"enable_thinking\": false}' for Qwen3's)")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
@@ -40,9 +43,20 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ask.add_argument("--meter-memory", action="store_true",
                      help="record prefill's peak tensor memory on the CPU too (slower; always on with CUDA)")
+    add_reasoning_option(ask)
     add_prefill_options(ask)
     add_feed_options(ask)
     ask.set_defaults(run=run_ask)
+
+
+def _json_object(value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {type(parsed).__name__}")
+    return parsed
 
 
 def run_ask(args) -> int:
@@ -50,7 +64,8 @@ def run_ask(args) -> int:
     from vidsight.engine.prefix_cache import PrefixCache
     from vidsight.models.conversation import Conversation
 
-    conversations = [Conversation.of(question, args.system) for question in args.question]   # refused before loading
+    conversations = [Conversation.of(question, args.system, args.chat_template_kwargs)   # refused before loading
+                     for question in args.question]
     shaped = args.answer_schema or args.answer_regex or args.answer_grammar
     if args.choices and (args.logprobs is not None or args.stop or shaped):
         raise ConfigError("--choices scores the answers given, each token's log probability included; "
@@ -83,6 +98,8 @@ def _answer(args, asker, video: str, conversations, sampling, generation, prefil
             for score in result.scores:
                 print(f"  {score.logprob:9.3f}  {score.text}{'  (greedy)' if score.greedy else ''}", file=sys.stderr)
         else:
+            if result.reasoning is not None:
+                print(f"[reasoning]\n{result.reasoning}\n[answer]", file=sys.stderr, flush=True)
             print(result.answer, flush=True)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())

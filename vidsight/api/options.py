@@ -172,6 +172,15 @@ def _logit_bias(value: str) -> tuple[str, str]:
     return token, bias   # checked with the config's other settings
 
 
+def add_reasoning_option(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--reasoning-parser``: a reasoning model's thinking given apart from its answer."""
+    from vidsight.engine.reasoning import REASONING_PARSERS
+
+    parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                        help="a reasoning model's thinking between <think> and </think> is given apart from the answer "
+                             "(as `reasoning`), and an answer format holds the answer after it only (vLLM's parsers)")
+
+
 def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("answer format (vLLM's structured outputs; one at most)")
     group.add_argument("--answer-schema", metavar="SCHEMA",

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
+from vidsight.api.options import add_reasoning_option
 from vidsight.errors import ConfigError
 
 
@@ -37,6 +38,7 @@ def add_run_batch_parser(commands, parents: list[argparse.ArgumentParser]) -> No
                        help="KV bytes of videos kept for later requests about the same video (0: off)")
     batch.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
                        help="prefill tokens per model step beside the running answers (default: the server's)")
+    add_reasoning_option(batch)
 
 
 def run_batch(args) -> int:
@@ -53,7 +55,8 @@ def run_batch(args) -> int:
                              model_name=args.served_model_name or args.model,
                              allowed_local_media_path=Path(args.allowed_local_media_path).resolve(),
                              db=Path(scratch) / "batch.db", max_concurrent=args.max_concurrent,
-                             prefix_cache_bytes=args.prefix_cache_bytes, max_prefill_tokens=args.max_prefill_tokens)
+                             prefix_cache_bytes=args.prefix_cache_bytes, max_prefill_tokens=args.max_prefill_tokens,
+                             reasoning_parser=args.reasoning_parser)
         with tqdm(total=len(lines), desc="requests", unit="req", disable=not sys.stderr.isatty()) as bar:
             results = asyncio.run(answer_batch(create_app(config), lines, args.max_concurrent, bar.update))
     text = "".join(json.dumps(result) + "\n" for result in results)

@@ -26,7 +26,7 @@ ASK_SETTINGS = {
     "ignore_eos": ("generation", "ignore_eos"), "stop": ("generation", "stop"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
     "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
-    "logit_bias": ("generation", "logit_bias"),
+    "logit_bias": ("generation", "logit_bias"), "reasoning_parser": ("generation", "reasoning_parser"),
 }
 WATCH_SETTINGS = {
     "window_s": ("windows", "window_s"), "stride": ("windows", "stride_fraction"), "fps": ("windows", "fps"),

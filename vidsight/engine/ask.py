@@ -14,6 +14,7 @@ from tqdm import tqdm
 from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.constrain import check_generation
+from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, TokenLogprob, answer_text, token_logprobs
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
@@ -47,6 +48,8 @@ class AskResult:
             as OpenAI names them.
         logprobs: Each generated token's log probability (`TokenLogprob`; an end token left out),
             when ``GenerationConfig.logprobs`` asked for them; else None.
+        reasoning: With ``GenerationConfig.reasoning_parser``, the thinking before the answer
+            (`engine.reasoning`; ``answer`` is then what follows it); None when it held none.
     """
 
     answer: str
@@ -54,10 +57,13 @@ class AskResult:
     stats: AskStats
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str | None = None
 
     def to_dict(self) -> dict:
         logprobs = {} if self.logprobs is None else {"logprobs": [t.to_dict() for t in self.logprobs]}
-        return {"answer": self.answer, "finish_reason": self.finish_reason, **logprobs, "stats": self.stats.to_dict()}
+        reasoning = {} if self.reasoning is None else {"reasoning": self.reasoning}
+        return {**reasoning, "answer": self.answer, "finish_reason": self.finish_reason, **logprobs,
+                "stats": self.stats.to_dict()}
 
 
 class AskInProgress(AnswerInProgress):
@@ -92,8 +98,11 @@ class AskInProgress(AnswerInProgress):
         clock.charge("generate", self._since)
         clock.stats.generated_tokens = len(ids)
         answer = self.answer
-        return AskResult(answer=answer_text(self.adapter.decode_text(ids), answer.config.stop), token_ids=ids,
-                         stats=clock.finish(), finish_reason="stop" if answer.stopped else "length",
+        reasoning, text = None, answer_text(self.adapter.decode_text(ids), answer.config.stop)
+        if answer.config.reasoning_parser is not None:
+            reasoning, text = REASONING_PARSERS[answer.config.reasoning_parser].split(text, bool(answer.starts_thinking))
+        return AskResult(answer=text, token_ids=ids, stats=clock.finish(), reasoning=reasoning,
+                         finish_reason="stop" if answer.stopped else "length",
                          logprobs=None if answer.config.logprobs is None else token_logprobs(self.adapter, answer))
 
 

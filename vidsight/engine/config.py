@@ -81,6 +81,9 @@ class GenerationConfig:
         logit_bias: ``(token id, bias)`` pairs (or OpenAI's mapping of ids, as text, to biases):
             each bias, -100 to 100, is added to its token's logit before the penalties and the
             choice (vLLM's order); -100 all but bans a token, 100 all but forces it.
+        reasoning_parser: A reasoning model's thinking tags, by vLLM's parser name (`engine.reasoning`):
+            the answer is parted into its reasoning and its content, and an answer format holds
+            the content only (the thinking before it is free, as vLLM's structured outputs leave it).
     """
 
     max_new_tokens: int = 128
@@ -98,9 +101,14 @@ class GenerationConfig:
     logprobs: int | None = None
     answer_format: AnswerFormat | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    reasoning_parser: str | None = None
 
     def __post_init__(self):
+        from vidsight.engine.reasoning import REASONING_PARSERS
+
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
         if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
             raise ConfigError(f"frequency_penalty and presence_penalty must be in [-2, 2], got "
                               f"{self.frequency_penalty} and {self.presence_penalty}")

@@ -13,6 +13,7 @@ import weakref
 import torch
 
 from vidsight.engine.config import AnswerFormat
+from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.errors import ConfigError, ModelError
 
 # Per tokenizer, its llguidance form by end tokens: built once (about a second for a 150,000-token
@@ -70,11 +71,13 @@ def format_tokenizer(adapter):
 
 
 def check_generation(adapter, generation) -> None:
-    """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, or
-    whose logit biases name tokens it does not have, before the video is read (the matcher itself
-    is made at the answer's first token)."""
+    """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, whose
+    thinking tags it lacks, or whose logit biases name tokens it does not have, before the video
+    is read (the matcher itself is made at the answer's first token)."""
     if generation.answer_format is not None:
         format_tokenizer(adapter)
+    if generation.reasoning_parser is not None:
+        REASONING_PARSERS[generation.reasoning_parser].tag_ids(adapter)
     unknown = [token for token, _ in generation.logit_bias if token >= len(adapter.tokenizer)]
     if unknown:
         raise ConfigError(f"logit_bias: {adapter.name} has no token {unknown[0]} (its ids run to "

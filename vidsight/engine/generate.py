@@ -11,6 +11,7 @@ import torch
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.constrain import FormatMatcher
+from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.sampling import TokenSampler
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
@@ -77,6 +78,8 @@ class Answer:
         stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
         cancelled: `cancel` ended it (every id chosen was fed to the cache).
         logprobs: With ``config.logprobs``, per chosen token ``(logprob, top ids, top logprobs)``.
+        starts_thinking: With ``config.reasoning_parser``, whether the answer began inside the
+            thinking (`ReasoningParser.thinking_at_start` of ``context``); known from the first token.
     """
 
     cache: KVStore
@@ -92,6 +95,7 @@ class Answer:
     stopped: bool = False
     cancelled: bool = False
     logprobs: list[tuple[float, list[int], list[float]]] = dataclasses.field(default_factory=list)
+    starts_thinking: bool | None = None
 
     def __post_init__(self):
         self._sampler = TokenSampler(self.config, self.logits.device)
@@ -107,6 +111,7 @@ class Answer:
         self._counted = 0
         self._format: FormatMatcher | None = None   # made at the first token, where the adapter is at hand
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None   # (ids, biases), made at the first token
+        self._thinking_ends: int | None = None   # the token that closes the thinking, while the answer is in it
 
     def choose(self, adapter: VLMAdapter) -> int:
         """Pick the next token from ``logits`` and record it; ends the answer at an end token, a stop
@@ -115,14 +120,19 @@ class Answer:
         if len(self.ids) < self.config.min_tokens:
             ends = torch.tensor(sorted(adapter.eos_token_ids), dtype=torch.long, device=logits.device)
             logits = logits.index_fill(0, ends, float("-inf"))
-        if self.config.answer_format is not None:
+        if self.config.reasoning_parser is not None and self.starts_thinking is None:
+            self._begin_reasoning(adapter)
+        formatting = self.config.answer_format is not None and self._thinking_ends is None
+        if formatting:
             if self._format is None:
                 self._format = FormatMatcher(adapter, self.config.answer_format)
             logits = logits.masked_fill(~self._format.allowed(len(logits), logits.device), float("-inf"))
         token = self._sampler(logits)
         self.ids.append(token)
-        if self._format is not None:
+        if formatting:
             self._format.accept(token)
+        elif token == self._thinking_ends:
+            self._thinking_ends = None   # the answer's content, and its format, start here
         if self.config.logprobs is not None:
             logprobs = torch.log_softmax(self.logits.float(), dim=-1)
             top = torch.topk(logprobs, self.config.logprobs)
@@ -133,6 +143,13 @@ class Answer:
         self.stopped = len(self.ids) >= self.config.min_tokens and (ended or self._stop_string(adapter))
         self.done = self.stopped or len(self.ids) == self.config.max_new_tokens
         return token
+
+    def _begin_reasoning(self, adapter: VLMAdapter) -> None:
+        parser = REASONING_PARSERS[self.config.reasoning_parser]
+        prompt = [] if self.context is None else self.context.tolist()
+        self.starts_thinking = parser.thinking_at_start(adapter, prompt)
+        if self.starts_thinking:
+            self._thinking_ends = parser.tag_ids(adapter)[1]
 
     def _penalised(self, adapter: VLMAdapter) -> torch.Tensor:
         """``logits`` under the penalties, in float32 as transformers and vLLM apply them: the

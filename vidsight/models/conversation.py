@@ -12,6 +12,11 @@ import dataclasses
 from vidsight.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
+# `apply_chat_template`'s own parameters, which a conversation's template arguments may not set.
+TEMPLATE_PARAMETERS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                 "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+                                 "truncation", "max_length", "return_tensors", "return_dict",
+                                 "return_assistant_tokens_mask", "tokenizer_kwargs"})
 MAX_QUESTION_CHARS = 20000
 # All the text of a conversation together (earlier turns included), so a prompt stays bounded.
 MAX_CONVERSATION_CHARS = 100000
@@ -66,11 +71,19 @@ class Conversation:
         messages: The turns in order: ``system``, ``user`` and ``assistant`` messages; the video is
             one part of one user message, anywhere in the conversation (a follow-up question
             comes after the answers to earlier ones).
+        template_kwargs: Further variables for the chat template (vLLM's ``chat_template_kwargs``,
+            e.g. Qwen3's ``enable_thinking``); a template ignores those it does not read.
     """
 
     messages: tuple[Message, ...]
+    template_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        if not isinstance(self.template_kwargs, dict) or not all(isinstance(k, str) for k in self.template_kwargs):
+            raise ConfigError("chat template arguments are a mapping of names to values")
+        reserved = sorted(TEMPLATE_PARAMETERS & set(self.template_kwargs))
+        if reserved:
+            raise ConfigError(f"chat template arguments may not set {', '.join(reserved)} (the conversation's own)")
         if not self.messages:
             raise ConfigError("a conversation needs at least one message")
         for message in self.messages:
@@ -92,14 +105,16 @@ class Conversation:
                               "are accepted")
 
     @classmethod
-    def of(cls, question: "str | Conversation", system: str | None = None) -> "Conversation":
+    def of(cls, question: "str | Conversation", system: str | None = None,
+           template_kwargs: dict | None = None) -> "Conversation":
         """``question`` as a conversation: one user turn, the video then the question (after
-        ``system``'s turn when given); a conversation as it is (its own system messages stand)."""
+        ``system``'s turn when given); a conversation as it is (its own system messages and
+        template arguments stand)."""
         if isinstance(question, Conversation):
             return question
         check_question(question)
         user = Message("user", (VIDEO_PART, question))
-        return cls((Message("system", (system,)), user) if system is not None else (user,))
+        return cls((Message("system", (system,)), user) if system is not None else (user,), template_kwargs or {})
 
     @property
     def question(self) -> str:

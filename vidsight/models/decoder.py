@@ -78,7 +78,8 @@ class Qwen2DecoderAdapter:
         def render(conversation: Conversation) -> str:
             try:
                 return self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
-                                                          add_generation_prompt=True, tokenize=False)
+                                                          add_generation_prompt=True, tokenize=False,
+                                                          **conversation.template_kwargs)
             except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
                 raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
 

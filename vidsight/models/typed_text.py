@@ -34,6 +34,19 @@ def plain_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
+def _client_texts(conversation: Conversation):
+    """Every text the client wrote: the messages', and those inside the template arguments."""
+    values = [message.text for message in conversation.messages] + [conversation.template_kwargs]
+    while values:
+        value = values.pop()
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            values.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            values.extend(value)
+
+
 def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversation], str],
                conversation: Conversation) -> list[int]:
     """The ids of ``render(conversation)`` (a chat template's text), the special-token strings the
@@ -46,7 +59,7 @@ def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversat
         conversation: What the client sent.
     """
     pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
-    if pattern is None or not any(pattern.search(message.text) for message in conversation.messages):
+    if pattern is None or not any(pattern.search(text) for text in _client_texts(conversation)):
         return tokenizer(render(conversation), add_special_tokens=False)["input_ids"]
     if not tokenizer.is_fast:
         raise ModelError("a special token's string in a message can only be read as text with a fast tokenizer")
@@ -60,9 +73,17 @@ def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversat
             return f"\ue000{nonce}:{len(typed) - 1}\ue001"
         return pattern.sub(one, text)
 
+    def marked_value(value):   # a template argument's texts are the client's too
+        if isinstance(value, str):
+            return mark(value)
+        if isinstance(value, dict):
+            return {key: marked_value(item) for key, item in value.items()}
+        return [marked_value(item) for item in value] if isinstance(value, (list, tuple)) else value
+
     marked = Conversation(tuple(Message(message.role, tuple(mark(part) if isinstance(part, str) else part
                                                             for part in message.parts))
-                                for message in conversation.messages))
+                                for message in conversation.messages),
+                          marked_value(conversation.template_kwargs))
     text, spans = _unmark(render(marked), nonce, typed)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, span = [], 0

@@ -400,3 +400,45 @@ def test_an_answer_format_holds_the_reply_in_each_of_its_spellings(make_local_se
         sampled = client.chat.completions.create(**request, n=3, temperature=1.5, extra_body={
             "mm_processor_kwargs": {"fps": 4.0}, "structured_outputs": {"regex": "(red|blue) [0-9]"}})
     assert all(re.fullmatch("(red|blue) [0-9]", choice.message.content) for choice in sampled.choices)
+
+
+def test_a_reasoning_models_thinking_comes_apart_from_its_answer(thinking_adapter, media, tmp_path):
+    """``--reasoning-parser``: each answer's thinking is ``reasoning`` (and vLLM's older
+    ``reasoning_content``), its content ``content``, as `ask` parts them; streamed, the reasoning
+    deltas join to the reasoning and the content deltas to the content; ``chat_template_kwargs``
+    reach the template (thinking off: all content)."""
+    from vidsight.api.serve import create_app
+    from vidsight.api.serve.background import serve_in_background
+
+    end = str(thinking_adapter.tokenizer.convert_tokens_to_ids("</think>"))
+    sampled = dict(max_new_tokens=24, temperature=1.0, logit_bias={end: 3}, reasoning_parser="qwen3")
+    off = {"enable_thinking": False}
+    expected = [Asker(thinking_adapter).ask(media / "clip.mp4", Conversation.of(QUESTION, template_kwargs=kwargs),
+                                            sampling=SamplingConfig(fps=4.0), generation=GenerationConfig(seed=seed, **sampled))
+                for seed, kwargs in ((4, None), (5, None), (4, off))]
+    assert all(e.reasoning and e.answer for e in expected[:2]) and expected[2].reasoning is None
+    config = ServeConfig(model="tiny", allowed_local_media_path=media, db=tmp_path / "serve.db", reasoning_parser="qwen3")
+    with serve_in_background(create_app(config, adapter=thinking_adapter)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        for e, seed, kwargs in zip(expected, (4, 5, 4), ({}, {}, {"chat_template_kwargs": off})):
+            request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=24,
+                           temperature=1.0, seed=seed, logit_bias={end: 3},
+                           extra_body={"mm_processor_kwargs": {"fps": 4.0}, **kwargs})
+            message = client.chat.completions.create(**request).choices[0].message.model_dump()
+            assert (message.get("reasoning"), message["content"]) == (e.reasoning, e.answer)
+            assert message.get("reasoning_content") == e.reasoning
+            deltas = [c.choices[0].delta.model_dump() for c in client.chat.completions.create(**request, stream=True)
+                      if c.choices]
+            assert "".join(d.get("reasoning") or "" for d in deltas) == (e.reasoning or "")
+            assert "".join(d["content"] or "" for d in deltas) == e.answer
+            assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+
+
+def test_a_reasoning_parser_for_a_model_without_think_tokens_is_refused_at_the_start(tiny_adapter, tmp_path):
+    from vidsight.api.serve.state import Server
+
+    config = ServeConfig(model="tiny", db=tmp_path / "serve.db", reasoning_parser="deepseek_r1")
+    with pytest.raises(ConfigError, match="reasoning-parser deepseek_r1: .* has no <think> token"):
+        Server(config, adapter=tiny_adapter).start()
+    with pytest.raises(ConfigError, match="unknown reasoning parser 'granite'"):
+        ServeConfig(model="tiny", db=tmp_path / "serve.db", reasoning_parser="granite")

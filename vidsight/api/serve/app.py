@@ -82,7 +82,7 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
             raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
                                     f"{config.served_name!r}")
         video, conversation = body.video_and_conversation()
-        sampling, generation, prefill = ask_configs(body.ask_options())
+        sampling, generation, prefill = ask_configs({**body.ask_options(), "reasoning_parser": config.reasoning_parser})
         choices = body.choices()
         if choices is not None:
             return await choose(server, body, video, conversation, sampling, prefill, choices)

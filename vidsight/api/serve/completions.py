@@ -19,9 +19,11 @@ import time
 from fastapi.responses import StreamingResponse
 
 from vidsight.api.serve.media import RequestError, video_file
-from vidsight.api.serve.openai_api import ChatCompletionRequest, chunk, completion, completion_id, usage_of
+from vidsight.api.serve.openai_api import (ChatCompletionRequest, chunk, completion, completion_id, reasoning_of,
+                                           usage_of)
 from vidsight.api.serve.state import Server
 from vidsight.api.serve.tenants import Tenant
+from vidsight.engine.reasoning import REASONING_PARSERS, ReasoningStream
 from vidsight.errors import ConfigError, VidsightError
 from vidsight.models.conversation import Conversation
 
@@ -97,7 +99,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
         if not body.stream:
             results = await asyncio.gather(*works)
             await exits.aclose()
-            return completion(request_id, name, [(r.answer, r.finish_reason, r.logprobs) for r in results],
+            return completion(request_id, name, [(r.reasoning, r.answer, r.finish_reason, r.logprobs) for r in results],
                               account(metrics, results, started, first))
         # The first piece (or a failure) comes before the response starts, so a bad video still
         # gets its HTTP status.
@@ -109,6 +111,19 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
         metrics.finished("error")
         raise
 
+    # With a reasoning parser, each answer's text parted into thinking and content as it streams
+    # (made at its first piece, when the answer knows whether it began in the thinking).
+    parts: list[ReasoningStream | None] = [None] * body.n
+
+    def deltas(index: int, text: str, final: bool = False) -> dict:
+        if generation.reasoning_parser is None:
+            return {"content": text} if text else {}
+        if parts[index] is None:
+            parts[index] = ReasoningStream(REASONING_PARSERS[generation.reasoning_parser],
+                                           bool(begun[index].answer.starts_thinking))
+        reasoning, content = parts[index].feed(text, final)
+        return {**reasoning_of(reasoning), **({"content": content} if content else {})}
+
     async def events():
         try:
             for index in range(body.n):
@@ -118,10 +133,16 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
                 index, kind, piece = pending.pop() if pending else await pieces.get()
                 if kind == "text":
                     text, logprobs = piece
-                    yield sse(chunk(request_id, name, {"content": text}, logprobs=logprobs, index=index))
+                    delta = deltas(index, text)
+                    if delta or logprobs:
+                        yield sse(chunk(request_id, name, delta, logprobs=logprobs, index=index))
                     continue
                 result = await works[index]
-                # The last tokens' log probabilities (text held back, then a stop string or nothing).
+                # What was held back (a tag's start), then the last tokens' log probabilities (text
+                # held back, then a stop string or nothing).
+                held = deltas(index, "", final=True) if begun[index] is not None else {}
+                if held:
+                    yield sse(chunk(request_id, name, held, index=index))
                 rest = None if result.logprobs is None else result.logprobs[sent[index]:]
                 yield sse(chunk(request_id, name, {}, result.finish_reason, logprobs=rest, index=index))
                 finished += 1
@@ -158,7 +179,7 @@ async def choose(server: Server, body: ChatCompletionRequest, video: str, conver
     usage = account(server.metrics, [result], started, [])
     usage.update(completion_tokens=len(best.tokens), total_tokens=usage["prompt_tokens"] + len(best.tokens))
     if not body.stream:
-        return completion(request_id, name, [(best.text, "stop", None)], usage)
+        return completion(request_id, name, [(None, best.text, "stop", None)], usage)
 
     async def events():
         yield sse(chunk(request_id, name, {"role": "assistant", "content": ""}))

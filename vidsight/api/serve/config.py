@@ -86,6 +86,9 @@ class ServeConfig:
             into oneDNN's blocked layout (`models.packed_linear`): decode steps of 8 answers about
             1.6x faster, one answer's about 13 % slower. Ignored elsewhere, and for a model handed
             to the server already loaded.
+        reasoning_parser: A reasoning model's thinking tags (`engine.reasoning`, vLLM's
+            ``--reasoning-parser``): each answer's thinking is given as ``reasoning``, its content as
+            ``content``, and an answer format holds the content only; None: answers as generated.
     """
 
     model: str
@@ -109,8 +112,13 @@ class ServeConfig:
     prefix_cache_host_bytes: int | None = None
     max_prefill_tokens: int | None = None
     packed_weights: bool = True
+    reasoning_parser: str | None = None
 
     def __post_init__(self):
+        from vidsight.engine.reasoning import REASONING_PARSERS
+
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
         if self.source_retries < 0 or not self.source_retry_window_s > 0:
             raise ConfigError("--source-retries must be 0 or more and --source-retry-window positive")
         check_keys(self.keys, "the API keys")

@@ -85,6 +85,7 @@ class ChatCompletionRequest(BaseModel):
     guided_grammar: str | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None   # vLLM's: further variables for the chat template
 
     def video_and_conversation(self) -> tuple[str, Conversation]:
         """The one video and the conversation around it (system messages, earlier turns, the
@@ -106,7 +107,7 @@ class ChatCompletionRequest(BaseModel):
         if len(videos) != 1:
             raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
         try:
-            return videos[0], Conversation(tuple(messages))
+            return videos[0], Conversation(tuple(messages), self.chat_template_kwargs or {})
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
 
@@ -171,13 +172,20 @@ def logprobs_of(entries: list | None) -> dict | None:
     return None if entries is None else {"content": [entry.to_dict() for entry in entries]}
 
 
-def completion(request_id: str, model: str, answers: list[tuple[str, str, list | None]], usage: dict) -> dict:
-    """OpenAI's chat completion of ``answers``, each ``(text, finish_reason, logprobs)``."""
+def completion(request_id: str, model: str, answers: list[tuple[str | None, str, str, list | None]],
+               usage: dict) -> dict:
+    """OpenAI's chat completion of ``answers``, each ``(reasoning, text, finish_reason, logprobs)``."""
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": index, "message": {"role": "assistant", **reasoning_of(reasoning), "content": text},
                          "finish_reason": finish_reason, "logprobs": logprobs_of(logprobs)}
-                        for index, (text, finish_reason, logprobs) in enumerate(answers)],
+                        for index, (reasoning, text, finish_reason, logprobs) in enumerate(answers)],
             "usage": usage}
+
+
+def reasoning_of(text: str | None) -> dict:
+    """An answer's thinking as vLLM gives it: ``reasoning``, and its older name ``reasoning_content``
+    (still read by many clients); nothing where there is none."""
+    return {} if not text else {"reasoning": text, "reasoning_content": text}
 
 
 def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,

@@ -49,12 +49,15 @@ class Server:
         from vidsight.engine import Asker
         from vidsight.engine.generate import DecodeBatch
         from vidsight.engine.prefix_cache import PrefixCache
+        from vidsight.engine.reasoning import REASONING_PARSERS
         from vidsight.engine.stats import peak_memory_bytes
         from vidsight.models import load_model
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device,
                                       packed_weights=self.config.packed_weights)
+        if self.config.reasoning_parser is not None:   # a model without its tags is refused at the start
+            REASONING_PARSERS[self.config.reasoning_parser].tag_ids(self.adapter)
         device = self.adapter.device
         prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
                         if self.config.prefix_cache_bytes else None)
