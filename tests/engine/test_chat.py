@@ -456,3 +456,22 @@ def test_sessions_pushed_together_in_shared_passes_answer_as_each_alone(tiny_ada
         a, b = (s.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=NEW_TOKENS)) for s in (mine, theirs))
         assert_same_answer(a.token_ids, a.logits, b.token_ids, b.logits)
         assert len(mine.patches) == len(theirs.patches)
+
+
+def test_a_thinking_models_answer_is_parted_as_asks(thinking_adapter, make_test_video):
+    """With a reasoning parser, a session's answer is parted into its thinking and its content as
+    `ask`'s is (`engine.reasoning`), the tokens being those chosen without the parser."""
+    from vidsight.engine.reasoning import REASONING_PARSERS
+
+    batch = sampled(make_test_video, VIDEOS[2])
+    end = thinking_adapter.tokenizer.convert_tokens_to_ids("</think>")
+    answers = []
+    for parser in (None, "qwen3"):
+        session = ChatSession(thinking_adapter, config=ChatConfig(fps=FPS))
+        session.push(as_frames(batch, 0, len(batch)))
+        answers.append(session.ask(QUESTIONS[0], GenerationConfig(max_new_tokens=24, temperature=1.0, seed=4,
+                                                                  logit_bias={end: 3}, reasoning_parser=parser)))
+    plain, parted = answers
+    assert parted.token_ids == plain.token_ids and end in plain.token_ids
+    assert (parted.reasoning, parted.answer) == REASONING_PARSERS["qwen3"].split(plain.answer, thinking=True)
+    assert parted.reasoning and parted.to_dict()["reasoning"] == parted.reasoning and plain.reasoning is None

@@ -16,6 +16,7 @@ import torch
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
 from vidsight.engine.prefill import Prefilled
+from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.score import ScoreResult, score_continuations
 from vidsight.engine.stats import ChatStats, StageClock
 from vidsight.kv.policies import Step
@@ -27,16 +28,19 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class ChatAnswer:
-    """An answer, its ids and its cost; ``logits`` are the first answer token's."""
+    """An answer, its ids and its cost; ``logits`` are the first answer token's; ``reasoning`` the
+    thinking before the answer, with ``GenerationConfig.reasoning_parser`` (as `AskResult`'s)."""
 
     question: str
     answer: str
     token_ids: list[int]
     stats: ChatStats
     logits: torch.Tensor = dataclasses.field(repr=False)
+    reasoning: str | None = None
 
     def to_dict(self) -> dict:
-        return {"time_s": self.stats.time_s, "question": self.question, "answer": self.answer,
+        reasoning = {} if self.reasoning is None else {"reasoning": self.reasoning}
+        return {"time_s": self.stats.time_s, "question": self.question, **reasoning, "answer": self.answer,
                 "stats": self.stats.to_dict()}
 
 
@@ -117,4 +121,8 @@ class ChatInProgress(AnswerInProgress):
         stats.question_bytes_moved = traffic.since(self.traffic_before).bytes_moved
         stats.copy_s = {way: round(seconds, 6) for way, seconds in traffic.copy_seconds.items()}
         stats.read_bytes, stats.whole_read_bytes = traffic.read_bytes, traffic.whole_read_bytes
-        return ChatAnswer(self.question, text, ids, stats, self.logits)
+        reasoning = None
+        if self.generation.reasoning_parser is not None:   # the dialogue kept holds the whole answer
+            reasoning, text = REASONING_PARSERS[self.generation.reasoning_parser].split(
+                text, bool(self.answer.starts_thinking))
+        return ChatAnswer(self.question, text, ids, stats, self.logits, reasoning)
