@@ -181,6 +181,26 @@ def add_reasoning_option(parser: argparse.ArgumentParser) -> None:
                              "(as `reasoning`), and an answer format holds the answer after it only (vLLM's parsers)")
 
 
+def add_tool_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags for ``"auto"`` tool choice (a request's named or required tool choice needs neither)."""
+    group = parser.add_argument_group("tool calls (OpenAI's tools; see the README)")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='let requests leave the choice of calling their tools to the model ("auto", the default '
+                            "when tools are given); needs --tool-call-parser")
+    group.add_argument("--tool-call-parser", choices=("hermes",), default=None,
+                       help="how the model writes a call: hermes, <tool_call>{\"name\": ..., \"arguments\": ...}"
+                            "</tool_call> (Qwen's templates)")
+
+
+def tool_call_parser(args: argparse.Namespace) -> str | None:
+    """The parser of the "auto" tool choice, given both its flags (as vLLM wants them)."""
+    from vidsight.errors import ConfigError
+
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ConfigError("--enable-auto-tool-choice and --tool-call-parser go together")
+    return args.tool_call_parser
+
+
 def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("answer format (vLLM's structured outputs; one at most)")
     group.add_argument("--answer-schema", metavar="SCHEMA",

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
-from vidsight.api.options import _float, add_reasoning_option
+from vidsight.api.options import _float, add_reasoning_option, add_tool_options, tool_call_parser
 
 
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -56,6 +56,7 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             "oneDNN's blocked layout, which decodes 8 answers together about 1.6x faster and one "
                             "answer about 13 %% slower")
     add_reasoning_option(serve)
+    add_tool_options(serve)
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="KV bytes of videos kept so a later completion about the same video (same bytes, "
                             "sampling and prefill settings, no KV pruning) prefills only its question; 0 turns it "
@@ -117,7 +118,7 @@ def serve_config(args):
                        batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes,
                        prefix_cache_host_bytes=args.prefix_cache_host_bytes,
                        max_prefill_tokens=args.max_prefill_tokens, packed_weights=not args.plain_weights,
-                       reasoning_parser=args.reasoning_parser)
+                       reasoning_parser=args.reasoning_parser, tool_call_parser=tool_call_parser(args))
 
 
 def ray_config(args):

@@ -8,10 +8,11 @@ what `ask` has always prompted with; the template adds its own default system tu
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from vidsight.errors import ConfigError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # `apply_chat_template`'s own parameters, which a conversation's template arguments may not set.
 TEMPLATE_PARAMETERS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
                                  "add_generation_prompt", "continue_final_message", "tokenize", "padding",
@@ -45,10 +46,20 @@ def check_question(question: str, what: str = "question") -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    """One turn: its role and its parts in order, each a text or `VIDEO_PART`."""
+    """One turn: its role and its parts in order, each a text or `VIDEO_PART`.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool`` (a function's result).
+        parts: Texts and the video.
+        tool_calls: An assistant's calls of the tools offered, each ``{"id", "type": "function",
+            "function": {"name", "arguments"}}`` (OpenAI's form; the arguments as JSON text).
+        tool_call_id: A tool message's: the call it answers.
+    """
 
     role: str
     parts: tuple[str | _Video, ...]
+    tool_calls: tuple[dict, ...] = ()
+    tool_call_id: str | None = None
 
     @property
     def text(self) -> str:
@@ -56,11 +67,25 @@ class Message:
 
     def template_form(self) -> dict:
         """The message as chat templates take it: text alone as a string (what every template
-        reads), a message with the video as a list of typed parts (what vision templates read)."""
-        if VIDEO_PART not in self.parts:
-            return {"role": self.role, "content": self.text}
-        return {"role": self.role, "content": [{"type": "video"} if part is VIDEO_PART else {"type": "text", "text": part}
-                                               for part in self.parts]}
+        reads), a message with the video as a list of typed parts (what vision templates read);
+        tool calls with their arguments as objects, as templates write them (and vLLM gives them)."""
+        content = self.text if VIDEO_PART not in self.parts else [
+            {"type": "video"} if part is VIDEO_PART else {"type": "text", "text": part} for part in self.parts]
+        form = {"role": self.role, "content": content}
+        if self.tool_calls:
+            form["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _arguments(call)}}
+                                  for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            form["tool_call_id"] = self.tool_call_id
+        return form
+
+
+def _arguments(call: dict):
+    arguments = call["function"].get("arguments")
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments   # not JSON: written as the client sent it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +98,13 @@ class Conversation:
             comes after the answers to earlier ones).
         template_kwargs: Further variables for the chat template (vLLM's ``chat_template_kwargs``,
             e.g. Qwen3's ``enable_thinking``); a template ignores those it does not read.
+        tools: The functions the model may call (OpenAI's ``tools``: ``{"type": "function",
+            "function": {"name", "description", "parameters"}}``), which the template lists.
     """
 
     messages: tuple[Message, ...]
     template_kwargs: dict = dataclasses.field(default_factory=dict)
+    tools: tuple[dict, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.template_kwargs, dict) or not all(isinstance(k, str) for k in self.template_kwargs):
@@ -96,10 +124,13 @@ class Conversation:
             raise ConfigError(f"a conversation holds exactly one video, not {len(videos)}")
         if videos[0][0] != "user":
             raise ConfigError(f"the video must be in a user message, not the {videos[0][0]}'s")
-        if self.messages[-1].role != "user":
-            raise ConfigError(f"the last message must be the user's, to answer, not the {self.messages[-1].role}'s")
-        check_question(self.messages[-1].text, "question (the last message's text)")
-        chars = sum(len(message.text) for message in self.messages)
+        if self.messages[-1].role not in ("user", "tool"):
+            raise ConfigError(f"the last message must be the user's (or a tool's result), to answer, not the "
+                              f"{self.messages[-1].role}'s")
+        if self.messages[-1].role == "user":
+            check_question(self.messages[-1].text, "question (the last message's text)")
+        chars = sum(len(message.text) + len(json.dumps(message.tool_calls)) for message in self.messages)
+        chars += len(json.dumps(self.tools)) if self.tools else 0
         if chars > MAX_CONVERSATION_CHARS:
             raise ConfigError(f"the conversation's text is {chars} characters; at most {MAX_CONVERSATION_CHARS} "
                               "are accepted")

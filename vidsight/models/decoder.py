@@ -79,6 +79,7 @@ class Qwen2DecoderAdapter:
             try:
                 return self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
                                                           add_generation_prompt=True, tokenize=False,
+                                                          tools=list(conversation.tools) or None,
                                                           **conversation.template_kwargs)
             except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
                 raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc

@@ -35,8 +35,9 @@ def plain_ids(tokenizer, text: str) -> list[int]:
 
 
 def _client_texts(conversation: Conversation):
-    """Every text the client wrote: the messages', and those inside the template arguments."""
-    values = [message.text for message in conversation.messages] + [conversation.template_kwargs]
+    """Every text the client wrote: the messages', and those in the template arguments, tools and calls."""
+    values = [[message.text, message.tool_calls, message.tool_call_id] for message in conversation.messages]
+    values += [conversation.template_kwargs, conversation.tools]
     while values:
         value = values.pop()
         if isinstance(value, str):
@@ -73,7 +74,7 @@ def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversat
             return f"\ue000{nonce}:{len(typed) - 1}\ue001"
         return pattern.sub(one, text)
 
-    def marked_value(value):   # a template argument's texts are the client's too
+    def marked_value(value):   # the texts of template arguments, tools and calls are the client's too
         if isinstance(value, str):
             return mark(value)
         if isinstance(value, dict):
@@ -81,9 +82,10 @@ def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversat
         return [marked_value(item) for item in value] if isinstance(value, (list, tuple)) else value
 
     marked = Conversation(tuple(Message(message.role, tuple(mark(part) if isinstance(part, str) else part
-                                                            for part in message.parts))
+                                                            for part in message.parts),
+                                        tuple(marked_value(message.tool_calls)), marked_value(message.tool_call_id))
                                 for message in conversation.messages),
-                          marked_value(conversation.template_kwargs))
+                          marked_value(conversation.template_kwargs), tuple(marked_value(conversation.tools)))
     text, spans = _unmark(render(marked), nonce, typed)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, span = [], 0

@@ -18,6 +18,7 @@ from vidsight.api.serve.openai_api import ChatCompletionRequest
 from vidsight.api.serve.session_routes import add_session_routes
 from vidsight.api.serve.state import Server
 from vidsight.api.serve.tenants import OPEN, Tenant, identify
+from vidsight.api.serve.tools import tool_choice
 from vidsight.api.serve.watch_routes import add_watch_routes
 from vidsight.api.settings import ask_configs
 from vidsight.errors import VidsightError
@@ -82,11 +83,14 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
             raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
                                     f"{config.served_name!r}")
         video, conversation = body.video_and_conversation()
-        sampling, generation, prefill = ask_configs({**body.ask_options(), "reasoning_parser": config.reasoning_parser})
+        tools = tool_choice(body.tools, body.tool_choice, config.tool_call_parser, body.parallel_tool_calls)
+        sampling, generation, prefill = ask_configs({**body.ask_options(tools), "reasoning_parser": config.reasoning_parser})
         choices = body.choices()
         if choices is not None:
+            if tools.mode != "none":
+                raise RequestError(400, "choice answers with one of the answers given, not with tool calls")
             return await choose(server, body, video, conversation, sampling, prefill, choices)
-        return await complete(server, tenant, body, video, conversation, sampling, generation, prefill)
+        return await complete(server, tenant, body, video, conversation, sampling, generation, prefill, tools)
 
     add_watch_routes(app, server, admitted, authorised)
     add_session_routes(app, server, admitted)

@@ -19,11 +19,11 @@ import time
 from fastapi.responses import StreamingResponse
 
 from vidsight.api.serve.media import RequestError, video_file
-from vidsight.api.serve.openai_api import (ChatCompletionRequest, chunk, completion, completion_id, reasoning_of,
-                                           usage_of)
+from vidsight.api.serve.deltas import StreamedAnswer, message_of
+from vidsight.api.serve.openai_api import ChatCompletionRequest, chunk, completion, completion_id, usage_of
 from vidsight.api.serve.state import Server
 from vidsight.api.serve.tenants import Tenant
-from vidsight.engine.reasoning import REASONING_PARSERS, ReasoningStream
+from vidsight.api.serve.tools import ToolChoice
 from vidsight.errors import ConfigError, VidsightError
 from vidsight.models.conversation import Conversation
 
@@ -46,9 +46,10 @@ def sse(data: dict) -> str:
 
 
 async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, video: str, conversation: Conversation,
-                   sampling, generation, prefill):
+                   sampling, generation, prefill, tools: ToolChoice):
     """Answer one chat completion (``body.n`` answers, which hold ``n`` of the server's places and
-    count as ``n`` of ``tenant``'s requests), streamed as OpenAI's chunks or whole."""
+    count as ``n`` of ``tenant``'s requests), streamed as OpenAI's chunks or whole; each answer's
+    tool calls read as ``tools`` says."""
     from vidsight.engine.generate import token_logprobs
 
     metrics, name, request_id = server.metrics, server.config.served_name, completion_id()
@@ -99,7 +100,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
         if not body.stream:
             results = await asyncio.gather(*works)
             await exits.aclose()
-            return completion(request_id, name, [(r.reasoning, r.answer, r.finish_reason, r.logprobs) for r in results],
+            return completion(request_id, name, [(*message_of(r, tools), r.logprobs) for r in results],
                               account(metrics, results, started, first))
         # The first piece (or a failure) comes before the response starts, so a bad video still
         # gets its HTTP status.
@@ -111,18 +112,15 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
         metrics.finished("error")
         raise
 
-    # With a reasoning parser, each answer's text parted into thinking and content as it streams
-    # (made at its first piece, when the answer knows whether it began in the thinking).
-    parts: list[ReasoningStream | None] = [None] * body.n
+    # Each answer's text as deltas (made at its first piece, when the answer knows whether it
+    # began in a reasoning model's thinking).
+    streamed: list[StreamedAnswer | None] = [None] * body.n
 
     def deltas(index: int, text: str, final: bool = False) -> dict:
-        if generation.reasoning_parser is None:
-            return {"content": text} if text else {}
-        if parts[index] is None:
-            parts[index] = ReasoningStream(REASONING_PARSERS[generation.reasoning_parser],
-                                           bool(begun[index].answer.starts_thinking))
-        reasoning, content = parts[index].feed(text, final)
-        return {**reasoning_of(reasoning), **({"content": content} if content else {})}
+        if streamed[index] is None:
+            streamed[index] = StreamedAnswer(tools, generation.reasoning_parser,
+                                             bool(begun[index].answer.starts_thinking))
+        return streamed[index].feed(text, final)
 
     async def events():
         try:
@@ -140,11 +138,12 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
                 result = await works[index]
                 # What was held back (a tag's start), then the last tokens' log probabilities (text
                 # held back, then a stop string or nothing).
-                held = deltas(index, "", final=True) if begun[index] is not None else {}
+                held = deltas(index, "", final=True)
                 if held:
                     yield sse(chunk(request_id, name, held, index=index))
                 rest = None if result.logprobs is None else result.logprobs[sent[index]:]
-                yield sse(chunk(request_id, name, {}, result.finish_reason, logprobs=rest, index=index))
+                yield sse(chunk(request_id, name, {}, streamed[index].finish_reason(result.finish_reason),
+                                logprobs=rest, index=index))
                 finished += 1
             usage = account(metrics, [work.result() for work in works], started, first)
             if (body.stream_options or {}).get("include_usage"):
@@ -179,7 +178,7 @@ async def choose(server: Server, body: ChatCompletionRequest, video: str, conver
     usage = account(server.metrics, [result], started, [])
     usage.update(completion_tokens=len(best.tokens), total_tokens=usage["prompt_tokens"] + len(best.tokens))
     if not body.stream:
-        return completion(request_id, name, [(None, best.text, "stop", None)], usage)
+        return completion(request_id, name, [({"role": "assistant", "content": best.text}, "stop", None)], usage)
 
     async def events():
         yield sse(chunk(request_id, name, {"role": "assistant", "content": ""}))

@@ -89,6 +89,9 @@ class ServeConfig:
         reasoning_parser: A reasoning model's thinking tags (`engine.reasoning`, vLLM's
             ``--reasoning-parser``): each answer's thinking is given as ``reasoning``, its content as
             ``content``, and an answer format holds the content only; None: answers as generated.
+        tool_call_parser: How the model writes tool calls, for requests that leave the choice of
+            calling to it (``tool_choice: "auto"``; `tools`); None refuses that choice, as vLLM
+            without ``--enable-auto-tool-choice`` does.
     """
 
     model: str
@@ -113,9 +116,14 @@ class ServeConfig:
     max_prefill_tokens: int | None = None
     packed_weights: bool = True
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
     def __post_init__(self):
+        from vidsight.api.serve.tools import TOOL_CALL_PARSERS
         from vidsight.engine.reasoning import REASONING_PARSERS
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"unknown tool call parser {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
 
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")

@@ -3,6 +3,7 @@ and ``video_url`` parts; vidsight's own settings in ``media_io_kwargs`` / ``mm_p
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.tools import ToolChoice
 from vidsight.api.settings import ASK_SETTINGS
 from vidsight.errors import ConfigError
 from vidsight.models.conversation import VIDEO_PART, Conversation, Message
@@ -45,7 +47,22 @@ class Part(BaseModel):
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[Part]
+    content: str | list[Part] | None = None   # None: an assistant's turn of tool calls only
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _filled(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant's message holds tool_calls")
+        for call in self.tool_calls or ():
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ValueError('a tool call is {"id": ..., "type": "function", "function": {"name": ..., '
+                                 '"arguments": ...}}')
+        return self
 
 
 class ChatCompletionRequest(BaseModel):
@@ -72,9 +89,11 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # OpenAI's answer formats (`formats`); tools are read only to be refused.
+    # OpenAI's answer formats (`formats`) and tools (`tools`).
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     logit_bias: dict[str, float] | None = None   # token id (as text) -> bias
     n: int = Field(default=1, ge=1, le=MAX_ANSWERS)
     # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
@@ -88,14 +107,13 @@ class ChatCompletionRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None   # vLLM's: further variables for the chat template
 
     def video_and_conversation(self) -> tuple[str, Conversation]:
-        """The one video and the conversation around it (system messages, earlier turns, the
-        question in the last user message); OpenAI's ``developer`` role is its ``system``."""
+        """The one video and the conversation around it (system messages, earlier turns and tool
+        calls, the question in the last user message or a tool's result in the last tool
+        message); OpenAI's ``developer`` role is its ``system``."""
         videos, messages = [], []
         for message in self.messages:
-            if message.role == "tool":
-                raise RequestError(400, "tool messages are not supported")
             role = "system" if message.role == "developer" else message.role
-            content = message.content
+            content = message.content or ""
             parts = [Part(type="text", text=content)] if isinstance(content, str) else content
             unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
             if unsupported:
@@ -103,11 +121,12 @@ class ChatCompletionRequest(BaseModel):
             if role != "user" and any(p.type == "video_url" for p in parts):
                 raise RequestError(400, f"the video must be in a user message, not the {message.role}'s")
             videos += [p.video_url.url for p in parts if p.type == "video_url"]
-            messages.append(Message(role, tuple(VIDEO_PART if p.type == "video_url" else p.text for p in parts)))
+            messages.append(Message(role, tuple(VIDEO_PART if p.type == "video_url" else p.text for p in parts),
+                                    tuple(message.tool_calls or ()), message.tool_call_id))
         if len(videos) != 1:
             raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
         try:
-            return videos[0], Conversation(tuple(messages), self.chat_template_kwargs or {})
+            return videos[0], Conversation(tuple(messages), self.chat_template_kwargs or {}, tuple(self.tools or ()))
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
 
@@ -129,8 +148,9 @@ class ChatCompletionRequest(BaseModel):
                                     "apply to generated answers")
         return choices
 
-    def ask_options(self) -> dict[str, Any]:
-        """The `ask` settings the request gives, by the CLI's names."""
+    def ask_options(self, tools: ToolChoice = ToolChoice("none")) -> dict[str, Any]:
+        """The `ask` settings the request gives, by the CLI's names (``tools``: how its answer
+        relates to its tools, `tool_choice`)."""
         given = dict((self.media_io_kwargs or {}).get("video", {}))
         unknown_io = sorted(set((self.media_io_kwargs or {})) - {"video"})
         given.update(self.mm_processor_kwargs or {})
@@ -146,8 +166,12 @@ class ChatCompletionRequest(BaseModel):
         options.update(format_settings(self.response_format, self.structured_outputs,
                                        {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
                                         "guided_grammar": self.guided_grammar}, choosing))
-        if self.tools:
-            raise RequestError(400, "tools are not supported; vidsight answers in free text")
+        if tools.schema is not None:
+            if any(key.startswith("answer_") for key in options):
+                raise RequestError(400, f"tool_choice {tools.mode} holds the answer to the calls; give no other "
+                                        "answer format")
+            # Compact: the calls are read, not shown, and a model cannot loop on white space.
+            options.update(answer_schema=json.dumps(tools.schema), compact_json=True)
         if self.logit_bias:
             options["logit_bias"] = self.logit_bias
         if self.top_k is not None:
@@ -172,20 +196,13 @@ def logprobs_of(entries: list | None) -> dict | None:
     return None if entries is None else {"content": [entry.to_dict() for entry in entries]}
 
 
-def completion(request_id: str, model: str, answers: list[tuple[str | None, str, str, list | None]],
-               usage: dict) -> dict:
-    """OpenAI's chat completion of ``answers``, each ``(reasoning, text, finish_reason, logprobs)``."""
+def completion(request_id: str, model: str, answers: list[tuple[dict, str, list | None]], usage: dict) -> dict:
+    """OpenAI's chat completion of ``answers``, each ``(message, finish_reason, logprobs)``."""
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "message": {"role": "assistant", **reasoning_of(reasoning), "content": text},
-                         "finish_reason": finish_reason, "logprobs": logprobs_of(logprobs)}
-                        for index, (reasoning, text, finish_reason, logprobs) in enumerate(answers)],
+            "choices": [{"index": index, "message": message, "finish_reason": finish_reason,
+                         "logprobs": logprobs_of(logprobs)}
+                        for index, (message, finish_reason, logprobs) in enumerate(answers)],
             "usage": usage}
-
-
-def reasoning_of(text: str | None) -> dict:
-    """An answer's thinking as vLLM gives it: ``reasoning``, and its older name ``reasoning_content``
-    (still read by many clients); nothing where there is none."""
-    return {} if not text else {"reasoning": text, "reasoning_content": text}
 
 
 def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
