@@ -113,7 +113,13 @@ def test_a_sessions_message_takes_the_completions_sampling_and_format_fields(mak
                 ({"response_format": {"type": "json_object"}, "temperature": 1.2, "seed": 5},
                  dict(answer_format=AnswerFormat("json_schema", '{"type": "object"}'), temperature=1.2, seed=5)),
                 ({"temperature": 0.9, "top_p": 0.8, "seed": 2, "stop": ["x"]},
-                 dict(temperature=0.9, top_p=0.8, seed=2, stop=("x",)))]
+                 dict(temperature=0.9, top_p=0.8, seed=2, stop=("x",))),
+                # The completion's other sampling fields (`SamplingFields`), which sessions share.
+                ({"temperature": 1.1, "top_k": 40, "min_p": 0.01, "min_tokens": 3, "seed": 4,
+                  "repetition_penalty": 1.2, "frequency_penalty": 0.5, "presence_penalty": 0.3,
+                  "logit_bias": {"101": 5.0}},
+                 dict(temperature=1.1, top_k=40, min_p=0.01, min_tokens=3, seed=4, repetition_penalty=1.2,
+                      frequency_penalty=0.5, presence_penalty=0.3, logit_bias={"101": 5.0}))]
     expected = []
     with ChatSession(tiny_adapter, config=ChatConfig(fps=2.0)) as chat:
         chat.push(StreamSource(media / "clip.mp4", fps=2.0))

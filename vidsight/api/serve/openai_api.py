@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.tools import ToolChoice
 from vidsight.api.settings import ASK_SETTINGS
 from vidsight.errors import ConfigError
@@ -65,8 +66,9 @@ class ChatMessage(BaseModel):
         return self
 
 
-class ChatCompletionRequest(BaseModel):
-    """The fields of OpenAI's chat completion request that vidsight reads; others are ignored."""
+class ChatCompletionRequest(SamplingFields):
+    """The fields of OpenAI's chat completion request that vidsight reads (its sampling fields in
+    `SamplingFields`); others are ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -76,17 +78,6 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)   # vLLM's extra sampling parameters; -1 (or 0) is off
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    min_tokens: int | None = Field(default=None, ge=0)
-    ignore_eos: bool | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # OpenAI's answer formats (`formats`) and tools (`tools`).
@@ -94,7 +85,6 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    logit_bias: dict[str, float] | None = None   # token id (as text) -> bias
     n: int = Field(default=1, ge=1, le=MAX_ANSWERS)
     # vLLM's ways to ask for one of given answers: structured outputs' ``choice`` (``guided_choice`` before it).
     structured_outputs: dict[str, Any] | None = None
@@ -172,14 +162,7 @@ class ChatCompletionRequest(BaseModel):
                                         "answer format")
             # Compact: the calls are read, not shown, and a model cannot loop on white space.
             options.update(answer_schema=json.dumps(tools.schema), compact_json=True)
-        if self.logit_bias:
-            options["logit_bias"] = self.logit_bias
-        if self.top_k is not None:
-            options["top_k"] = max(self.top_k, 0)
-        for name in ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "repetition_penalty", "frequency_penalty",
-                     "presence_penalty"):
-            if getattr(self, name) is not None:
-                options[name] = getattr(self, name)
+        options.update(self.sampling_options())
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError(422, "top_logprobs needs logprobs: true")
         if self.logprobs:

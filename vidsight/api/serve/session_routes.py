@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from vidsight.api.serve.formats import format_settings
+from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.tenants import Tenant
 
@@ -35,7 +36,7 @@ class SessionRequest(BaseModel):
                                        "moves to the server's --kv-disk, or is evicted")
 
 
-class MessageRequest(BaseModel):
+class MessageRequest(SamplingFields):
     """``POST /v1/sessions/{id}/messages``: a question, its answer's length, sampling and format
     (the chat completion's fields by the same names)."""
 
@@ -44,10 +45,6 @@ class MessageRequest(BaseModel):
     question: str = Field(min_length=1)
     max_tokens: int = Field(default=64, ge=1, le=32768)
     stream: bool = True
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
 
@@ -57,8 +54,7 @@ class MessageRequest(BaseModel):
 
         if "choice" in (self.structured_outputs or {}):
             raise RequestError(400, "a session's answer is generated; structured_outputs.choice is not supported here")
-        return generation_config({"max_new_tokens": self.max_tokens, "temperature": self.temperature,
-                                  "top_p": self.top_p, "seed": self.seed, "stop": self.stop,
+        return generation_config({"max_new_tokens": self.max_tokens, **self.sampling_options(),
                                   **format_settings(self.response_format, self.structured_outputs, {}, False)})
 
 
