@@ -336,3 +336,24 @@ def test_ask_decoding_flags_set_the_feed():
     args = build_parser().parse_args(["ask", "v.mp4", "q", "--decode-workers", "3", "--decode-all-frames",
                                       "--resize-after-decoding", "--oversubscribe"])
     assert feed_config(vars(args)) == FeedConfig(workers=3, trim_gops=False, resize_in_decoder=False, split_cores=False)
+
+
+def test_a_chat_template_given_replaces_the_checkpoints(make_test_video, tiny_adapter, tmp_path, capsys):
+    """``--chat-template``: the tiny template with another default system message answers as the
+    checkpoint's template given that message; a template without the video mark is refused."""
+    path, _ = make_test_video(duration_s=2.0)
+    system = "You watch a shop's camera."
+    default = "You are a helpful assistant."
+    assert default in tiny_adapter.chat_template
+    (tmp_path / "shop.jinja").write_text(tiny_adapter.chat_template.replace(default, system))
+    flags = ["--model", tiny_adapter.name, "--fps", "2", "--max-new-tokens", "8", "--json"]
+    assert main(["ask", str(path), "What?", *flags, "--system", system]) == 0
+    expected = json.loads(capsys.readouterr().out)["answer"]
+    assert main(["ask", str(path), "What?", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"] != expected   # the system message matters
+    assert main(["ask", str(path), "What?", *flags, "--chat-template", str(tmp_path / "shop.jinja")]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"] == expected
+    no_video = "{% for m in messages %}{{ m['content'] if m['content'] is string else '' }}{% endfor %}"
+    assert main(["ask", str(path), "What?", *flags, "--chat-template", no_video]) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template: it does not render a question about a video" in err and "0 video placeholders" in err

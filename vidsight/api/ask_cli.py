@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from vidsight.api.options import (_float, add_feed_options, add_generation_options, add_prefill_options,
-                                  add_reasoning_option, answer_format_settings, motion_note)
+from vidsight.api.options import (_float, add_chat_template_option, add_feed_options, add_generation_options,
+                                  add_prefill_options, add_reasoning_option, answer_format_settings, chat_template_of,
+                                  motion_note)
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
 from vidsight.errors import ConfigError
@@ -43,6 +44,7 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ask.add_argument("--meter-memory", action="store_true",
                      help="record prefill's peak tensor memory on the CPU too (slower; always on with CUDA)")
+    add_chat_template_option(ask)
     add_reasoning_option(ask)
     add_prefill_options(ask)
     add_feed_options(ask)
@@ -62,6 +64,7 @@ def _json_object(value: str) -> dict:
 def run_ask(args) -> int:
     from vidsight.engine import Asker
     from vidsight.engine.prefix_cache import PrefixCache
+    from vidsight.models import load_model
     from vidsight.models.conversation import Conversation
 
     conversations = [Conversation.of(question, args.system, args.chat_template_kwargs)   # refused before loading
@@ -73,7 +76,8 @@ def run_ask(args) -> int:
     sampling, generation, prefill = ask_configs(answer_format_settings(args))
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
-    asker = Asker(args.model, device=args.device, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
+    adapter = load_model(args.model, device=args.device, chat_template=chat_template_of(args))
+    asker = Asker(adapter, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
         _answer(args, asker, video, conversations, sampling, generation, prefill)
     return 0

@@ -9,8 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
-from vidsight.api.options import (_float, add_generation_options, add_policy_options, add_tier_options,
-                                  answer_format_settings, foreign_policy_flags, policy_settings)
+from vidsight.api.options import (_float, add_chat_template_option, add_generation_options, add_policy_options,
+                                  add_tier_options, answer_format_settings, chat_template_of, foreign_policy_flags,
+                                  policy_settings)
 from vidsight.api.sources import STDIN, live_source
 from vidsight.api.settings import chat_configs, generation_config
 from vidsight.errors import ConfigError
@@ -47,6 +48,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     chat.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
                       help="keep reading a growing file until idle this long")
     chat.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    add_chat_template_option(chat)
     chat.add_argument("--json", action="store_true", help="one JSON line per answer and progress report")
 
 
@@ -118,7 +120,7 @@ def run_chat(args) -> int:
     config, tiers = chat_configs(vars(args))
     policy = chat_policy(args)
     source = StreamSource(live_source(args.source), fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
-    with ChatSession(load_model(args.model, device=args.device), policy, config, tiers) as session:
+    with ChatSession(load_model(args.model, device=args.device, chat_template=chat_template_of(args)), policy, config, tiers) as session:
         return _converse(args, session, source, scheduled, generation)
 
 

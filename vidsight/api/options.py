@@ -172,6 +172,18 @@ def _logit_bias(value: str) -> tuple[str, str]:
     return token, bias   # checked with the config's other settings
 
 
+def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--chat-template``: a template in place of the checkpoint's."""
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
+                        help="a Jinja chat template used instead of the checkpoint's (a file, or the template's "
+                             "text), e.g. one that lists tools; it must place the model's video mark")
+
+
+def chat_template_of(args: argparse.Namespace) -> str | None:
+    """``--chat-template``'s template: its text, or the file's."""
+    return _text_or_file(args.chat_template)
+
+
 def add_reasoning_option(parser: argparse.ArgumentParser) -> None:
     """vLLM's ``--reasoning-parser``: a reasoning model's thinking given apart from its answer."""
     from vidsight.engine.reasoning import REASONING_PARSERS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vidsight.api.options import _float, add_motion_options, motion_note
+from vidsight.api.options import _float, add_chat_template_option, add_motion_options, chat_template_of, motion_note
 from vidsight.api.sources import live_source
 from vidsight.api.settings import watch_config
 
@@ -42,6 +42,7 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.add_argument("--follow", type=_float, default=None, metavar="IDLE_S",
                        help="keep reading a growing file (e.g. MPEG-TS being recorded) until idle this long")
     watch.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    add_chat_template_option(watch)
     watch.add_argument("--json", action="store_true", help="one JSON line per window and per alert")
     add_motion_options(watch, "prune patches whose motion stays under this many pixels")
 
@@ -69,7 +70,7 @@ def run_watch(args) -> int:
 
     config = watch_config(vars(args))
     source = config.open(live_source(args.source), realtime=args.realtime, follow_idle_s=args.follow)
-    watcher = Watcher(load_model(args.model, device=args.device), args.query, config)
+    watcher = Watcher(load_model(args.model, device=args.device, chat_template=chat_template_of(args)), args.query, config)
     for verdict in watcher.watch(source):
         for record in verdict_records(verdict, args.query):
             if args.json:

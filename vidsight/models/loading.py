@@ -76,7 +76,7 @@ SHAPE_PREFIX = "shape:"
 
 
 def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-               packed_weights: bool = False):
+               packed_weights: bool = False, chat_template: str | None = None):
     """Load a supported VLM and wrap it in its family's adapter.
 
     Args:
@@ -87,12 +87,21 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
         packed_weights: On a CPU in float32, reorder the linear weights into oneDNN's blocked
             layout (`packed_linear`: for decode steps of several answers, as a server runs them);
             elsewhere nothing changes.
+        chat_template: A Jinja chat template to use instead of the checkpoint's (vLLM's
+            ``--chat-template``: one that lists tools, say); it must place the family's video mark.
 
     Raises:
         ModelError: the directory is missing or not a checkpoint, the id cannot be fetched, or the
             model family is not supported.
+        ConfigError: ``chat_template`` does not render a question about a video.
     """
     adapter = _load(name, device, dtype)
+    if chat_template is not None:
+        adapter.chat_template = chat_template
+        try:
+            adapter.build_prompt("What happens?", 1)
+        except (ConfigError, ModelError) as exc:
+            raise ConfigError(f"--chat-template: it does not render a question about a video ({exc})") from None
     if packed_weights:
         pack_linear_weights(adapter.model)
     return adapter

@@ -151,8 +151,11 @@ def test_the_server_answers_with_tool_calls_as_ask_answers_under_their_format(to
     answered = ask(of=Conversation((*conversation.messages, Message("assistant", ("",), (result_turn[1]["tool_calls"][0],)),
                                     Message("tool", ("frame 3: the square is still",), tool_call_id="c1")),
                                    tools=(SEEK, ALERT)))
-    config = ServeConfig(model="tiny", allowed_local_media_path=media, db=tmp_path / "serve.db", tool_call_parser="hermes")
-    with serve_in_background(create_app(config, adapter=tool_adapter)) as url:
+    # The server loads the checkpoint with the tool template given (vLLM's --chat-template).
+    config = ServeConfig(model=tool_adapter.name, model_name="tiny", allowed_local_media_path=media,
+                         db=tmp_path / "serve.db", tool_call_parser="hermes", chat_template=TOOL_TEMPLATE,
+                         packed_weights=False)
+    with serve_in_background(create_app(config)) as url:
         client = OpenAI(base_url=f"{url}/v1", api_key="unused")
         request = dict(model="tiny", messages=messages, tools=[SEEK, ALERT], max_tokens=100)
         extra = {"mm_processor_kwargs": {"fps": 4.0}}

@@ -89,6 +89,8 @@ class ServeConfig:
         reasoning_parser: A reasoning model's thinking tags (`engine.reasoning`, vLLM's
             ``--reasoning-parser``): each answer's thinking is given as ``reasoning``, its content as
             ``content``, and an answer format holds the content only; None: answers as generated.
+        chat_template: A chat template used instead of the checkpoint's (its text; vLLM's
+            ``--chat-template``), for a model the server loads.
         tool_call_parser: How the model writes tool calls, for requests that leave the choice of
             calling to it (``tool_choice: "auto"``; `tools`); None refuses that choice, as vLLM
             without ``--enable-auto-tool-choice`` does.
@@ -117,6 +119,7 @@ class ServeConfig:
     packed_weights: bool = True
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self):
         from vidsight.api.serve.tools import TOOL_CALL_PARSERS

@@ -55,7 +55,7 @@ class Server:
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device,
-                                      packed_weights=self.config.packed_weights)
+                                      packed_weights=self.config.packed_weights, chat_template=self.config.chat_template)
         if self.config.reasoning_parser is not None:   # a model without its tags is refused at the start
             REASONING_PARSERS[self.config.reasoning_parser].tag_ids(self.adapter)
         device = self.adapter.device
