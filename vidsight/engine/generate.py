@@ -11,6 +11,7 @@ import torch
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.constrain import FormatMatcher
+from vidsight.engine.held_back import without_partial_mark
 from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.sampling import TokenSampler
 from vidsight.kv import TokenTable
@@ -28,10 +29,7 @@ def answer_text(text: str, stop: tuple[str, ...] = (), final: bool = True) -> st
         if at >= 0:
             text = text[:at]
     if not final:
-        for length in range(min(len(text), max(map(len, stop), default=1) - 1), 0, -1):
-            if any(end.startswith(text[-length:]) for end in stop):
-                text = text[:-length]
-                break
+        text = without_partial_mark(text, stop)
     return text.strip()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from vidsight.engine.held_back import without_partial_mark
 from vidsight.errors import ConfigError
 
 
@@ -62,16 +63,8 @@ class ReasoningParser:
         if at >= 0:
             return text[:at].strip(), text[at + len(self.end):].strip()
         if not final:
-            text = _without_tag_start(text, self.end)
+            text = without_partial_mark(text, (self.end,))
         return text.strip(), ""
-
-
-def _without_tag_start(text: str, tag: str) -> str:
-    """``text`` without a tail that is the start of ``tag``."""
-    for length in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-length:]):
-            return text[:-length]
-    return text
 
 
 REASONING_PARSERS = {name: ReasoningParser(name) for name in ("qwen3", "deepseek_r1")}

@@ -93,9 +93,10 @@ class Conversation:
     """Messages around exactly one video, ending with the user's turn to answer.
 
     Attributes:
-        messages: The turns in order: ``system``, ``user`` and ``assistant`` messages; the video is
-            one part of one user message, anywhere in the conversation (a follow-up question
-            comes after the answers to earlier ones).
+        messages: The turns in order: ``system``, ``user``, ``assistant`` and ``tool`` messages;
+            the video is one part of one user message, anywhere in the conversation (a follow-up
+            question comes after the answers to earlier ones); the last is the user's question
+            or a tool's result, which the answer follows.
         template_kwargs: Further variables for the chat template (vLLM's ``chat_template_kwargs``,
             e.g. Qwen3's ``enable_thinking``); a template ignores those it does not read.
         tools: The functions the model may call (OpenAI's ``tools``: ``{"type": "function",

@@ -23,6 +23,7 @@ import re
 import uuid
 
 from vidsight.api.serve.media import RequestError
+from vidsight.engine.held_back import without_partial_mark
 
 TOOL_CALL_PARSERS = ("hermes",)
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
@@ -74,12 +75,8 @@ class ToolChoice:
         if self.mode == "none":
             return text
         at = text.find(CALL_START)
-        if at >= 0:
-            return text[:at].rstrip()
-        for length in range(min(len(text), len(CALL_START) - 1), 0, -1):
-            if CALL_START.startswith(text[-length:]):
-                return text[:-length].rstrip()
-        return text.rstrip()   # white space before a call is not the content's
+        # White space before a call is not the content's.
+        return (text[:at] if at >= 0 else without_partial_mark(text, (CALL_START,))).rstrip()
 
     def finish_reason(self, calls: list[dict], finish_reason: str) -> str:
         """OpenAI's: ``tool_calls`` where the model chose to call (a call it was told to make ends as ``stop``)."""
