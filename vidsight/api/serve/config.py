@@ -127,7 +127,6 @@ class ServeConfig:
 
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigError(f"unknown tool call parser {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
-
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
         if self.source_retries < 0 or not self.source_retry_window_s > 0:

@@ -11,8 +11,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from vidsight.api.serve.formats import format_settings
-from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.media import RequestError
+from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.tenants import Tenant
 
 
