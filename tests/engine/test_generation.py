@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from vidsight.engine import Asker, GenerationConfig
-from vidsight.engine.generate import Answer, answer_text
+from vidsight.engine.generate import Answer
+from vidsight.engine.text_stream import answer_text
 from vidsight.engine.sampling import sampling_distribution
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig

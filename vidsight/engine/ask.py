@@ -15,7 +15,7 @@ from vidsight.engine.cores import CoreSplit
 from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.constrain import check_generation
 from vidsight.engine.reasoning import REASONING_PARSERS
-from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, TokenLogprob, answer_text, token_logprobs
+from vidsight.engine.generate import Answer, AnswerInProgress, TokenLogprob, token_logprobs
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
                                      prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
@@ -24,6 +24,7 @@ from vidsight.engine.request import Request
 from vidsight.engine.score import ScoreInProgress, ScoreResult, continuation_ids
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
+from vidsight.engine.text_stream import TextStream, answer_text
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from vidsight.engine.config import GenerationConfig
-from vidsight.engine.generate import Answer, AnswerInProgress, TextStream, answer_text
+from vidsight.engine.generate import Answer, AnswerInProgress
 from vidsight.engine.prefill import Prefilled
 from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.score import ScoreResult, score_continuations
 from vidsight.engine.stats import ChatStats, StageClock
+from vidsight.engine.text_stream import TextStream, answer_text
 from vidsight.kv.policies import Step
 from vidsight.kv.store import traffic_of
 

@@ -11,26 +11,12 @@ import torch
 from vidsight.engine.batch import Chunk, forward_packed
 from vidsight.engine.config import GenerationConfig
 from vidsight.engine.constrain import FormatMatcher
-from vidsight.engine.held_back import without_partial_mark
 from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.sampling import TokenSampler
 from vidsight.kv import TokenTable
 from vidsight.kv.policies import KVPolicy, Step
 from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
-
-
-def answer_text(text: str, stop: tuple[str, ...] = (), final: bool = True) -> str:
-    """An answer's decoded ``text`` as shown: up to the first of the ``stop`` strings, white space
-    stripped. Before the answer ends (not ``final``), also without a tail that may begin a stop
-    string, so text streamed out never holds one."""
-    for end in stop:
-        at = text.find(end)
-        if at >= 0:
-            text = text[:at]
-    if not final:
-        text = without_partial_mark(text, stop)
-    return text.strip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,24 +339,3 @@ def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_pos
     batch.add(answer)
     batch.run()
     return answer.ids
-
-
-class TextStream:
-    """A `generate` callback that hands ``on_text`` the text each token adds to the answer.
-
-    The pieces join to the final answer exactly (its surrounding white space stripped): white
-    space is held back until text follows it, a token that ends inside a character waits, and
-    `finish` hands over whatever was still held back.
-    """
-
-    def __init__(self, adapter: VLMAdapter, on_text: Callable[[str], None], stop: tuple[str, ...] = ()):
-        self.adapter, self.on_text, self.stop, self.shown = adapter, on_text, stop, ""
-
-    def __call__(self, ids: list[int], final: bool = False) -> None:
-        text = answer_text(self.adapter.decode_text(ids), self.stop, final)
-        if text.startswith(self.shown) and len(text) > len(self.shown) and (final or not text.endswith("\ufffd")):
-            self.on_text(text[len(self.shown):])
-            self.shown = text
-
-    def finish(self, ids: list[int]) -> None:
-        self(ids, final=True)

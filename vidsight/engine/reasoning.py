@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vidsight.engine.held_back import without_partial_mark
+from vidsight.engine.text_stream import without_partial_mark
 from vidsight.errors import ConfigError
 
 

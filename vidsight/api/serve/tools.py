@@ -23,7 +23,7 @@ import re
 import uuid
 
 from vidsight.api.serve.media import RequestError
-from vidsight.engine.held_back import without_partial_mark
+from vidsight.engine.text_stream import without_partial_mark
 
 TOOL_CALL_PARSERS = ("hermes",)
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
