@@ -103,6 +103,34 @@ def test_the_answers_sampling_flags_are_asks(make_test_video, tiny_model_dir, tm
     assert answer == expected.answer != greedy.answer
 
 
+def test_a_reasoning_models_thinking_is_printed_apart(make_test_video, thinking_adapter, tmp_path, capsys):
+    """``chat --reasoning-parser``: the session's answer parted as `ChatSession.ask` parts it, the
+    thinking on stderr (or ``reasoning`` with ``--json``), the content on stdout."""
+    from vidsight.engine import GenerationConfig
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.ingest.stream import StreamSource
+
+    video, _ = make_test_video(width=176, height=144, fps=24, duration_s=6.0, gop=12)
+    questions = write_questions(tmp_path / "q.jsonl", [{"time_s": 60.0, "question": "What colour is the square?"}])
+    end = thinking_adapter.tokenizer.convert_tokens_to_ids("</think>")
+    flags = ["chat", str(video), "--model", thinking_adapter.name, "--fps", "2", "--questions", str(questions),
+             "--max-new-tokens", "24", "--temperature", "1", "--seed", "4", "--logit-bias", f"{end}=3",
+             "--reasoning-parser", "qwen3"]
+    with ChatSession(thinking_adapter, config=ChatConfig(fps=2)) as session:
+        for frame in StreamSource(str(video), fps=2):
+            session.push([frame])
+        expected = session.ask("What colour is the square?", GenerationConfig(
+            max_new_tokens=24, temperature=1.0, seed=4, logit_bias={end: 3}, reasoning_parser="qwen3"))
+    assert expected.reasoning
+    assert main([*flags, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (record["reasoning"], record["answer"]) == (expected.reasoning, expected.answer)
+    assert main(flags) == 0
+    out, err = capsys.readouterr()
+    assert expected.answer and out.splitlines()[1] == expected.answer
+    assert expected.reasoning in err
+
+
 @pytest.mark.parametrize("content,message", [
     ('{"time_s": 1}\n', "q.jsonl:1"), ("not json\n", "q.jsonl:1"), ('{"time_s": -1, "question": "x"}\n', "time_s"),
     ('{"time_s": 1, "question": "x", "choices": ["a", ""]}\n', "choices"), ('[1]\n', "q.jsonl:1"),

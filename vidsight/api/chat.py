@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 from vidsight.api.options import (_float, add_chat_template_option, add_generation_options, add_policy_options,
-                                  add_tier_options, answer_format_settings, chat_template_of, foreign_policy_flags,
-                                  policy_settings)
+                                  add_reasoning_option, add_tier_options, answer_format_settings, chat_template_of,
+                                  foreign_policy_flags, policy_settings)
 from vidsight.api.sources import STDIN, live_source
 from vidsight.api.settings import chat_configs, generation_config
 from vidsight.errors import ConfigError
@@ -34,6 +34,7 @@ def add_chat_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_policy_options(chat)
     add_tier_options(chat)
     add_generation_options(chat)
+    add_reasoning_option(chat)
     chat.add_argument("--questions", default=None, metavar="FILE.jsonl",
                       help='{"time_s": ..., "question": ...} per line, with "choices": [...] to score those answers '
                            'instead of generating one (default: questions typed on stdin)')
@@ -120,7 +121,8 @@ def run_chat(args) -> int:
     config, tiers = chat_configs(vars(args))
     policy = chat_policy(args)
     source = StreamSource(live_source(args.source), fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
-    with ChatSession(load_model(args.model, device=args.device, chat_template=chat_template_of(args)), policy, config, tiers) as session:
+    adapter = load_model(args.model, device=args.device, chat_template=chat_template_of(args))
+    with ChatSession(adapter, policy, config, tiers) as session:
         return _converse(args, session, source, scheduled, generation)
 
 
@@ -152,6 +154,12 @@ def _converse(args, session, source, scheduled, generation) -> int:
             print(json.dumps({"type": "answer", **record}), flush=True)
             return
         print(f"[{session.time_s:8.1f} s] {question}", flush=True)
+        if generation.reasoning_parser is not None:   # the thinking apart, once the answer is whole
+            answered = session.ask(question, generation)
+            if answered.reasoning is not None:
+                print(f"[reasoning]\n{answered.reasoning}\n[answer]", file=sys.stderr, flush=True)
+            print(answered.answer, flush=True)
+            return
         session.ask(question, generation, on_text=lambda text: print(text, end="", flush=True))
         print(flush=True)
 
