@@ -5,8 +5,10 @@ reasoning model's tag, a tool call's), held back until it is known."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vidsight.models.base import VLMAdapter
+if TYPE_CHECKING:   # the command line reads `reasoning`, and so this module, without loading torch
+    from vidsight.models.base import VLMAdapter
 
 
 def without_partial_mark(text: str, marks) -> str:

@@ -141,3 +141,35 @@ def test_a_sessions_message_takes_the_completions_sampling_and_format_fields(mak
             refused = httpx.post(f"{url}/v1/sessions/{session_id}/messages", timeout=60,
                                  json={"question": QUESTION, "stream": False, **bad})
             assert refused.status_code == status and said in refused.json()["error"]["message"], refused.text
+
+
+def test_a_reasoning_models_session_answers_with_its_thinking_apart(thinking_adapter, media, tmp_path):
+    """On a server with ``--reasoning-parser``, a session's answer is parted as `ChatSession.ask`
+    parts it; streamed, its ``text`` events carry ``reasoning`` and ``content`` pieces joining to them."""
+    from vidsight.api.serve import ServeConfig, create_app
+    from vidsight.api.serve.background import serve_in_background
+
+    end = thinking_adapter.tokenizer.convert_tokens_to_ids("</think>")
+    fields = {"max_tokens": 24, "temperature": 1.0, "seed": 4, "logit_bias": {str(end): 3}}
+    with ChatSession(thinking_adapter, config=ChatConfig(fps=2.0)) as chat:
+        chat.push(StreamSource(media / "clip.mp4", fps=2.0))
+        expected = chat.ask(QUESTION, GenerationConfig(max_new_tokens=24, temperature=1.0, seed=4, logit_bias={end: 3},
+                                                       reasoning_parser="qwen3"))
+    assert expected.reasoning and expected.answer
+    config = ServeConfig(model="tiny", allowed_local_media_path=media, db=tmp_path / "serve.db", reasoning_parser="qwen3")
+    with serve_in_background(create_app(config, adapter=thinking_adapter)) as url:
+        session_id = httpx.post(f"{url}/v1/sessions", json={"source": "clip.mp4", "fps": 2.0}).json()["id"]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/sessions/{session_id}").json()["state"] == "reading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        whole = httpx.post(f"{url}/v1/sessions/{session_id}/messages", timeout=60,
+                           json={"question": QUESTION, "stream": False, **fields}).json()
+        with httpx.stream("POST", f"{url}/v1/sessions/{session_id}/messages", timeout=60,
+                          json={"question": QUESTION, **fields}) as response:
+            events = list(sse_events(response.iter_lines()))
+    assert (whole["reasoning"], whole["answer"]) == (expected.reasoning, expected.answer)
+    texts = [e["data"] for e in events if e["event"] == "text"]
+    assert "".join(t.get("reasoning", "") for t in texts) == expected.reasoning
+    assert "".join(t.get("content", "") for t in texts) == expected.answer
+    assert events[-1]["data"]["reasoning"] == expected.reasoning

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.tenants import Tenant
+from vidsight.engine.reasoning import REASONING_PARSERS, ReasoningStream
 
 
 class SessionRequest(BaseModel):
@@ -86,16 +88,29 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
     @app.post("/v1/sessions/{session_id}/messages")
     async def message(session_id: str, body: MessageRequest, tenant: Tenant = Depends(admitted)):
         session = _visible(server, session_id, tenant)
-        generation = body.generation()
+        generation = dataclasses.replace(body.generation(), reasoning_parser=server.config.reasoning_parser)
         loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
+        pieces: asyncio.Queue = asyncio.Queue()   # each piece's text event, as {"content"} or {"reasoning"}
+        tickets, begun, parted = [], [], []
 
-        tickets = []
+        def begin(on_text):
+            progress = yield from session.chat.asking(body.question, generation, on_text=on_text)
+            begun.append(progress)
+            return progress
+
+        def deltas(text: str, final: bool = False) -> list[dict]:
+            """A piece of the answer's text as text events (a reasoning model's thinking apart)."""
+            if generation.reasoning_parser is None:
+                return [{"content": text}] if text else []
+            if not parted:   # at the first piece, when the answer knows whether it began thinking
+                parted.append(ReasoningStream(REASONING_PARSERS[generation.reasoning_parser],
+                                              bool(begun[0].answer.starts_thinking)))
+            reasoning, content = parted[0].feed(text, final)
+            return ([{"reasoning": reasoning}] if reasoning else []) + ([{"content": content}] if content else [])
 
         async def answer(on_text=None):
             # Prefilled and generated beside other answers; the session takes no frames meanwhile.
-            result = await server.run_answer(lambda: session.chat.asking(body.question, generation, on_text=on_text),
-                                             tickets.append, client=session.id)
+            result = await server.run_answer(lambda: begin(on_text), tickets.append, client=session.id)
             record = result.to_dict()
             record["stats"]["frames_dropped"] = session.frames.dropped
             return record
@@ -122,9 +137,13 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
             try:
                 text = first
                 while text is not None:
-                    yield f"event: text\ndata: {json.dumps({'content': text})}\n\n"
+                    for event in deltas(text):
+                        yield f"event: text\ndata: {json.dumps(event)}\n\n"
                     text = await pieces.get()
-                yield f"event: answer\ndata: {json.dumps(await work)}\n\n"
+                record = await work
+                for event in deltas("", final=True) if begun else ():
+                    yield f"event: text\ndata: {json.dumps(event)}\n\n"
+                yield f"event: answer\ndata: {json.dumps(record)}\n\n"
             finally:
                 give_up(work)
 
