@@ -128,6 +128,33 @@ def test_ask_mode_answers_as_asker_and_cuts_at_the_tasks_stop_strings(tiny_model
     assert model.generate_until(requests)[0].text == results[0].text.split(stop, 1)[0]
 
 
+def test_the_prompt_arguments_reach_the_prompt(tiny_model_dir, synthetic_video, tmp_path):
+    """``system``, ``chat_template`` and ``chat_template_kwargs`` (as `ask`'s flags of those names)
+    shape the prompt of generated and scored answers alike; before, they were taken and ignored."""
+    from vidsight.models.conversation import Conversation
+
+    system = "You watch a shop's camera."
+    plain = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", fps=2)
+    template = plain.asker.adapter.chat_template
+    (tmp_path / "shop.jinja").write_text(template.replace("You are a helpful assistant.", system))
+    gen_kwargs = {"max_new_tokens": 6, "do_sample": False}
+    asker = Asker(plain.asker.adapter)
+    expected = asker.ask(synthetic_video, Conversation.of("What happens?", system), sampling=SamplingConfig(fps=2),
+                         generation=GenerationConfig(max_new_tokens=6))
+    choices = asker.score(synthetic_video, Conversation.of("What happens?", system), ["red"],
+                          sampling=SamplingConfig(fps=2)).scores[0]
+    answers = []
+    for arguments in ({}, {"system": system}, {"chat_template": str(tmp_path / "shop.jinja")},
+                      {"system": system, "chat_template_kwargs": '{"unused_by_this_template": 1}'}):
+        model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", fps=2, **arguments)
+        model.task_dict, requests = _requests(synthetic_video, ["What happens?"], gen_kwargs)
+        answers.append(model.generate_until(requests)[0].text)
+        scored = model.loglikelihood([_Request(args=("What happens?", "red", lambda doc: [doc["video"]], 0, "task",
+                                                     "test"))])[0].text
+        assert (scored == (-choices.logprob / len(choices.tokens), choices.greedy)) == bool(arguments)
+    assert answers[1:] == [expected.answer] * 3 != answers[:1]
+
+
 def test_loglikelihood_scores_each_choice_as_asker_does_one_prefill_per_question(tiny_model_dir, synthetic_video):
     model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu", rho=0.5, fps=2)
     docs = [{"video": synthetic_video, "choice": "blue"}]

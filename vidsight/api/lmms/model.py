@@ -20,11 +20,14 @@ from tqdm import tqdm
 
 from vidsight.api.chat import chat_policy
 from vidsight.api.lmms.settings import parse_model_args
+from vidsight.api.options import chat_template_of
 from vidsight.api.settings import ask_configs, chat_configs, feed_config, generation_config
 from vidsight.engine import Asker
 from vidsight.engine.config import DEFAULT_MODEL
 from vidsight.engine.score import ScoreResult
 from vidsight.errors import ConfigError
+from vidsight.models import load_model
+from vidsight.models.conversation import Conversation
 
 
 class VidsightLMM(lmms):
@@ -50,7 +53,8 @@ class VidsightLMM(lmms):
         self.settings = parse_model_args(settings)
         if self.settings.mode == "chat":
             chat_policy(self.settings.namespace())   # a flag of another policy fails here, not at the first request
-        self.asker = Asker(str(pretrained), device=device)
+        namespace = self.settings.namespace()
+        self.asker = Asker(load_model(str(pretrained), device=device, chat_template=chat_template_of(namespace)))
         self.stats_path = Path(stats_path) if stats_path else None
         self.request_stats: list[dict] = []   # one record per answered request, in order
 
@@ -120,12 +124,18 @@ class VidsightLMM(lmms):
             settings["temperature"] = 0.0
         return settings
 
+    def _conversation(self, question: str) -> Conversation:
+        """``ask`` mode's prompt: the question after the arguments' system message, with their
+        chat template arguments (a session's system message is its config's)."""
+        settings = self.settings.settings
+        return Conversation.of(question, settings.get("system"), settings.get("chat_template_kwargs"))
+
     def _answer(self, video: str, question: str, gen_kwargs: dict) -> dict:
         settings = self._settings_for(gen_kwargs)
         if self.settings.mode == "ask":
             sampling, generation, prefill = ask_configs(settings)
-            result = self.asker.ask(video, question, sampling=sampling, generation=generation, prefill=prefill,
-                                    feed=feed_config(settings))
+            result = self.asker.ask(video, self._conversation(question), sampling=sampling, generation=generation,
+                                    prefill=prefill, feed=feed_config(settings))
             stats = result.stats
             record = {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens}
         else:
@@ -142,8 +152,8 @@ class VidsightLMM(lmms):
         settings = self.settings.settings
         if self.settings.mode == "ask":
             sampling, _, prefill = ask_configs(settings)
-            return self.asker.score(video, question, continuations, sampling=sampling, prefill=prefill,
-                                    feed=feed_config(settings))
+            return self.asker.score(video, self._conversation(question), continuations, sampling=sampling,
+                                    prefill=prefill, feed=feed_config(settings))
         with self._streamed(video, settings) as session:
             return session.score(question, continuations)
 
