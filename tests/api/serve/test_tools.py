@@ -88,8 +88,9 @@ def test_calls_are_read_as_vllms_hermes_parser_reads_them():
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("alert", '{"level": "low"}')]
     _, calls = ToolChoice("auto", parallel=False).calls(WRITTEN)
     assert [c["function"]["name"] for c in calls] == ["seek"]   # the first call only
-    _, calls = ToolChoice("named", "seek").calls('{"t": 5}')
+    _, calls = ToolChoice("named", "seek").calls('{"t":5}')
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("seek", '{"t": 5}')]
+    assert ToolChoice("named", "seek").calls('{"t":') == ('{"t":', [])   # cut off at the limit
 
 
 @pytest.mark.parametrize("text", [WRITTEN, "Plain answer, no call", 'Hm <tool_call>\n{"name": "seek", "argu',
@@ -174,7 +175,8 @@ def test_the_server_answers_with_tool_calls_as_ask_answers_under_their_format(to
         choice = client.chat.completions.create(**request, tool_choice={"type": "function", "function": {"name": "seek"}},
                                                 extra_body=extra).choices[0]
         assert choice.finish_reason == "stop" and choice.message.content is None
-        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [("seek", named)]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+            ("seek", json.loads(named))]
         choice = client.chat.completions.create(**request, tool_choice="required", parallel_tool_calls=False,
                                                 extra_body=extra).choices[0]
         assert choice.finish_reason == "tool_calls"

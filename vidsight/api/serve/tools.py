@@ -50,13 +50,14 @@ class ToolChoice:
     def calls(self, text: str) -> tuple[str | None, list[dict]]:
         """``(content, tool_calls)`` of an answer's ``text``, in OpenAI's form; no calls where the
         text holds none that parse (the text is then the content, as vLLM's parser leaves it)."""
-        if self.mode == "named":
-            return None, [_call(self.name, text)]
-        if self.mode == "required":
-            try:
-                return None, [_call(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)]
-            except (ValueError, TypeError, KeyError):   # cut off at the length limit
-                return text, []
+        try:   # held answers: a call cut off at the length limit does not parse, and stays text
+            if self.mode == "named":
+                return None, [_call(self.name, json.dumps(json.loads(text), ensure_ascii=False))]
+            if self.mode == "required":
+                return None, [_call(call["name"], json.dumps(call["parameters"], ensure_ascii=False))
+                              for call in json.loads(text)]
+        except (ValueError, TypeError, KeyError):
+            return text, []
         if self.mode == "none" or CALL_START not in text:
             return text, []
         try:
