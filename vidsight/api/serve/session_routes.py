@@ -11,11 +11,12 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from vidsight.api.serve.deltas import StreamedAnswer
 from vidsight.api.serve.formats import format_settings
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.tenants import Tenant
-from vidsight.engine.reasoning import REASONING_PARSERS, ReasoningStream
+from vidsight.api.serve.tools import ToolChoice
 
 
 class SessionRequest(BaseModel):
@@ -100,13 +101,11 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
 
         def deltas(text: str, final: bool = False) -> list[dict]:
             """A piece of the answer's text as text events (a reasoning model's thinking apart)."""
-            if generation.reasoning_parser is None:
-                return [{"content": text}] if text else []
             if not parted:   # at the first piece, when the answer knows whether it began thinking
-                parted.append(ReasoningStream(REASONING_PARSERS[generation.reasoning_parser],
-                                              bool(begun[0].answer.starts_thinking)))
-            reasoning, content = parted[0].feed(text, final)
-            return ([{"reasoning": reasoning}] if reasoning else []) + ([{"content": content}] if content else [])
+                parted.append(StreamedAnswer(ToolChoice("none"), generation.reasoning_parser,
+                                             bool(begun[0].answer.starts_thinking)))
+            delta = parted[0].feed(text, final)
+            return [{key: delta[key]} for key in ("reasoning", "content") if key in delta]
 
         async def answer(on_text=None):
             # Prefilled and generated beside other answers; the session takes no frames meanwhile.
