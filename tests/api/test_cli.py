@@ -141,6 +141,21 @@ def test_a_reasoning_models_thinking_is_printed_apart_and_template_arguments_rea
     assert "may not set tools" in capsys.readouterr().err
 
 
+def test_on_a_terminal_the_answer_is_printed_as_it_is_generated(make_test_video, tiny_model_dir, capsys, monkeypatch):
+    """Standard output a terminal: the answer comes piece by piece (each flushed), and the pieces
+    are the answer `ask` prints whole elsewhere."""
+    path, _ = make_test_video(duration_s=2.0)
+    flags = ["ask", str(path), "What?", "--model", str(tiny_model_dir), "--fps", "2", "--max-new-tokens", "10"]
+    assert main(flags) == 0
+    whole = capsys.readouterr().out
+    writes = []
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdout.write", lambda text: writes.append(text) or len(text))
+    assert main(flags) == 0
+    pieces = [text for text in writes if text not in ("", "\n")]
+    assert "".join(writes) == whole and len(pieces) > 1
+
+
 def test_probe_json(make_test_video, capsys):
     path, _ = make_test_video(fps=24, duration_s=2.0, gop=12)
     assert main(["probe", str(path), "--json"]) == 0

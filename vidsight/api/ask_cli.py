@@ -86,13 +86,16 @@ def run_ask(args) -> int:
 def _answer(args, asker, video: str, conversations, sampling, generation, prefill) -> None:
     """Answer each of ``args.question`` (as ``conversations``) about ``video`` in turn, printing each answer."""
     progress = sys.stderr.isatty() and not args.json
+    # On a terminal the answer is printed as it is generated (a thinking model's once it is whole).
+    streamed = sys.stdout.isatty() and not args.json and not args.choices and generation.reasoning_parser is None
     for question, conversation in zip(args.question, conversations):
         if args.choices:
             result = asker.score(video, conversation, args.choices, sampling=sampling, prefill=prefill,
                                  feed=feed_config(vars(args)), progress=progress)
         else:
             result = asker.ask(video, conversation, sampling=sampling, generation=generation, prefill=prefill,
-                               feed=feed_config(vars(args)), progress=progress)
+                               feed=feed_config(vars(args)), progress=progress,
+                               on_text=(lambda text: print(text, end="", flush=True)) if streamed else None)
         if args.json:   # one object per question, a line each
             print(json.dumps({**({"question": question} if len(args.question) > 1 else {}), **result.to_dict()}),
                   flush=True)
@@ -104,7 +107,7 @@ def _answer(args, asker, video: str, conversations, sampling, generation, prefil
         else:
             if result.reasoning is not None:
                 print(f"[reasoning]\n{result.reasoning}\n[answer]", file=sys.stderr, flush=True)
-            print(result.answer, flush=True)
+            print("" if streamed else result.answer, flush=True)
         s = result.stats
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.stages_s.items())
         encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""

@@ -78,8 +78,9 @@ class AskInProgress(AnswerInProgress):
                  on_text: Callable[[str], None] | None = None):
         self.request = request
         self._stream = TextStream(adapter, on_text, generation.stop) if on_text is not None else None
-        self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok", disable=not request.progress,
-                         leave=False)
+        # Text streamed out shows the answer's progress itself (and a bar would break its lines).
+        self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok",
+                         disable=not request.progress or on_text is not None, leave=False)
         super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, generation,
                                          on_token=self._on_token, context=state.prompt_ids))
         self._since = request.clock.mark()
