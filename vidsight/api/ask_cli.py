@@ -8,7 +8,7 @@ import sys
 
 from vidsight.api.options import (_float, add_chat_template_option, add_feed_options, add_generation_options,
                                   add_prefill_options, add_reasoning_option, answer_format_settings, chat_template_of,
-                                  motion_note)
+                                  json_object, motion_note)
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config
 from vidsight.errors import ConfigError
@@ -27,7 +27,7 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--system", default=None, metavar="TEXT",
                      help="a system message before the question (default: the chat template's own, e.g. Qwen's "
                           "'You are a helpful assistant.')")
-    ask.add_argument("--chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+    ask.add_argument("--chat-template-kwargs", type=json_object, default=None, metavar="JSON",
                      help="further variables for the chat template, as a JSON object (vLLM's chat_template_kwargs; "
                           "e.g. '{\"enable_thinking\": false}' for Qwen3's)")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
@@ -49,16 +49,6 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     add_prefill_options(ask)
     add_feed_options(ask)
     ask.set_defaults(run=run_ask)
-
-
-def _json_object(value: str) -> dict:
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {type(parsed).__name__}")
-    return parsed
 
 
 def run_ask(args) -> int:

@@ -179,6 +179,26 @@ def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
                              "text), e.g. one that lists tools; it must place the model's video mark")
 
 
+def add_default_template_kwargs_option(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--default-chat-template-kwargs``, for a server's completions."""
+    parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
+                        help="chat template arguments every completion gets unless its own chat_template_kwargs set "
+                             "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
+
+
+def json_object(value: str) -> dict:
+    """A flag's JSON object."""
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {type(parsed).__name__}")
+    return parsed
+
+
 def chat_template_of(args: argparse.Namespace) -> str | None:
     """``--chat-template``'s template: its text, or the file's."""
     return _text_or_file(args.chat_template)

@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
-from vidsight.api.options import (add_chat_template_option, add_reasoning_option, add_tool_options, chat_template_of,
-                                  tool_call_parser)
+from vidsight.api.options import (add_chat_template_option, add_default_template_kwargs_option, add_reasoning_option,
+                                  add_tool_options, chat_template_of, tool_call_parser)
 from vidsight.errors import ConfigError
 
 
@@ -40,6 +40,7 @@ def add_run_batch_parser(commands, parents: list[argparse.ArgumentParser]) -> No
     batch.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
                        help="prefill tokens per model step beside the running answers (default: the server's)")
     add_chat_template_option(batch)
+    add_default_template_kwargs_option(batch)
     add_reasoning_option(batch)
     add_tool_options(batch)
 
@@ -60,7 +61,8 @@ def run_batch(args) -> int:
                              db=Path(scratch) / "batch.db", max_concurrent=args.max_concurrent,
                              prefix_cache_bytes=args.prefix_cache_bytes, max_prefill_tokens=args.max_prefill_tokens,
                              reasoning_parser=args.reasoning_parser, tool_call_parser=tool_call_parser(args),
-                             chat_template=chat_template_of(args))
+                             chat_template=chat_template_of(args),
+                             default_chat_template_kwargs=args.default_chat_template_kwargs)
         with tqdm(total=len(lines), desc="requests", unit="req", disable=not sys.stderr.isatty()) as bar:
             results = asyncio.run(answer_batch(create_app(config), lines, args.max_concurrent, bar.update))
     text = "".join(json.dumps(result) + "\n" for result in results)

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
-from vidsight.api.options import (_float, add_chat_template_option, add_reasoning_option, add_tool_options,
-                                  chat_template_of, tool_call_parser)
+from vidsight.api.options import (_float, add_chat_template_option, add_default_template_kwargs_option,
+                                  add_reasoning_option, add_tool_options, chat_template_of, tool_call_parser)
 
 
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -57,6 +57,7 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                             "oneDNN's blocked layout, which decodes 8 answers together about 1.6x faster and one "
                             "answer about 13 %% slower")
     add_chat_template_option(serve)
+    add_default_template_kwargs_option(serve)
     add_reasoning_option(serve)
     add_tool_options(serve)
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
@@ -121,7 +122,8 @@ def serve_config(args):
                        prefix_cache_host_bytes=args.prefix_cache_host_bytes,
                        max_prefill_tokens=args.max_prefill_tokens, packed_weights=not args.plain_weights,
                        reasoning_parser=args.reasoning_parser, tool_call_parser=tool_call_parser(args),
-                       chat_template=chat_template_of(args))
+                       chat_template=chat_template_of(args),
+                       default_chat_template_kwargs=args.default_chat_template_kwargs)
 
 
 def ray_config(args):

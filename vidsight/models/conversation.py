@@ -44,6 +44,16 @@ def check_question(question: str, what: str = "question") -> None:
         raise ConfigError(f"the {what} is {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
 
 
+def check_template_kwargs(kwargs) -> None:
+    """Refuse chat template arguments that are not a mapping of names, or that would set one of
+    `apply_chat_template`'s own parameters."""
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise ConfigError("chat template arguments are a mapping of names to values")
+    reserved = sorted(TEMPLATE_PARAMETERS & set(kwargs))
+    if reserved:
+        raise ConfigError(f"chat template arguments may not set {', '.join(reserved)} (the conversation's own)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Message:
     """One turn: its role and its parts in order, each a text or `VIDEO_PART`.
@@ -108,11 +118,7 @@ class Conversation:
     tools: tuple[dict, ...] = ()
 
     def __post_init__(self):
-        if not isinstance(self.template_kwargs, dict) or not all(isinstance(k, str) for k in self.template_kwargs):
-            raise ConfigError("chat template arguments are a mapping of names to values")
-        reserved = sorted(TEMPLATE_PARAMETERS & set(self.template_kwargs))
-        if reserved:
-            raise ConfigError(f"chat template arguments may not set {', '.join(reserved)} (the conversation's own)")
+        check_template_kwargs(self.template_kwargs)
         if not self.messages:
             raise ConfigError("a conversation needs at least one message")
         for message in self.messages:

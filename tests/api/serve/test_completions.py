@@ -1,6 +1,7 @@
 """OpenAI-compatible chat completions: the official client gets what `vidsight ask` answers."""
 
 import base64
+import dataclasses
 
 import pytest
 from openai import OpenAI
@@ -432,6 +433,17 @@ def test_a_reasoning_models_thinking_comes_apart_from_its_answer(thinking_adapte
             assert "".join(d.get("reasoning") or "" for d in deltas) == (e.reasoning or "")
             assert "".join(d["content"] or "" for d in deltas) == e.answer
             assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    # --default-chat-template-kwargs: thinking off unless a request turns it on again.
+    config = dataclasses.replace(config, default_chat_template_kwargs=off)
+    with serve_in_background(create_app(config, adapter=thinking_adapter)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        for e, kwargs in ((expected[2], {}), (expected[0], {"chat_template_kwargs": {"enable_thinking": True}})):
+            message = client.chat.completions.create(
+                model="tiny", messages=video_message(str(media / "clip.mp4")), max_tokens=24, temperature=1.0, seed=4,
+                logit_bias={end: 3}, extra_body={"mm_processor_kwargs": {"fps": 4.0}, **kwargs}).choices[0].message
+            assert (message.model_dump().get("reasoning"), message.content) == (e.reasoning, e.answer)
+    with pytest.raises(ConfigError, match="may not set tools"):
+        dataclasses.replace(config, default_chat_template_kwargs={"tools": []})
 
 
 def test_a_reasoning_parser_for_a_model_without_think_tokens_is_refused_at_the_start(tiny_adapter, tmp_path):

@@ -82,7 +82,7 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         if body.model is not None and body.model != config.served_name:
             raise RequestError(404, f"the model {body.model!r} does not exist here; this server serves "
                                     f"{config.served_name!r}")
-        video, conversation = body.video_and_conversation()
+        video, conversation = body.video_and_conversation(config.default_chat_template_kwargs)
         tools = tool_choice(body.tools, body.tool_choice, config.tool_call_parser, body.parallel_tool_calls)
         sampling, generation, prefill = ask_configs({**body.ask_options(tools), "reasoning_parser": config.reasoning_parser})
         choices = body.choices()

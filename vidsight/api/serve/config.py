@@ -91,6 +91,9 @@ class ServeConfig:
             ``content``, and an answer format holds the content only; None: answers as generated.
         chat_template: A chat template used instead of the checkpoint's (its text; vLLM's
             ``--chat-template``), for a model the server loads.
+        default_chat_template_kwargs: Chat template arguments every completion gets unless its own
+            ``chat_template_kwargs`` set them (vLLM's ``--default-chat-template-kwargs``), e.g.
+            ``{"enable_thinking": false}``.
         tool_call_parser: How the model writes tool calls, for requests that leave the choice of
             calling to it (``tool_choice: "auto"``; `tools`); None refuses that choice, as vLLM
             without ``--enable-auto-tool-choice`` does.
@@ -120,8 +123,12 @@ class ServeConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     chat_template: str | None = None
+    default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        from vidsight.models.conversation import check_template_kwargs
+
+        check_template_kwargs(self.default_chat_template_kwargs)
         from vidsight.api.serve.tools import TOOL_CALL_PARSERS
         from vidsight.engine.reasoning import REASONING_PARSERS
 

@@ -96,10 +96,11 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None   # vLLM's: further variables for the chat template
 
-    def video_and_conversation(self) -> tuple[str, Conversation]:
+    def video_and_conversation(self, default_template_kwargs: dict | None = None) -> tuple[str, Conversation]:
         """The one video and the conversation around it (system messages, earlier turns and tool
         calls, the question in the last user message or a tool's result in the last tool
-        message); OpenAI's ``developer`` role is its ``system``."""
+        message); OpenAI's ``developer`` role is its ``system``. The request's chat template
+        arguments go over ``default_template_kwargs`` (the server's)."""
         videos, messages = [], []
         for message in self.messages:
             role = "system" if message.role == "developer" else message.role
@@ -116,7 +117,8 @@ class ChatCompletionRequest(SamplingFields):
         if len(videos) != 1:
             raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
         try:
-            return videos[0], Conversation(tuple(messages), self.chat_template_kwargs or {}, tuple(self.tools or ()))
+            template_kwargs = {**(default_template_kwargs or {}), **(self.chat_template_kwargs or {})}
+            return videos[0], Conversation(tuple(messages), template_kwargs, tuple(self.tools or ()))
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
 
