@@ -42,6 +42,17 @@ def test_a_files_settings_parse_as_the_flags_do(settings_file):
     assert from_file["fps"] == 2.0 and from_file["stop"] == ["\n", "Q:"] and from_file["dedup_patches"]
 
 
+def test_a_mapping_gives_a_flag_taking_a_json_object(settings_file):
+    path = settings_file({"chat-template-kwargs": {"enable_thinking": False, "note": "a, b"}})
+    kwargs = {"enable_thinking": False, "note": "a, b"}
+    assert parsed(["ask", "v.mp4", "q", "--config", path]) == parsed(
+        ["ask", "v.mp4", "q", "--chat-template-kwargs", json.dumps(kwargs)])
+    assert parsed(["serve", "--config", settings_file({"default-chat-template-kwargs": kwargs})])[
+        "default_chat_template_kwargs"] == kwargs
+    with pytest.raises(ConfigError, match="'fps' takes a number or a text"):
+        parsed(["ask", "v.mp4", "q", "--config", settings_file({"fps": {"a": 1}})])
+
+
 def test_the_command_lines_flags_win(settings_file):
     path = settings_file(SETTINGS)
     args = parsed(["ask", "--fps", "4", "v.mp4", "q", "--config", path, "--stop=A", "--choices", "green"])

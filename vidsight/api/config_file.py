@@ -2,9 +2,10 @@
 
 ``fps: 2`` or ``max-new-tokens: 64`` (a flag's name without its dashes, or with underscores);
 ``true`` gives a switch (``dedup-patches: true``), a list gives a repeatable flag each value
-(``stop: ["\\n", "Q:"]``). The file's settings become flags ahead of the command line's, so every
-value is parsed and checked as the flag is, and a flag given on the command line wins (vLLM's
-``--config`` works the same way). Positional arguments (a video, a question) stay on the command
+(``stop: ["\\n", "Q:"]``), a mapping gives a flag taking a JSON object
+(``chat-template-kwargs: {enable_thinking: false}``). The file's settings become flags ahead of
+the command line's, so every value is parsed and checked as the flag is, and a flag given on the
+command line wins (vLLM's ``--config`` works the same way). Positional arguments (a video, a question) stay on the command
 line.
 """
 
@@ -15,6 +16,7 @@ import difflib
 import json
 from pathlib import Path
 
+from vidsight.api.options import json_object
 from vidsight.errors import ConfigError
 
 FLAG = "--config"
@@ -126,6 +128,8 @@ def _tokens(flag: str, action: argparse.Action, value, path: str, key) -> list[s
             raise ConfigError(f"{path}: {key!r} is one of {', '.join(map(str, action.choices))}, not {item!r}")
         return str(item)
 
+    if isinstance(value, dict) and action.type is json_object:   # a mapping for a flag taking a JSON object
+        return [flag, json.dumps(value)]
     if action.nargs == 0:   # a switch
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: {key!r} is a switch: true or false, not {value!r}")
