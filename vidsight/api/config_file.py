@@ -5,8 +5,8 @@
 (``stop: ["\\n", "Q:"]``), a mapping gives a flag taking a JSON object
 (``chat-template-kwargs: {enable_thinking: false}``). The file's settings become flags ahead of
 the command line's, so every value is parsed and checked as the flag is, and a flag given on the
-command line wins (vLLM's ``--config`` works the same way). Positional arguments (a video, a question) stay on the command
-line.
+command line wins (vLLM's ``--config`` works the same way). Positional arguments (a video, a
+question) stay on the command line.
 """
 
 from __future__ import annotations
