@@ -179,11 +179,20 @@ def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
                              "text), e.g. one that lists tools; it must place the model's video mark")
 
 
-def add_default_template_kwargs_option(parser: argparse.ArgumentParser) -> None:
-    """vLLM's ``--default-chat-template-kwargs``, for a server's completions."""
+def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
+    """How a server (`serve`, `run-batch`) renders prompts and reads answers, with vLLM's flags."""
+    add_chat_template_option(parser)
     parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
                         help="chat template arguments every completion gets unless its own chat_template_kwargs set "
                              "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
+    add_reasoning_option(parser)
+    add_tool_options(parser)
+
+
+def server_answer_settings(args: argparse.Namespace) -> dict:
+    """`add_server_answer_options`' flags as `ServeConfig` fields."""
+    return {"chat_template": chat_template_of(args), "default_chat_template_kwargs": args.default_chat_template_kwargs,
+            "reasoning_parser": args.reasoning_parser, "tool_call_parser": tool_call_parser(args)}
 
 
 def json_object(value: str) -> dict:

@@ -11,8 +11,7 @@ import tempfile
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
-from vidsight.api.options import (add_chat_template_option, add_default_template_kwargs_option, add_reasoning_option,
-                                  add_tool_options, chat_template_of, tool_call_parser)
+from vidsight.api.options import add_server_answer_options, server_answer_settings
 from vidsight.errors import ConfigError
 
 
@@ -39,10 +38,7 @@ def add_run_batch_parser(commands, parents: list[argparse.ArgumentParser]) -> No
                        help="KV bytes of videos kept for later requests about the same video (0: off)")
     batch.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
                        help="prefill tokens per model step beside the running answers (default: the server's)")
-    add_chat_template_option(batch)
-    add_default_template_kwargs_option(batch)
-    add_reasoning_option(batch)
-    add_tool_options(batch)
+    add_server_answer_options(batch)
 
 
 def run_batch(args) -> int:
@@ -60,9 +56,7 @@ def run_batch(args) -> int:
                              allowed_local_media_path=Path(args.allowed_local_media_path).resolve(),
                              db=Path(scratch) / "batch.db", max_concurrent=args.max_concurrent,
                              prefix_cache_bytes=args.prefix_cache_bytes, max_prefill_tokens=args.max_prefill_tokens,
-                             reasoning_parser=args.reasoning_parser, tool_call_parser=tool_call_parser(args),
-                             chat_template=chat_template_of(args),
-                             default_chat_template_kwargs=args.default_chat_template_kwargs)
+                             **server_answer_settings(args))
         with tqdm(total=len(lines), desc="requests", unit="req", disable=not sys.stderr.isatty()) as bar:
             results = asyncio.run(answer_batch(create_app(config), lines, args.max_concurrent, bar.update))
     text = "".join(json.dumps(result) + "\n" for result in results)

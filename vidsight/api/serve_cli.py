@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from vidsight.api.extras import require_extra
-from vidsight.api.options import (_float, add_chat_template_option, add_default_template_kwargs_option,
-                                  add_reasoning_option, add_tool_options, chat_template_of, tool_call_parser)
+from vidsight.api.options import _float, add_server_answer_options, server_answer_settings
 
 
 def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -56,10 +55,7 @@ def add_serve_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                        help="on a CPU, keep the large linear weights row-major instead of reordering them into "
                             "oneDNN's blocked layout, which decodes 8 answers together about 1.6x faster and one "
                             "answer about 13 %% slower")
-    add_chat_template_option(serve)
-    add_default_template_kwargs_option(serve)
-    add_reasoning_option(serve)
-    add_tool_options(serve)
+    add_server_answer_options(serve)
     serve.add_argument("--prefix-cache-bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES, metavar="N",
                        help="KV bytes of videos kept so a later completion about the same video (same bytes, "
                             "sampling and prefill settings, no KV pruning) prefills only its question; 0 turns it "
@@ -121,9 +117,7 @@ def serve_config(args):
                        batch_answers=not args.no_answer_batching, prefix_cache_bytes=args.prefix_cache_bytes,
                        prefix_cache_host_bytes=args.prefix_cache_host_bytes,
                        max_prefill_tokens=args.max_prefill_tokens, packed_weights=not args.plain_weights,
-                       reasoning_parser=args.reasoning_parser, tool_call_parser=tool_call_parser(args),
-                       chat_template=chat_template_of(args),
-                       default_chat_template_kwargs=args.default_chat_template_kwargs)
+                       **server_answer_settings(args))
 
 
 def ray_config(args):

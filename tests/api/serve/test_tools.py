@@ -10,6 +10,7 @@ from openai import OpenAI
 from vidsight.api.serve.deltas import StreamedAnswer, message_of
 from vidsight.api.serve.media import RequestError
 from vidsight.api.serve.tools import ToolChoice, tool_choice
+from vidsight.errors import ConfigError
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.engine.ask import AskResult
 from vidsight.engine.config import AnswerFormat
@@ -201,3 +202,22 @@ def test_the_server_answers_with_tool_calls_as_ask_answers_under_their_format(to
 
         refused = httpx.post(f"{url}/v1/chat/completions", json={**request, "messages": messages}, timeout=60)
     assert refused.status_code == 400 and "--enable-auto-tool-choice" in refused.json()["error"]["message"]
+
+
+def test_the_servers_answer_flags_give_its_config(tmp_path):
+    """`serve`'s (and `run-batch`'s) chat template, template defaults, reasoning and tool flags."""
+    from vidsight.api.cli import build_parser
+    from vidsight.api.serve_cli import serve_config
+
+    (tmp_path / "tools.jinja").write_text(TOOL_TEMPLATE)
+    flags = ["--chat-template", str(tmp_path / "tools.jinja"), "--default-chat-template-kwargs",
+             '{"enable_thinking": false}', "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
+             "--tool-call-parser", "hermes"]
+    config = serve_config(build_parser().parse_args(["serve", "--model", "tiny", *flags]))
+    assert (config.chat_template, config.default_chat_template_kwargs, config.reasoning_parser,
+            config.tool_call_parser) == (TOOL_TEMPLATE, {"enable_thinking": False}, "qwen3", "hermes")
+    batch = build_parser().parse_args(["run-batch", "-i", "in.jsonl", "-o", "out.jsonl", *flags])
+    assert (batch.chat_template, batch.reasoning_parser, batch.tool_call_parser) == (
+        str(tmp_path / "tools.jinja"), "qwen3", "hermes")
+    with pytest.raises(ConfigError, match="--enable-auto-tool-choice and --tool-call-parser go together"):
+        serve_config(build_parser().parse_args(["serve", "--model", "tiny", "--enable-auto-tool-choice"]))
