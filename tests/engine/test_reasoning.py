@@ -111,3 +111,48 @@ def test_a_model_without_think_tokens_is_refused_before_the_video_is_read(tiny_a
                                 generation=GenerationConfig(reasoning_parser="qwen3"))
     with pytest.raises(ConfigError, match="unknown reasoning parser 'r1'; known: qwen3, deepseek_r1"):
         GenerationConfig(reasoning_parser="r1")
+
+
+def test_a_scored_prompt_closes_the_thinking_its_template_opens(thinking_adapter, tiny_adapter):
+    """Given answers (choices, a watch's Yes) are scored as the answer itself: after an empty,
+    closed thinking block, which is the thinking template's own prompt with thinking off; a
+    prompt that opens none, or a model without the tags, is unchanged."""
+    off = Conversation.of(QUESTION, template_kwargs={"enable_thinking": False})
+    scored = thinking_adapter.build_prompt(Conversation.of(QUESTION).scored(), 4).input_ids.tolist()
+    assert scored == thinking_adapter.build_prompt(off, 4).input_ids.tolist()
+    assert thinking_adapter.tokenizer.decode(scored).endswith("assistant\n<think>\n\n</think>\n\n")
+    assert thinking_adapter.build_prompt(off.scored(), 4).input_ids.tolist() == scored
+    for conversation in (Conversation.of(QUESTION), Conversation.of(QUESTION).scored()):
+        assert (tiny_adapter.build_prompt(conversation, 4).input_ids.tolist()
+                == tiny_adapter.build_prompt(QUESTION, 4).input_ids.tolist())
+
+
+def test_ask_chat_and_watch_score_a_thinking_model_after_its_thinking_closes(thinking_adapter, make_test_video):
+    """`Asker.score` equals scoring after the template's own thinking-off prompt; a chat session
+    scores as `ask` on the same frames; a watch's window prompt is a scored one."""
+    from vidsight.engine.chat import ChatConfig, ChatSession
+    from vidsight.engine.watch import WatchConfig, Watcher
+    from vidsight.ingest.windows import WindowConfig
+    from vidsight.ingest.stream import StreamSource
+
+    path, _ = make_test_video(width=176, height=144, duration_s=3.0, bframes=False)
+    asker, choices = Asker(thinking_adapter), ["red", "a blue square"]
+    scored = asker.score(path, QUESTION, choices, sampling=SAMPLING).scores
+    off = asker.score(path, Conversation.of(QUESTION, template_kwargs={"enable_thinking": False}), choices,
+                      sampling=SAMPLING).scores
+    assert [s.logprob for s in scored] == [s.logprob for s in off]
+    with ChatSession(thinking_adapter, config=ChatConfig(fps=SAMPLING.fps)) as session:
+        for frame in StreamSource(str(path), fps=SAMPLING.fps):
+            session.push([frame])
+        chat = session.score(QUESTION, choices).scores
+    assert [s.logprob for s in chat] == pytest.approx([s.logprob for s in scored], abs=1e-3)
+    rendered = []
+    original = thinking_adapter.build_prompt
+    watcher = Watcher(thinking_adapter, QUESTION, WatchConfig(WindowConfig(window_s=1.0, fps=SAMPLING.fps)))
+    thinking_adapter.build_prompt = lambda conversation, tokens: rendered.append(conversation) or original(
+        conversation, tokens)
+    try:
+        next(iter(watcher.watch(StreamSource(str(path), fps=SAMPLING.fps))))
+    finally:
+        del thinking_adapter.build_prompt
+    assert rendered and all(conversation.closes_thinking for conversation in rendered)

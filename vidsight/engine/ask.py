@@ -235,7 +235,7 @@ class Asker:
         runs other clients' work between its prefill groups, then scores it in its decode batch."""
         # A bad continuation fails here, before the video is decoded.
         longest = max(len(ids) for ids in continuation_ids(self.adapter, continuations))
-        question = Conversation.of(question)
+        question = Conversation.of(question).scored()
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
 
         def steps():

@@ -289,21 +289,23 @@ class ChatSession:
             ConfigError: no continuations, one without tokens, or what `ask` refuses.
         """
         longest = max(len(ids) for ids in continuation_ids(self.adapter, continuations))
-        return self.begin(question, GenerationConfig(max_new_tokens=longest)).score(continuations)
+        return self.begin(question, GenerationConfig(max_new_tokens=longest), scored=True).score(continuations)
 
     def begin(self, question: str, generation: GenerationConfig = GenerationConfig(),
-              on_text: Callable[[str], None] | None = None) -> ChatInProgress:
+              on_text: Callable[[str], None] | None = None, scored: bool = False) -> ChatInProgress:
         """`ask` up to its answer: the question prefilled, the answer to generate (alone, or with
-        others' by `generate_together`). The session takes no frames until it is finished."""
-        return run_to_end(self.asking(question, generation, on_text), self.adapter)
+        others' by `generate_together`), or with ``scored`` given answers to score
+        (`Conversation.closes_thinking`). The session takes no frames until it is finished."""
+        return run_to_end(self.asking(question, generation, on_text, scored), self.adapter)
 
     def asking(self, question: str, generation: GenerationConfig = GenerationConfig(),
-               on_text: Callable[[str], None] | None = None) -> Preemptible[ChatInProgress]:
+               on_text: Callable[[str], None] | None = None, scored: bool = False) -> Preemptible[ChatInProgress]:
         """`ask` as preemptible work (`steps`): it yields the question's chunk for the language
         model and gives the answer to generate, so a server prefills the question beside other
         sequences and generates the answer in its decode batch. The session takes no frames
         until the answer is finished."""
         conversation = Conversation.of(question, self.config.system)   # refused before anything is done
+        conversation = conversation.scored() if scored else conversation
         check_generation(self.adapter, generation)
         self._check_idle()
         drive(self._flushing(), self.adapter)

@@ -14,6 +14,7 @@ import dataclasses
 
 from vidsight.engine.text_stream import without_partial_mark
 from vidsight.errors import ConfigError
+from vidsight.models.conversation import THINK_TAGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +28,8 @@ class ReasoningParser:
     """
 
     name: str
-    start: str = "<think>"
-    end: str = "</think>"
+    start: str = THINK_TAGS[0]
+    end: str = THINK_TAGS[1]
 
     def tag_ids(self, adapter) -> tuple[int, int]:
         """The ids of the two tags in ``adapter``'s vocabulary; refused where the model has no

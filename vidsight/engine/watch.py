@@ -35,7 +35,7 @@ from vidsight.vision import preprocess_video
 from vidsight.vision.motion import MotionMasker, MotionPruneConfig, check_prunable, group_mask
 from vidsight.kv.store import KVStore
 from vidsight.models.base import VLMAdapter
-from vidsight.models.conversation import check_question
+from vidsight.models.conversation import Conversation, check_question
 
 # full-comp: recompute every window. anchors: CodecSight's selective refresh. reuse: no refresh.
 # deviation: CacheBlend's most-deviating tokens. all: refresh every reused token (exact; for tests).
@@ -301,7 +301,7 @@ class Watcher:
         plan = plan_video(adapter, len(frames), *batch.data.shape[1:3])
         with clock.stage("preprocess"):
             keep = self._keep(frames, plan.grid_thw)
-        prompt = build_video_prompt(adapter, self.query, plan, batch.indices, batch.pts_s, self.config.windows.fps,
+        prompt = build_video_prompt(adapter, Conversation.of(self.query).scored(), plan, batch.indices, batch.pts_s, self.config.windows.fps,
                                     keep.reshape(-1) if keep is not None else None)
         ids, video_start = prompt.ids, prompt.video_start
         patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None

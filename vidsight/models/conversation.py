@@ -13,6 +13,8 @@ import json
 from vidsight.errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool")
+# The tags around a reasoning model's thinking (Qwen3's, DeepSeek-R1's).
+THINK_TAGS = ("<think>", "</think>")
 # `apply_chat_template`'s own parameters, which a conversation's template arguments may not set.
 TEMPLATE_PARAMETERS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
                                  "add_generation_prompt", "continue_final_message", "tokenize", "padding",
@@ -111,11 +113,16 @@ class Conversation:
             e.g. Qwen3's ``enable_thinking``); a template ignores those it does not read.
         tools: The functions the model may call (OpenAI's ``tools``: ``{"type": "function",
             "function": {"name", "description", "parameters"}}``), which the template lists.
+        closes_thinking: A thinking block the template's generation prompt opens (a reasoning
+            model's ``<think>``) is closed, empty, at the prompt's end (Qwen3's form with thinking
+            off), so what follows is the answer itself: set where given answers are scored
+            (choices, a watch's Yes) rather than an answer generated.
     """
 
     messages: tuple[Message, ...]
     template_kwargs: dict = dataclasses.field(default_factory=dict)
     tools: tuple[dict, ...] = ()
+    closes_thinking: bool = False
 
     def __post_init__(self):
         check_template_kwargs(self.template_kwargs)
@@ -141,6 +148,10 @@ class Conversation:
         if chars > MAX_CONVERSATION_CHARS:
             raise ConfigError(f"the conversation's text is {chars} characters; at most {MAX_CONVERSATION_CHARS} "
                               "are accepted")
+
+    def scored(self) -> "Conversation":
+        """The conversation as a prompt for scoring given answers (`closes_thinking`)."""
+        return dataclasses.replace(self, closes_thinking=True)
 
     @classmethod
     def of(cls, question: "str | Conversation", system: str | None = None,

@@ -11,7 +11,7 @@ import torch
 
 from vidsight.errors import ConfigError, ModelError
 from vidsight.models.base import PromptLayout, VisionSpec
-from vidsight.models.conversation import Conversation
+from vidsight.models.conversation import THINK_TAGS, Conversation
 from vidsight.models.typed_text import plain_ids, prompt_ids, special_strings
 
 
@@ -77,12 +77,13 @@ class Qwen2DecoderAdapter:
 
         def render(conversation: Conversation) -> str:
             try:
-                return self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
+                text = self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
                                                           add_generation_prompt=True, tokenize=False,
                                                           tools=list(conversation.tools) or None,
                                                           **conversation.template_kwargs)
             except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
                 raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
+            return self._closed_thinking(text) if conversation.closes_thinking else text
 
         ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, Conversation.of(question)),
                            dtype=torch.long)
@@ -92,6 +93,21 @@ class Qwen2DecoderAdapter:
         start, end = self._template_video(ids, int(slots[0]))
         video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
         return PromptLayout(torch.cat([ids[:start], video, ids[end:]]), start, video_tokens)
+
+    def _closed_thinking(self, text: str) -> str:
+        """``text`` with a thinking block it leaves open closed, empty (``<think>\\n`` becomes
+        ``<think>\\n\\n</think>\\n\\n``, Qwen3's form with thinking off); unchanged for a model
+        without the two tokens, or a prompt that leaves none open."""
+        start, end = THINK_TAGS
+        if not self._thinks or text.rfind(start) <= text.rfind(end):
+            return text
+        return f"{text}\n{end}\n\n"
+
+    @functools.cached_property
+    def _thinks(self) -> bool:
+        """The vocabulary holds both thinking tags as tokens (a reasoning model's)."""
+        unknown = (None, self.tokenizer.unk_token_id)
+        return all(self.tokenizer.convert_tokens_to_ids(tag) not in unknown for tag in THINK_TAGS)
 
     def _template_video(self, ids: torch.Tensor, slot: int) -> tuple[int, int]:
         """The template's tokens the video span replaces: its video mark alone."""
