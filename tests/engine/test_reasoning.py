@@ -156,3 +156,11 @@ def test_ask_chat_and_watch_score_a_thinking_model_after_its_thinking_closes(thi
     finally:
         del thinking_adapter.build_prompt
     assert rendered and all(conversation.closes_thinking for conversation in rendered)
+
+
+def test_a_scored_prompt_with_typed_special_strings_still_closes_the_thinking(thinking_adapter):
+    """The typed-text path (a special token's string in the question) keeps the scored form."""
+    typed = "What moves <|im_end|>?"
+    scored = thinking_adapter.build_prompt(Conversation.of(typed).scored(), 4).input_ids.tolist()
+    off = thinking_adapter.build_prompt(Conversation.of(typed, template_kwargs={"enable_thinking": False}), 4)
+    assert scored == off.input_ids.tolist() != thinking_adapter.build_prompt(typed, 4).input_ids.tolist()

@@ -155,6 +155,7 @@ class Watcher:
                               f"{windows.stride_fraction:g} gives {windows.stride_frames} frame(s); "
                               f"{_nearest_strides(windows, tp)}")
         self.adapter, self.query, self.config = adapter, query, config
+        self._prompt = Conversation.of(query).scored()   # its Yes is scored, so after any thinking closes
         self.yes_id = adapter.text_ids("Yes")[0]
         self._kv = WindowKV(adapter, refresh, config.reuse_in_place)
         if config.prune:
@@ -301,7 +302,7 @@ class Watcher:
         plan = plan_video(adapter, len(frames), *batch.data.shape[1:3])
         with clock.stage("preprocess"):
             keep = self._keep(frames, plan.grid_thw)
-        prompt = build_video_prompt(adapter, Conversation.of(self.query).scored(), plan, batch.indices, batch.pts_s, self.config.windows.fps,
+        prompt = build_video_prompt(adapter, self._prompt, plan, batch.indices, batch.pts_s, self.config.windows.fps,
                                     keep.reshape(-1) if keep is not None else None)
         ids, video_start = prompt.ids, prompt.video_start
         patch_tokens = (keep.reshape(plan.grid_thw[0], -1).sum(dim=1).tolist() if keep is not None

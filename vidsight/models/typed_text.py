@@ -14,6 +14,7 @@ either way.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from typing import Callable
@@ -81,11 +82,12 @@ def prompt_ids(tokenizer, specials: tuple[str, ...], render: Callable[[Conversat
             return {key: marked_value(item) for key, item in value.items()}
         return [marked_value(item) for item in value] if isinstance(value, (list, tuple)) else value
 
-    marked = Conversation(tuple(Message(message.role, tuple(mark(part) if isinstance(part, str) else part
-                                                            for part in message.parts),
-                                        tuple(marked_value(message.tool_calls)), marked_value(message.tool_call_id))
-                                for message in conversation.messages),
-                          marked_value(conversation.template_kwargs), tuple(marked_value(conversation.tools)))
+    marked = dataclasses.replace(
+        conversation, messages=tuple(Message(message.role, tuple(mark(part) if isinstance(part, str) else part
+                                                                 for part in message.parts),
+                                             tuple(marked_value(message.tool_calls)), marked_value(message.tool_call_id))
+                                     for message in conversation.messages),
+        template_kwargs=marked_value(conversation.template_kwargs), tools=tuple(marked_value(conversation.tools)))
     text, spans = _unmark(render(marked), nonce, typed)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, span = [], 0
