@@ -158,3 +158,51 @@ def test_no_stop_string_ends_an_answer_before_min_tokens(tiny_adapter, make_test
     late = asker.ask(path, QUESTION, sampling=SAMPLING,
                      generation=GenerationConfig(max_new_tokens=12, stop=(stop,), min_tokens=floor))
     assert len(late.token_ids) >= floor and late.token_ids[:floor] == free.token_ids[:floor]
+
+
+def test_an_answer_without_a_length_runs_until_the_context_window_is_full(tiny_model_dir, make_test_video,
+                                                                          monkeypatch):
+    """``max_new_tokens=None`` (a server's completion without ``max_tokens``, as vLLM's): the answer
+    ends where prompt and answer fill the context window, with the tokens an answer of that length
+    has, though its cache started with room for fewer and grew as it went."""
+    from vidsight.engine import config as engine_config
+    from vidsight.kv.cache import KVCache
+    from vidsight.models import load_model
+
+    path, _ = make_test_video(width=176, height=144, duration_s=1.5, bframes=False)
+    adapter = load_model(tiny_model_dir, "cpu")
+    assert adapter.context_window == 32768   # the checkpoint's max_position_embeddings
+    fixed = Asker(adapter).ask(path, QUESTION, sampling=SAMPLING,
+                               generation=GenerationConfig(max_new_tokens=9, ignore_eos=True))
+    prompt = fixed.stats.prompt_tokens
+    monkeypatch.setattr(engine_config, "OPEN_ANSWER_ROOM", 2)   # so the cache grows during the answer
+    grown = []
+    monkeypatch.setattr(KVCache, "_grow", lambda cache, capacity, _grow=KVCache._grow: (grown.append(capacity),
+                                                                                        _grow(cache, capacity)))
+    windowed = load_model(tiny_model_dir, "cpu", max_model_len=prompt + 9)
+    open_ended = Asker(windowed).ask(path, QUESTION, sampling=SAMPLING,
+                                     generation=GenerationConfig(max_new_tokens=None, ignore_eos=True))
+    assert open_ended.token_ids == fixed.token_ids and open_ended.finish_reason == "length"
+    assert grown   # the answer outgrew the room its prefill left
+    assert open_ended.stats.prompt_tokens == prompt
+    # A limit of its own is kept, within the window or past it.
+    assert len(Asker(windowed).ask(path, QUESTION, sampling=SAMPLING,
+                                   generation=GenerationConfig(max_new_tokens=12, ignore_eos=True)).token_ids) == 12
+    full = load_model(tiny_model_dir, "cpu", max_model_len=prompt)
+    with pytest.raises(ConfigError, match=f"the prompt's {prompt} tokens fill the model's context window of {prompt}"):
+        Asker(full).ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=None))
+
+
+def test_the_context_window_and_an_open_length_are_checked(tiny_model_dir):
+    from vidsight.models import load_model
+
+    assert GenerationConfig(max_new_tokens=None, min_tokens=300).answer_room == 512
+    assert GenerationConfig(max_new_tokens=40).answer_limit(context_window=30, prompt_tokens=50) == 40
+    assert GenerationConfig(max_new_tokens=None).answer_limit(context_window=60, prompt_tokens=50) == 10
+    for bad in (0, -3, 32769):
+        with pytest.raises(ConfigError, match="max_new_tokens must be between 1 and 32768"):
+            GenerationConfig(max_new_tokens=bad)
+    for bad in (0, 32769, 2.5):
+        with pytest.raises(ConfigError, match=f"--max-model-len must be between 1 and .*context window of 32768 "
+                                              f"tokens .*got {bad}"):
+            load_model(tiny_model_dir, "cpu", max_model_len=bad)

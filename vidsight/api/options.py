@@ -185,6 +185,9 @@ def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
                         help="chat template arguments every completion gets unless its own chat_template_kwargs set "
                              "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                        help="tokens of prompt and answer to allow (default: the checkpoint's max_position_embeddings); "
+                             "a completion without max_tokens answers until they are reached, as vLLM's do")
     add_reasoning_option(parser)
     add_tool_options(parser)
 
@@ -192,7 +195,8 @@ def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
 def server_answer_settings(args: argparse.Namespace) -> dict:
     """`add_server_answer_options`' flags as `ServeConfig` fields."""
     return {"chat_template": chat_template_of(args), "default_chat_template_kwargs": args.default_chat_template_kwargs,
-            "reasoning_parser": args.reasoning_parser, "tool_call_parser": tool_call_parser(args)}
+            "reasoning_parser": args.reasoning_parser, "tool_call_parser": tool_call_parser(args),
+            "max_model_len": args.max_model_len}
 
 
 def json_object(value: str) -> dict:

@@ -139,6 +139,7 @@ def run_serve(args) -> int:
 
         return run_on_ray(serve_config(args), ray_config(args), args.host, args.port, args.debug)
     app = create_app(serve_config(args))
+    app.state.server.load()
     # In-flight requests get this long to finish on SIGINT/SIGTERM; streams stop at a window boundary.
     uvicorn.run(app, host=args.host, port=args.port, log_level="debug" if args.debug else "warning",
                 timeout_graceful_shutdown=30)

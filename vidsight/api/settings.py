@@ -84,12 +84,16 @@ def prefill_config(settings: dict[str, Any]):
 FORMAT_SETTINGS = {"answer_schema": "json_schema", "answer_regex": "regex", "answer_grammar": "grammar"}
 
 
-def generation_config(settings: dict[str, Any]):
+def generation_config(settings: dict[str, Any], until_context: bool = False):
     """An answer's length, sampling and format (`GenerationConfig`) from named settings
-    (`ASK_SETTINGS`, `FORMAT_SETTINGS` and ``compact_json``)."""
+    (`ASK_SETTINGS`, `FORMAT_SETTINGS` and ``compact_json``); with ``until_context``, an answer
+    without ``max_new_tokens`` runs until the context window is full (vLLM's default for a
+    request without ``max_tokens``) instead of `GenerationConfig`'s default length."""
     from vidsight.engine.config import AnswerFormat, GenerationConfig
 
     fields = _grouped(settings, ASK_SETTINGS)["generation"]
+    if until_context:
+        fields.setdefault("max_new_tokens", None)
     formats = [(kind, settings[name]) for name, kind in FORMAT_SETTINGS.items() if settings.get(name) is not None]
     if len(formats) > 1:
         raise ConfigError(f"give one answer format, not {len(formats)} ({', '.join(kind for kind, _ in formats)})")
@@ -99,12 +103,14 @@ def generation_config(settings: dict[str, Any]):
     return _build(GenerationConfig, fields)
 
 
-def ask_configs(settings: dict[str, Any]):
-    """``(sampling, generation, prefill)`` for `Asker.ask` from named settings (`ASK_SETTINGS`)."""
+def ask_configs(settings: dict[str, Any], until_context: bool = False):
+    """``(sampling, generation, prefill)`` for `Asker.ask` from named settings (`ASK_SETTINGS`;
+    ``until_context`` as `generation_config` takes it)."""
     from vidsight.ingest import SamplingConfig
 
     fields = _grouped(settings, ASK_SETTINGS)
-    return _build(SamplingConfig, fields["sampling"]), generation_config(settings), prefill_config(settings)
+    return (_build(SamplingConfig, fields["sampling"]), generation_config(settings, until_context),
+            prefill_config(settings))
 
 
 def feed_config(settings: dict[str, Any]):

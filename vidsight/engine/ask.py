@@ -45,8 +45,8 @@ class AskResult:
         answer: The decoded answer text (up to a stop string, when one ended it).
         token_ids: Generated ids, including a final end token when one was produced.
         stats: Frames, tokens, stage times and peak memory.
-        finish_reason: ``stop`` (an end token or a stop string) or ``length`` (``max_new_tokens``),
-            as OpenAI names them.
+        finish_reason: ``stop`` (an end token or a stop string) or ``length`` (``max_new_tokens``, or
+            the context window's end), as OpenAI names them.
         logprobs: Each generated token's log probability (`TokenLogprob`; an end token left out),
             when ``GenerationConfig.logprobs`` asked for them; else None.
         reasoning: With ``GenerationConfig.reasoning_parser``, the thinking before the answer
@@ -79,10 +79,11 @@ class AskInProgress(AnswerInProgress):
         self.request = request
         self._stream = TextStream(adapter, on_text, generation.stop) if on_text is not None else None
         # Text streamed out shows the answer's progress itself (and a bar would break its lines).
-        self._bar = tqdm(total=generation.max_new_tokens, desc="generate", unit="tok",
-                         disable=not request.progress or on_text is not None, leave=False)
+        limit = generation.answer_limit(adapter.context_window, state.cache.length)
+        self._bar = tqdm(total=limit, desc="generate", unit="tok", disable=not request.progress or on_text is not None,
+                         leave=False)
         super().__init__(adapter, Answer(state.cache, state.logits, state.next_position, generation,
-                                         on_token=self._on_token, context=state.prompt_ids))
+                                         on_token=self._on_token, context=state.prompt_ids, limit=limit))
         self._since = request.clock.mark()
 
     def _on_token(self, ids: list[int]) -> None:
@@ -167,7 +168,7 @@ class Asker:
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory), progress)
 
         def steps():
-            state = yield from self._prefill(video, question, sampling, prefill, feed, generation.max_new_tokens,
+            state = yield from self._prefill(video, question, sampling, prefill, feed, generation.answer_room,
                                              request)
             return AskInProgress(self.adapter, state, generation, request, on_text)
 
@@ -194,7 +195,7 @@ class Asker:
         request = Request(StageClock(AskStats(), self.adapter.device, self.meter_memory))
         request.clock.stats.frames, request.clock.stats.frames_lost = len(frames), frames.frames_lost
         state = prefill_video(self.adapter, FrameFeed.decoded(frames), question, fps, prefill,
-                              generation.max_new_tokens, request)
+                              generation.answer_room, request)
         return AskInProgress(self.adapter, state, generation, request).generate_alone()
 
     def prefill_logits(
@@ -245,15 +246,15 @@ class Asker:
         return steps()
 
     def _prefill(self, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
-                 feed_config: FeedConfig, max_new_tokens: int, request: Request) -> Preemptible[Prefilled]:
-        """Decode (or start decoding), then prefill group by group; room for ``max_new_tokens`` after."""
+                 feed_config: FeedConfig, answer_room: int, request: Request) -> Preemptible[Prefilled]:
+        """Decode (or start decoding), then prefill group by group; room for ``answer_room`` tokens after."""
         key = None
         if self.prefix_cache is not None:
             layout = self.adapter.build_prompt(question, 0)
             key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start])
         if key is None:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
-                self.adapter, feed, question, fps, prefill, max_new_tokens, request, plan),
+                self.adapter, feed, question, fps, prefill, answer_room, request, plan),
                 video, sampling, prefill, feed_config, request))
         waited = False
         while (found := self.prefix_cache.get_or_claim(key, waited)) is None:
@@ -268,7 +269,7 @@ class Asker:
         else:
             prefix = found
             request.clock.stats.cached_tokens = prefix.tokens
-        return prefill_question(self.adapter, prefix, question, max_new_tokens, request)
+        return prefill_question(self.adapter, prefix, question, answer_room, request)
 
     def _decode_and(self, fill, video, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
                     request: Request):

@@ -72,7 +72,9 @@ class ChatInProgress(AnswerInProgress):
         self.logits, self.first_position = logits, next_position
         self._question_end = self.session.cache.length
         self.answer = Answer(self.session.cache, logits, next_position, self.generation, on_token=self.stream,
-                             policy=self.session.policy, step=self.answer_step, context=context)
+                             policy=self.session.policy, step=self.answer_step, context=context,
+                             limit=self.generation.answer_limit(self.session.adapter.context_window,
+                                                                self.session.cache.length))
         self._since = self.clock.mark()
 
     def score(self, continuations: Sequence[str]) -> ScoreResult:

@@ -15,6 +15,11 @@ MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 100   # OpenAI's bound on a token's logit bias, either way
 ALERT_AFTER = 2
+MAX_NEW_TOKENS = 32768
+# Cache slots set aside at prefill for an answer bounded only by the context window: most answers
+# fit, and a longer one grows the cache (doubling) as it goes, instead of every answer holding
+# room for a whole context's worth of tokens.
+OPEN_ANSWER_ROOM = 512
 # The text of an answer format (a JSON schema, a regular expression, a grammar): compiled per answer.
 MAX_FORMAT_CHARS = 100000
 FORMAT_KINDS = ("json_schema", "regex", "grammar")
@@ -54,7 +59,9 @@ class GenerationConfig:
     """How answer tokens are chosen.
 
     Attributes:
-        max_new_tokens: Stop after this many tokens if no end-of-sequence token came.
+        max_new_tokens: Stop after this many tokens if no end-of-sequence token came; None: once
+            prompt and answer fill the model's context window (`VLMAdapter.context_window`), as
+            vLLM does when a request gives no ``max_tokens``.
         temperature: 0 for greedy decoding; above 0 samples from the softened distribution.
         top_p: Nucleus sampling mass (only when sampling).
         top_k: Sample among this many likeliest tokens only (0: all; vLLM's -1 is taken as 0 at
@@ -86,7 +93,7 @@ class GenerationConfig:
             the content only (the thinking before it is free, as vLLM's structured outputs leave it).
     """
 
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = 128
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -120,11 +127,11 @@ class GenerationConfig:
         object.__setattr__(self, "stop", stop)
         if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):
             raise ConfigError(f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
-        if not 1 <= self.max_new_tokens <= 32768:
-            raise ConfigError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
-            raise ConfigError(f"min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
-                              f"got {self.min_tokens}")
+        if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        most = MAX_NEW_TOKENS if self.max_new_tokens is None else self.max_new_tokens
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= most:
+            raise ConfigError(f"min_tokens must be between 0 and max_new_tokens ({most}), got {self.min_tokens}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -136,6 +143,26 @@ class GenerationConfig:
         if self.answer_format is not None and (self.min_tokens or self.ignore_eos):
             raise ConfigError("min_tokens and ignore_eos do not combine with an answer format, which decides "
                               "where the answer ends")
+
+    @property
+    def answer_room(self) -> int:
+        """Cache slots to set aside for the answer when its prompt is prefilled."""
+        return OPEN_ANSWER_ROOM if self.max_new_tokens is None else self.max_new_tokens
+
+    def answer_limit(self, context_window: int, prompt_tokens: int) -> int:
+        """The most tokens the answer to a prompt of ``prompt_tokens`` may have: ``max_new_tokens``,
+        or what is left of a context window of ``context_window`` tokens.
+
+        Raises:
+            ConfigError: the answer has no limit of its own and the prompt fills the window.
+        """
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        if prompt_tokens >= context_window:
+            raise ConfigError(f"the prompt's {prompt_tokens} tokens fill the model's context window of {context_window} "
+                              "tokens (its maximum context length), leaving no room for an answer; give max_tokens "
+                              "(max_new_tokens), or fewer frames")
+        return context_window - prompt_tokens
 
 
 def _bias_pairs(given) -> tuple[tuple[int, float], ...]:

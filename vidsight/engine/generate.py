@@ -57,6 +57,8 @@ class Answer:
         step: An ``answer`` step counting what was attended.
         context: ``(L,)`` the prompt's token ids, which a repetition penalty counts with the
             answer's (transformers counts its input ids; None: the answer's only).
+        limit: The most tokens it may have (`GenerationConfig.answer_limit`; None: the config's
+            ``max_new_tokens``, which must then be set).
         ids: Generated ids, ending with the end token when one was produced.
         done: No more tokens will come (an end token, a stop string, the limit, or `cancel`).
         stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
@@ -74,6 +76,7 @@ class Answer:
     policy: KVPolicy | None = None
     step: Step | None = None
     context: torch.Tensor | None = None
+    limit: int | None = None
     ids: list[int] = dataclasses.field(default_factory=list)
     done: bool = False
     stopped: bool = False
@@ -82,6 +85,10 @@ class Answer:
     starts_thinking: bool | None = None
 
     def __post_init__(self):
+        if self.limit is None:
+            if self.config.max_new_tokens is None:
+                raise ValueError("an answer bounded by the context window needs its limit (answer_limit)")
+            self.limit = self.config.max_new_tokens
         self._sampler = TokenSampler(self.config, self.logits.device)
         # Tokens whose text holds any stop string that ends in the newest one: every token adds
         # at least a byte (special tokens end the answer anyway).
@@ -125,7 +132,7 @@ class Answer:
             self.on_token(self.ids)
         ended = token in adapter.eos_token_ids and not self.config.ignore_eos
         self.stopped = len(self.ids) >= self.config.min_tokens and (ended or self._stop_string(adapter))
-        self.done = self.stopped or len(self.ids) == self.config.max_new_tokens
+        self.done = self.stopped or len(self.ids) == self.limit
         return token
 
     def _begin_reasoning(self, adapter: VLMAdapter) -> None:
@@ -318,7 +325,8 @@ def generate_together(begun: list[AnswerInProgress]) -> list:
 def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_position: int, config: GenerationConfig,
              on_token: Callable[[list[int]], None] | None = None, policy: KVPolicy | None = None,
              step: Step | None = None, context: torch.Tensor | None = None) -> list[int]:
-    """Decode one answer from the prefill's last logits until an end token or ``max_new_tokens``.
+    """Decode one answer from the prefill's last logits until an end token or its limit
+    (`GenerationConfig.answer_limit`).
 
     Args:
         adapter: The model's primitives.
@@ -334,7 +342,8 @@ def generate(adapter: VLMAdapter, cache: KVStore, logits: torch.Tensor, next_pos
     Returns:
         Generated ids, ending with the end token when one was produced.
     """
-    answer = Answer(cache, logits, next_position, config, on_token, policy, step, context)
+    answer = Answer(cache, logits, next_position, config, on_token, policy, step, context,
+                    config.answer_limit(adapter.context_window, cache.length))
     batch = DecodeBatch(adapter)
     batch.add(answer)
     batch.run()

@@ -127,6 +127,9 @@ class VLMAdapter(Protocol):
     device: torch.device
     eos_token_ids: frozenset[int]
     repetition_penalty: float   # the checkpoint's default (its generation_config.json; 1.0: none)
+    # Tokens of prompt and answer the language model attends over: its max_position_embeddings,
+    # or less (`load_model`'s ``max_model_len``); an answer without a length limit ends there.
+    context_window: int
     # The checkpoint's fast tokenizer (transformers'), whose vocabulary an answer format
     # (`engine.constrain`) is compiled against; text goes through `text_ids` and `decode_text`.
     tokenizer: object

@@ -54,6 +54,7 @@ class Qwen2DecoderAdapter:
         self.num_heads = text.num_attention_heads
         self.num_kv_heads = text.num_key_value_heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.context_window = text.max_position_embeddings
         # The token the model fills with a video's encoder outputs (InternVL fills its image token).
         self.video_token_id = getattr(model.config, "video_token_id", None) or model.config.image_token_id
         # The chat template's mark for a video, replaced by the span (the placeholder itself, unless

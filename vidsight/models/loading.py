@@ -76,7 +76,7 @@ SHAPE_PREFIX = "shape:"
 
 
 def load_model(name: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-               packed_weights: bool = False, chat_template: str | None = None):
+               packed_weights: bool = False, chat_template: str | None = None, max_model_len: int | None = None):
     """Load a supported VLM and wrap it in its family's adapter.
 
     Args:
@@ -89,13 +89,22 @@ def load_model(name: str | Path, device: str | torch.device | None = None, dtype
             elsewhere nothing changes.
         chat_template: A Jinja chat template to use instead of the checkpoint's (vLLM's
             ``--chat-template``: one that lists tools, say); it must place the family's video mark.
+        max_model_len: Tokens of prompt and answer to allow, below the checkpoint's
+            ``max_position_embeddings`` (vLLM's ``--max-model-len``): where an answer without a
+            length limit ends (`VLMAdapter.context_window`).
 
     Raises:
         ModelError: the directory is missing or not a checkpoint, the id cannot be fetched, or the
             model family is not supported.
-        ConfigError: ``chat_template`` does not render a question about a video.
+        ConfigError: ``chat_template`` does not render a question about a video, or
+            ``max_model_len`` is not a positive number within the checkpoint's context window.
     """
     adapter = _load(name, device, dtype)
+    if max_model_len is not None:
+        if not isinstance(max_model_len, int) or not 1 <= max_model_len <= adapter.context_window:
+            raise ConfigError(f"--max-model-len must be between 1 and {name}'s context window of "
+                              f"{adapter.context_window} tokens (its max_position_embeddings), got {max_model_len}")
+        adapter.context_window = max_model_len
     if chat_template is not None:
         adapter.chat_template = chat_template
         try:

@@ -2,14 +2,16 @@
 
 import base64
 import dataclasses
+import re
 
 import pytest
-from openai import OpenAI
+from openai import APIStatusError, OpenAI
 
 from vidsight.api.serve.config import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_HOST_BYTES, ServeConfig
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
+from vidsight.models import load_model
 from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 
 from tests.settings import FLOAT32_TOLERANCE
@@ -454,3 +456,51 @@ def test_a_reasoning_parser_for_a_model_without_think_tokens_is_refused_at_the_s
         Server(config, adapter=tiny_adapter).start()
     with pytest.raises(ConfigError, match="unknown reasoning parser 'granite'"):
         ServeConfig(model="tiny", db=tmp_path / "serve.db", reasoning_parser="granite")
+
+
+def test_a_completion_without_max_tokens_answers_until_the_context_window_is_full(tiny_model_dir, media, tmp_path):
+    """vLLM's default: no ``max_tokens``, no limit but ``--max-model-len`` (prompt and answer)."""
+    from vidsight.api.serve import create_app
+    from vidsight.api.serve.background import serve_in_background
+
+    sampling = SamplingConfig(fps=4.0)
+    fixed = Asker(load_model(tiny_model_dir, "cpu")).ask(media / "clip.mp4", QUESTION, sampling=sampling,
+                                                        generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    window = fixed.stats.prompt_tokens + 20
+    config = ServeConfig(model=str(tiny_model_dir), model_name="tiny", allowed_local_media_path=media,
+                         db=tmp_path / "serve.db", packed_weights=False, max_model_len=window)
+    with serve_in_background(create_app(config)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        assert client.models.list().data[0].max_model_len == window
+        options = {"mm_processor_kwargs": {"fps": 4.0}, "ignore_eos": True}
+        whole = client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                               extra_body=options)
+        assert whole.choices[0].message.content == fixed.answer and whole.choices[0].finish_reason == "length"
+        assert whole.usage.completion_tokens == 20 and whole.usage.total_tokens == window
+        # Asked for more than the window holds, an answer keeps its own limit.
+        assert client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                              max_tokens=24, extra_body=options).usage.completion_tokens == 24
+    full = dataclasses.replace(config, max_model_len=fixed.stats.prompt_tokens, db=tmp_path / "full.db")
+    with serve_in_background(create_app(full)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        with pytest.raises(APIStatusError, match="fill the model's context window") as refused:
+            client.chat.completions.create(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                                           extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+        assert refused.value.status_code == 422
+    with pytest.raises(ConfigError, match="--max-model-len must be a positive number of tokens, got 0"):
+        ServeConfig(model="tiny", db=tmp_path / "serve.db", max_model_len=0)
+
+
+def test_serve_ends_with_status_2_and_its_message_when_the_model_does_not_load(tiny_model_dir, tmp_path, capsys):
+    """The model loads before the web server starts: a bad model or model setting is the command's
+    error (exit 2, one line), not a traceback from inside the server's start (it was exit 3)."""
+    from vidsight.api.cli import main
+
+    db = ["--db", str(tmp_path / "serve.db"), "--port", "1"]
+    for flags, said in [(["--model", str(tmp_path / "missing")], "missing: no such model directory"),
+                        (["--model", str(tiny_model_dir), "--max-model-len", "40000"],
+                         "--max-model-len must be between 1 and .* context window of 32768 tokens"),
+                        (["--model", str(tiny_model_dir), "--reasoning-parser", "qwen3"], "has no <think> token")]:
+        assert main(["serve", *flags, *db]) == 2
+        err = capsys.readouterr().err
+        assert re.search(said, err) and "Traceback" not in err

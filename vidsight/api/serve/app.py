@@ -75,7 +75,7 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
     @app.get("/v1/models", dependencies=guarded)
     async def models():
         return {"object": "list", "data": [{"id": config.served_name, "object": "model", "created": 0,
-                                            "owned_by": "vidsight"}]}
+                                            "owned_by": "vidsight", "max_model_len": server.adapter.context_window}]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, tenant: Tenant = Depends(admitted)):
@@ -84,7 +84,8 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
                                     f"{config.served_name!r}")
         video, conversation = body.video_and_conversation(config.default_chat_template_kwargs)
         tools = tool_choice(body.tools, body.tool_choice, config.tool_call_parser, body.parallel_tool_calls)
-        sampling, generation, prefill = ask_configs({**body.ask_options(tools), "reasoning_parser": config.reasoning_parser})
+        sampling, generation, prefill = ask_configs({**body.ask_options(tools), "reasoning_parser": config.reasoning_parser},
+                                                    until_context=True)
         choices = body.choices()
         if choices is not None:
             if tools.mode != "none":

@@ -91,6 +91,9 @@ class ServeConfig:
             ``content``, and an answer format holds the content only; None: answers as generated.
         chat_template: A chat template used instead of the checkpoint's (its text; vLLM's
             ``--chat-template``), for a model the server loads.
+        max_model_len: Tokens of prompt and answer to allow, for a model the server loads (vLLM's
+            ``--max-model-len``; None: the checkpoint's ``max_position_embeddings``). A completion
+            that gives no ``max_tokens`` answers until they are reached, as vLLM's do.
         default_chat_template_kwargs: Chat template arguments every completion gets unless its own
             ``chat_template_kwargs`` set them (vLLM's ``--default-chat-template-kwargs``), e.g.
             ``{"enable_thinking": false}``.
@@ -123,6 +126,7 @@ class ServeConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     chat_template: str | None = None
+    max_model_len: int | None = None
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -136,6 +140,8 @@ class ServeConfig:
             raise ConfigError(f"unknown tool call parser {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ConfigError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.source_retries < 0 or not self.source_retry_window_s > 0:
             raise ConfigError("--source-retries must be 0 or more and --source-retry-window positive")
         check_keys(self.keys, "the API keys")

@@ -45,19 +45,27 @@ class Server:
         self._places = threading.BoundedSemaphore(config.max_concurrent)
         self.requests = RequestCounter()   # per tenant, for its max_requests
 
-    def start(self) -> None:
-        from vidsight.engine import Asker
-        from vidsight.engine.generate import DecodeBatch
-        from vidsight.engine.prefix_cache import PrefixCache
+    def load(self) -> None:
+        """Load the model (unless it was given) and check it fits the settings: `start` does, and
+        the command line does first, so a bad model or setting ends it with its message, not a
+        traceback from inside the web server's start."""
         from vidsight.engine.reasoning import REASONING_PARSERS
-        from vidsight.engine.stats import peak_memory_bytes
         from vidsight.models import load_model
 
         if self.adapter is None:
             self.adapter = load_model(self.config.model, device=self.config.device,
-                                      packed_weights=self.config.packed_weights, chat_template=self.config.chat_template)
+                                      packed_weights=self.config.packed_weights, chat_template=self.config.chat_template,
+                                      max_model_len=self.config.max_model_len)
         if self.config.reasoning_parser is not None:   # a model without its tags is refused at the start
             REASONING_PARSERS[self.config.reasoning_parser].tag_ids(self.adapter)
+
+    def start(self) -> None:
+        from vidsight.engine import Asker
+        from vidsight.engine.generate import DecodeBatch
+        from vidsight.engine.prefix_cache import PrefixCache
+        from vidsight.engine.stats import peak_memory_bytes
+
+        self.load()
         device = self.adapter.device
         prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
                         if self.config.prefix_cache_bytes else None)
