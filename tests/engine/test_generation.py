@@ -164,7 +164,8 @@ def test_an_answer_without_a_length_runs_until_the_context_window_is_full(tiny_m
                                                                           monkeypatch):
     """``max_new_tokens=None`` (a server's completion without ``max_tokens``, as vLLM's): the answer
     ends where prompt and answer fill the context window, with the tokens an answer of that length
-    has, though its cache started with room for fewer and grew as it went."""
+    has, though its cache started with room for fewer and grew as it went (by the answer's own
+    length each time, to exactly the room it needed at the end)."""
     from vidsight.engine import config as engine_config
     from vidsight.kv.cache import KVCache
     from vidsight.models import load_model
@@ -183,7 +184,9 @@ def test_an_answer_without_a_length_runs_until_the_context_window_is_full(tiny_m
     open_ended = Asker(windowed).ask(path, QUESTION, sampling=SAMPLING,
                                      generation=GenerationConfig(max_new_tokens=None, ignore_eos=True))
     assert open_ended.token_ids == fixed.token_ids and open_ended.finish_reason == "length"
-    assert grown   # the answer outgrew the room its prefill left
+    # The answer outgrew the room its prefill left, and the cache grew by the answer's length (2, 4,
+    # 8 tokens), not by doubling the prompt's slots; the ninth token ends the answer unfed.
+    assert grown == [prompt + 4, prompt + 8]
     assert open_ended.stats.prompt_tokens == prompt
     # A limit of its own is kept, within the window or past it.
     assert len(Asker(windowed).ask(path, QUESTION, sampling=SAMPLING,

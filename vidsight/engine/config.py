@@ -17,8 +17,8 @@ MAX_LOGIT_BIAS = 100   # OpenAI's bound on a token's logit bias, either way
 ALERT_AFTER = 2
 MAX_NEW_TOKENS = 32768
 # Cache slots set aside at prefill for an answer bounded only by the context window: most answers
-# fit, and a longer one grows the cache (doubling) as it goes, instead of every answer holding
-# room for a whole context's worth of tokens.
+# fit, and a longer one grows the cache by its own length as it goes (`Answer.make_room`), instead
+# of every answer holding room for a whole context's worth of tokens.
 OPEN_ANSWER_ROOM = 512
 # The text of an answer format (a JSON schema, a regular expression, a grammar): compiled per answer.
 MAX_FORMAT_CHARS = 100000

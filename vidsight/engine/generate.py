@@ -89,6 +89,7 @@ class Answer:
             if self.config.max_new_tokens is None:
                 raise ValueError("an answer bounded by the context window needs its limit (answer_limit)")
             self.limit = self.config.max_new_tokens
+        self._room = self.config.answer_room   # answer tokens the cache was told to hold
         self._sampler = TokenSampler(self.config, self.logits.device)
         # Tokens whose text holds any stop string that ends in the newest one: every token adds
         # at least a byte (special tokens end the answer anyway).
@@ -134,6 +135,16 @@ class Answer:
         self.stopped = len(self.ids) >= self.config.min_tokens and (ended or self._stop_string(adapter))
         self.done = self.stopped or len(self.ids) == self.limit
         return token
+
+    def make_room(self) -> None:
+        """Room in the cache for the newest token, about to be fed. An answer that outgrows the
+        room set aside for it takes as much again (up to its limit): growth by the answer's
+        length, not the cache's, so a long prompt's memory is not doubled for a long answer."""
+        if len(self.ids) > self._room:
+            grown = min(self.limit, 2 * self._room)
+            self.cache.reserve(grown - len(self.ids) + 1, exact=True)
+            self._room = grown
+        self.cache.reserve(1)
 
     def _begin_reasoning(self, adapter: VLMAdapter) -> None:
         parser = REASONING_PARSERS[self.config.reasoning_parser]
@@ -249,7 +260,7 @@ class DecodeBatch:
         chunks = []
         for answer in answers:
             positions = torch.full((3, 1), answer.next_position, dtype=torch.long)
-            answer.cache.reserve(1)
+            answer.make_room()
             chunks.append(Chunk(answer.cache, self.adapter.embed_tokens(torch.tensor([[answer.ids[-1]]])), positions,
                                 TokenTable.text(positions), answer.policy, answer.step))
         if not chunks and not others:

@@ -188,16 +188,19 @@ class KVCache:
         self.slot_rows[layer, begin : begin + len(offsets)] = offsets + len(self.tokens)
         self.filled[layer] = begin + len(offsets)
 
-    def reserve(self, tokens: int) -> None:
-        """Make room for ``tokens`` more in every layer, doubling the buffers when they are short.
+    def reserve(self, tokens: int, exact: bool = False) -> None:
+        """Make room for ``tokens`` more in every layer, doubling the buffers when they are short
+        (unless ``exact``: just that room, for a caller that sizes its own steps).
 
-        Streams grow without a known end; preallocating by doubling keeps the copies rare.
+        Streams grow without a known end; preallocating by doubling keeps the copies rare. An
+        answer grows by its own length instead, so a long answer after a long prompt does not
+        double the prompt's memory.
         """
         needed = max(self.filled) + tokens
         if needed <= self.capacity:
             return
         with torch.inference_mode(False):  # normal tensors, writable whether or not a step runs
-            self._grow(max(needed, 2 * self.capacity))
+            self._grow(needed if exact else max(needed, 2 * self.capacity))
 
     def _grow(self, capacity: int) -> None:
         for name in ("keys", "values"):

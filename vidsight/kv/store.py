@@ -144,8 +144,9 @@ class KVStore(Protocol):
         """Cached tokens summed over layers on the ``device``, in ``host`` memory and on ``disk``."""
         ...
 
-    def reserve(self, tokens: int) -> None:
-        """Make room for ``tokens`` more in every layer."""
+    def reserve(self, tokens: int, exact: bool = False) -> None:
+        """Make room for ``tokens`` more in every layer (``exact``: no more than that room, where
+        the store would otherwise set more aside for growth to come)."""
         ...
 
     def overwrite(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -92,7 +92,7 @@ class TieredKVCache:
     def tokens_by_tier(self) -> dict[str, int]:
         return self.table.tokens_by_tier()
 
-    def reserve(self, tokens: int) -> None:
+    def reserve(self, tokens: int, exact: bool = False) -> None:
         """Nothing to do: each write is a block of its own."""
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None,
