@@ -73,6 +73,14 @@ def test_a_system_message_stop_strings_and_logprobs(make_test_video, tiny_model_
     assert stopped["answer"] == expected.answer.split(stop, 1)[0].strip() and stopped["finish_reason"] == "stop"
     assert len(stopped["logprobs"]) == stopped["stats"]["generated_tokens"]
     assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in stopped["logprobs"])
+    # An answer begun (vLLM's continue_final_message): the answer is what the model writes after it.
+    assert main(["ask", str(path), question, "--system", system, "--answer-start", "The square is",
+                 "--model", str(tiny_model_dir), "--fps", "2", "--max-new-tokens", "6", "--json"]) == 0
+    begun = json.loads(capsys.readouterr().out)
+    continued = asker.ask(path, Conversation.of(question, system).continued("The square is"),
+                          sampling=SamplingConfig(fps=2), generation=generation)
+    assert begun["answer"] == continued.answer and begun["stats"]["prompt_tokens"] == continued.stats.prompt_tokens
+    assert continued.stats.prompt_tokens == expected.stats.prompt_tokens + len(asker.adapter.text_ids("The square is"))
     assert "logprobs" not in report
 
 

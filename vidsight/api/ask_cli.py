@@ -30,6 +30,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--chat-template-kwargs", type=json_object, default=None, metavar="JSON",
                      help="further variables for the chat template, as a JSON object (vLLM's chat_template_kwargs; "
                           "e.g. '{\"enable_thinking\": false}' for Qwen3's)")
+    ask.add_argument("--answer-start", default=None, metavar="TEXT",
+                     help="begin the answer with TEXT and let the model go on from it (vLLM's continue_final_message); "
+                          "the answer printed is what follows TEXT")
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
@@ -59,6 +62,8 @@ def run_ask(args) -> int:
 
     conversations = [Conversation.of(question, args.system, args.chat_template_kwargs)   # refused before loading
                      for question in args.question]
+    if args.answer_start is not None:
+        conversations = [conversation.continued(args.answer_start) for conversation in conversations]
     shaped = args.answer_schema or args.answer_regex or args.answer_grammar
     if args.choices and (args.logprobs is not None or args.stop or shaped):
         raise ConfigError("--choices scores the answers given, each token's log probability included; "

@@ -102,7 +102,8 @@ def _arguments(call: dict):
 
 @dataclasses.dataclass(frozen=True)
 class Conversation:
-    """Messages around exactly one video, ending with the user's turn to answer.
+    """Messages around exactly one video, ending with the user's turn to answer (or with an answer
+    begun, to continue).
 
     Attributes:
         messages: The turns in order: ``system``, ``user``, ``assistant`` and ``tool`` messages;
@@ -117,12 +118,16 @@ class Conversation:
             model's ``<think>``) is closed, empty, at the prompt's end (Qwen3's form with thinking
             off), so what follows is the answer itself: set where given answers are scored
             (choices, a watch's Yes) rather than an answer generated.
+        continues_final: The last message is the assistant's answer begun, and the answer goes on
+            from its last character (vLLM's ``continue_final_message``): it is rendered open, with
+            no end of turn and no generation prompt, and the answer is what follows it.
     """
 
     messages: tuple[Message, ...]
     template_kwargs: dict = dataclasses.field(default_factory=dict)
     tools: tuple[dict, ...] = ()
     closes_thinking: bool = False
+    continues_final: bool = False
 
     def __post_init__(self):
         check_template_kwargs(self.template_kwargs)
@@ -138,16 +143,26 @@ class Conversation:
             raise ConfigError(f"a conversation holds exactly one video, not {len(videos)}")
         if videos[0][0] != "user":
             raise ConfigError(f"the video must be in a user message, not the {videos[0][0]}'s")
-        if self.messages[-1].role not in ("user", "tool"):
+        last = self.messages[-1]
+        if self.continues_final:
+            if last.role != "assistant" or not last.text.strip() or last.tool_calls or VIDEO_PART in last.parts:
+                raise ConfigError("to continue the final message it must be the assistant's, holding the text of an "
+                                  "answer begun (no tool calls)")
+        elif last.role not in ("user", "tool"):
             raise ConfigError(f"the last message must be the user's (or a tool's result), to answer, not the "
-                              f"{self.messages[-1].role}'s")
-        if self.messages[-1].role == "user":
+                              f"{last.role}'s (an answer begun is continued with continue_final_message)")
+        if last.role == "user":
             check_question(self.messages[-1].text, "question (the last message's text)")
         chars = sum(len(message.text) + len(json.dumps(message.tool_calls)) for message in self.messages)
         chars += len(json.dumps(self.tools)) if self.tools else 0
         if chars > MAX_CONVERSATION_CHARS:
             raise ConfigError(f"the conversation's text is {chars} characters; at most {MAX_CONVERSATION_CHARS} "
                               "are accepted")
+
+    def continued(self, begun: str) -> "Conversation":
+        """The conversation with the assistant's answer begun as ``begun``, which the answer
+        continues (`continues_final`)."""
+        return dataclasses.replace(self, messages=(*self.messages, Message("assistant", (begun,))), continues_final=True)
 
     def scored(self) -> "Conversation":
         """The conversation as a prompt for scoring given answers (`closes_thinking`)."""

@@ -77,13 +77,19 @@ class Qwen2DecoderAdapter:
         from jinja2 import TemplateError
 
         def render(conversation: Conversation) -> str:
+            continues = conversation.continues_final
             try:
                 text = self.tokenizer.apply_chat_template(conversation.template_form(), chat_template=self.chat_template,
-                                                          add_generation_prompt=True, tokenize=False,
+                                                          add_generation_prompt=not continues,
+                                                          continue_final_message=continues, tokenize=False,
                                                           tools=list(conversation.tools) or None,
                                                           **conversation.template_kwargs)
             except TemplateError as exc:   # the template's own rules (roles alternating, a system turn first ...)
                 raise ConfigError(f"{self.name}'s chat template refuses the conversation: {exc}") from exc
+            except ValueError as exc:   # a template that drops the final message's text: nothing to continue
+                if not continues:
+                    raise
+                raise ConfigError(f"{self.name}'s chat template cannot continue the final message: {exc}") from exc
             return self._closed_thinking(text) if conversation.closes_thinking else text
 
         ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, Conversation.of(question)),

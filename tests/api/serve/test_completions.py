@@ -504,3 +504,26 @@ def test_serve_ends_with_status_2_and_its_message_when_the_model_does_not_load(t
         assert main(["serve", *flags, *db]) == 2
         err = capsys.readouterr().err
         assert re.search(said, err) and "Traceback" not in err
+
+
+def test_an_answer_begun_is_continued_as_ask_continues_it(make_local_server, media, tiny_adapter):
+    """vLLM's ``continue_final_message`` with ``add_generation_prompt: false``: the reply is what
+    follows the assistant's answer begun, as `ask` gives it for the same conversation."""
+    begun = "The square is"
+    conversation = Conversation((Message("user", (VIDEO_PART, QUESTION)),)).continued(begun)
+    want = Asker(tiny_adapter).ask(media / "clip.mp4", conversation, sampling=SamplingConfig(fps=4.0),
+                                   generation=GenerationConfig(max_new_tokens=8))
+    messages = [*video_message(str(media / "clip.mp4")), {"role": "assistant", "content": begun}]
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        request = dict(model="tiny", messages=messages, max_tokens=8)
+        options = {"mm_processor_kwargs": {"fps": 4.0}}
+        whole = client.chat.completions.create(**request, extra_body={
+            **options, "continue_final_message": True, "add_generation_prompt": False})
+        assert whole.choices[0].message.content == want.answer
+        assert whole.usage.prompt_tokens == want.stats.prompt_tokens
+        for flags, said in [({"continue_final_message": True}, "goes with add_generation_prompt: false"),
+                            ({}, "an answer begun is continued with continue_final_message")]:
+            with pytest.raises(APIStatusError, match=said) as refused:
+                client.chat.completions.create(**request, extra_body={**options, **flags})
+            assert refused.value.status_code == 400

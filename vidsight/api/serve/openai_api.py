@@ -95,11 +95,15 @@ class ChatCompletionRequest(SamplingFields):
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None   # vLLM's: further variables for the chat template
+    # vLLM's: the last message is an answer begun, which the answer continues (then without a generation prompt).
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
     def video_and_conversation(self, default_template_kwargs: dict | None = None) -> tuple[str, Conversation]:
         """The one video and the conversation around it (system messages, earlier turns and tool
-        calls, the question in the last user message or a tool's result in the last tool
-        message); OpenAI's ``developer`` role is its ``system``. The request's chat template
+        calls, the question in the last user message, a tool's result in the last tool message,
+        or with ``continue_final_message`` an answer begun in the last assistant message); OpenAI's
+        ``developer`` role is its ``system``. The request's chat template
         arguments go over ``default_template_kwargs`` (the server's)."""
         videos, messages = [], []
         for message in self.messages:
@@ -116,9 +120,13 @@ class ChatCompletionRequest(SamplingFields):
                                     tuple(message.tool_calls or ()), message.tool_call_id))
         if len(videos) != 1:
             raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
+        if self.continue_final_message == self.add_generation_prompt:
+            raise RequestError(400, "continue_final_message: true goes with add_generation_prompt: false, and only "
+                                    "with it (an answer begun is continued, not followed by a new one)")
         try:
             template_kwargs = {**(default_template_kwargs or {}), **(self.chat_template_kwargs or {})}
-            return videos[0], Conversation(tuple(messages), template_kwargs, tuple(self.tools or ()))
+            return videos[0], Conversation(tuple(messages), template_kwargs, tuple(self.tools or ()),
+                                           continues_final=self.continue_final_message)
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
 
