@@ -209,3 +209,24 @@ def test_the_context_window_and_an_open_length_are_checked(tiny_model_dir):
         with pytest.raises(ConfigError, match=f"--max-model-len must be between 1 and .*context window of 32768 "
                                               f"tokens .*got {bad}"):
             load_model(tiny_model_dir, "cpu", max_model_len=bad)
+
+
+def test_a_stop_token_ends_the_answer_as_an_end_token_would(tiny_adapter, make_test_video):
+    """vLLM's ``stop_token_ids``: the answer is the unstopped one up to and including the first
+    of the tokens; before ``min_tokens`` the token cannot be chosen, as an end token cannot."""
+    path, _ = make_test_video(width=176, height=144, duration_s=1.5, bframes=False)
+    asker = Asker(tiny_adapter)
+    free = asker.ask(path, QUESTION, sampling=SAMPLING, generation=GenerationConfig(max_new_tokens=12))
+    ids = free.token_ids
+    k = next(k for k in range(1, len(ids)) if ids[k] not in ids[:k])
+    stopped = asker.ask(path, QUESTION, sampling=SAMPLING,
+                        generation=GenerationConfig(max_new_tokens=12, stop_token_ids=(ids[k], 5)))
+    assert stopped.token_ids == ids[:k + 1] and stopped.finish_reason == "stop"
+    late = asker.ask(path, QUESTION, sampling=SAMPLING,
+                     generation=GenerationConfig(max_new_tokens=12, stop_token_ids=[ids[k]], min_tokens=k + 2))
+    assert late.token_ids[:k] == ids[:k] and late.token_ids[k] != ids[k] and len(late.token_ids) >= k + 2
+    with pytest.raises(ConfigError, match=f"stop_token_ids: .* has no token {len(tiny_adapter.tokenizer)}"):
+        asker.ask(path, QUESTION, generation=GenerationConfig(stop_token_ids=(len(tiny_adapter.tokenizer),)))
+    for bad in ((-1,), ("7",), tuple(range(65))):
+        with pytest.raises(ConfigError, match="stop_token_ids takes at most 64 token ids"):
+            GenerationConfig(stop_token_ids=bad)

@@ -24,6 +24,7 @@ ASK_SETTINGS = {
     "top_p": ("generation", "top_p"), "top_k": ("generation", "top_k"), "min_p": ("generation", "min_p"),
     "seed": ("generation", "seed"), "min_tokens": ("generation", "min_tokens"),
     "ignore_eos": ("generation", "ignore_eos"), "stop": ("generation", "stop"),
+    "stop_token_ids": ("generation", "stop_token_ids"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
     "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
     "logit_bias": ("generation", "logit_bias"), "reasoning_parser": ("generation", "reasoning_parser"),

@@ -12,6 +12,7 @@ DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 REFRESH_MODES = ("full-comp", "anchors", "reuse", "deviation", "all")
 # Stop strings an answer takes (vLLM takes any number; OpenAI's API four).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 100   # OpenAI's bound on a token's logit bias, either way
 ALERT_AFTER = 2
@@ -74,6 +75,9 @@ class GenerationConfig:
             vLLM's ``ignore_eos`` for benchmarks of a fixed answer length).
         stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
             text ends before the first of them.
+        stop_token_ids: Tokens that end the answer when it produces one, beside the model's end
+            tokens and whatever ``ignore_eos`` says (vLLM's ``stop_token_ids``); the token is the
+            answer's last, its text shown unless it is a special token's.
         repetition_penalty: transformers' (CTRL's): every token of the prompt and of the answer so
             far has its logit divided by it (multiplied, when negative) before a token is chosen;
             1 is none. None takes the checkpoint's own (its ``generation_config.json``:
@@ -102,6 +106,7 @@ class GenerationConfig:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -127,6 +132,11 @@ class GenerationConfig:
         object.__setattr__(self, "stop", stop)
         if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):
             raise ConfigError(f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
+        stop_ids = tuple(self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", stop_ids)
+        if len(stop_ids) > MAX_STOP_TOKEN_IDS or not all(isinstance(t, int) and t >= 0 for t in stop_ids):
+            raise ConfigError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} token ids (whole numbers >= 0), "
+                              f"got {list(stop_ids)[:8]}")
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ConfigError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
         most = MAX_NEW_TOKENS if self.max_new_tokens is None else self.max_new_tokens

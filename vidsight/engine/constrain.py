@@ -72,16 +72,18 @@ def format_tokenizer(adapter):
 
 def check_generation(adapter, generation) -> None:
     """Refuse a `GenerationConfig` whose answer format ``adapter``'s tokenizer cannot hold, whose
-    thinking tags it lacks, or whose logit biases name tokens it does not have, before the video
+    thinking tags it lacks, or whose logit biases or stop tokens name tokens it does not have, before the video
     is read (the matcher itself is made at the answer's first token)."""
     if generation.answer_format is not None:
         format_tokenizer(adapter)
     if generation.reasoning_parser is not None:
         REASONING_PARSERS[generation.reasoning_parser].tag_ids(adapter)
-    unknown = [token for token, _ in generation.logit_bias if token >= len(adapter.tokenizer)]
-    if unknown:
-        raise ConfigError(f"logit_bias: {adapter.name} has no token {unknown[0]} (its ids run to "
-                          f"{len(adapter.tokenizer) - 1})")
+    for name, ids in (("logit_bias", [token for token, _ in generation.logit_bias]),
+                      ("stop_token_ids", generation.stop_token_ids)):
+        unknown = [token for token in ids if token >= len(adapter.tokenizer)]
+        if unknown:
+            raise ConfigError(f"{name}: {adapter.name} has no token {unknown[0]} (its ids run to "
+                              f"{len(adapter.tokenizer) - 1})")
 
 
 class FormatMatcher:

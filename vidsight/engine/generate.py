@@ -110,7 +110,8 @@ class Answer:
         string or the limit."""
         logits = self._penalised(adapter)
         if len(self.ids) < self.config.min_tokens:
-            ends = torch.tensor(sorted(adapter.eos_token_ids), dtype=torch.long, device=logits.device)
+            ends = torch.tensor(sorted({*adapter.eos_token_ids, *self.config.stop_token_ids}), dtype=torch.long,
+                                device=logits.device)
             logits = logits.index_fill(0, ends, float("-inf"))
         if self.config.reasoning_parser is not None and self.starts_thinking is None:
             self._begin_reasoning(adapter)
@@ -131,7 +132,7 @@ class Answer:
             self.logprobs.append((float(logprobs[token]), top.indices.tolist(), top.values.tolist()))
         if self.on_token is not None:
             self.on_token(self.ids)
-        ended = token in adapter.eos_token_ids and not self.config.ignore_eos
+        ended = (token in adapter.eos_token_ids and not self.config.ignore_eos) or token in self.config.stop_token_ids
         self.stopped = len(self.ids) >= self.config.min_tokens and (ended or self._stop_string(adapter))
         self.done = self.stopped or len(self.ids) == self.limit
         return token

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "repetition_penalty",
-                   "frequency_penalty", "presence_penalty", "logit_bias")
+SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "stop_token_ids",
+                   "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 
 
 class SamplingFields(BaseModel):
@@ -20,6 +20,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None   # vLLM's extra sampling parameter
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
