@@ -6,6 +6,7 @@ import torch
 from vidsight.engine import Asker, GenerationConfig, PrefillConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig, decode_frames, probe, sample_frames
+from vidsight.ingest.feed import FeedConfig
 from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import preprocess_video
@@ -363,3 +364,42 @@ def test_scoring_pauses_between_prefill_groups_and_scores_as_score(tiny_adapter,
             break
     assert pauses >= 2 and progress.answer.done
     assert progress.generate_alone().scores == Asker(tiny_adapter).score(path, QUESTION, choices, prefill=prefill).scores
+
+
+def _stream_copy_from(source, target, start_s: float) -> None:
+    """``source``'s packets from its keyframe at ``start_s`` on, copied unchanged into ``target``
+    (the clip as a lossless cutter writes it: the same coded pictures)."""
+    import av
+
+    with av.open(str(source)) as given, av.open(str(target), "w") as cut:
+        stream = given.streams.video[0]
+        copied = cut.add_stream_from_template(stream)
+        origin = None
+        for packet in given.demux(stream):
+            if packet.dts is None:
+                continue
+            if origin is None and packet.is_keyframe and float(packet.pts * stream.time_base) >= start_s - 1e-6:
+                origin = packet.pts
+            if origin is not None:
+                packet.stream = copied
+                cut.mux(packet)
+
+
+def test_a_clip_is_answered_as_the_clip_cut_from_the_file_is(tiny_adapter, make_test_video, tmp_path):
+    """``start_s``/``end_s`` ask about part of a file: the answer is the one to the same part
+    copied out of it at its keyframe (the same frames), on the sequential and parallel decoders."""
+    path, _ = make_test_video(width=176, height=144, fps=8, duration_s=4.0, gop=8, bframes=False, seed=11)
+    clip = tmp_path / "clip.mp4"
+    _stream_copy_from(path, clip, 2.0)
+    asker, generation = Asker(tiny_adapter), GenerationConfig(max_new_tokens=8)
+    cut = asker.ask(clip, QUESTION, sampling=SamplingConfig(fps=4.0), generation=generation)
+    assert cut.stats.frames == 8
+    for workers in (0, 2):
+        feed = FeedConfig(workers=workers, overlap=False)
+        part = asker.ask(path, QUESTION, sampling=SamplingConfig(fps=4.0, start_s=2.0, end_s=4.0),
+                         generation=generation, feed=feed)
+        assert part.token_ids == cut.token_ids and part.stats.frames == 8
+    # The same first-token logits, and not the whole file's: the clip, not the file, was seen.
+    logits = asker.prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=4.0, start_s=2.0))
+    assert torch.equal(logits, asker.prefill_logits(clip, QUESTION, sampling=SamplingConfig(fps=4.0)))
+    assert_input_matters(logits, asker.prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=4.0)), 0.0)

@@ -43,6 +43,26 @@ def test_sampled_frames_are_the_chosen_indices(make_test_video):
         np.testing.assert_array_equal(got, reference[index])
 
 
+@pytest.mark.parametrize("fields", VIDEOS)
+def test_a_clip_is_decoded_from_the_keyframe_before_it(make_test_video, monkeypatch, fields):
+    """A clip late in the file (`SamplingConfig.start_s`) is decoded from its GOP's keyframe, not
+    from the file's start, to the same frames a plain decode gives."""
+    from vidsight.ingest import decode
+
+    path, _ = make_test_video(**fields, gop=8)
+    info = probe(path)
+    indices = sample_frames(info, SamplingConfig(fps=5, start_s=1.0))
+    spans = []
+    monkeypatch.setattr(decode, "decode_span", lambda sink, first, last, threads, _span=decode.decode_span: (
+        spans.append(first), _span(sink, first, last, threads)))
+    batch = decode_frames(path, indices, info=info)
+    keyframe = int(info.keyframe_indices[info.gop_index_of(indices[:1])[0]])
+    assert spans == [keyframe] and 0 < keyframe <= indices[0]
+    reference = plain_pyav_frames(path)
+    for got, index in zip(batch.data.numpy(), indices):
+        np.testing.assert_array_equal(got, reference[index])
+
+
 def test_resize_on_decode(make_test_video):
     path, _ = make_test_video(**VIDEOS[0])
     batch = decode_frames(path, [0, 5], DecodeConfig(size=(120, 160)))

@@ -36,6 +36,11 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     ask.add_argument("--fps", type=_float, default=DEFAULT_FPS, help=f"frames sampled per second (default: {DEFAULT_FPS}, Qwen's)")
     ask.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, help=f"at most this many frames (default: {DEFAULT_MAX_FRAMES})")
+    ask.add_argument("--start", dest="start_s", type=_float, default=None, metavar="SECONDS",
+                     help="ask about the clip from SECONDS on (from the video's first frame): only its frames are "
+                          "decoded, from the keyframe before it (qwen-vl-utils' video_start)")
+    ask.add_argument("--end", dest="end_s", type=_float, default=None, metavar="SECONDS",
+                     help="... up to SECONDS (default: the video's end; video_end)")
     ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
     ask.add_argument("--logprobs", type=int, default=None, metavar="K",
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")

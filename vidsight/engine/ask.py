@@ -308,7 +308,7 @@ class Asker:
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
-                state = yield from fill(feed, plan, len(indices) / info.duration_s)
+                state = yield from fill(feed, plan, len(indices) / sampling.clip(info)[1])
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

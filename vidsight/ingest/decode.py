@@ -388,7 +388,8 @@ def decode_frames(
 ) -> FrameBatch:
     """Decode the frames at ``indices`` (presentation order) in one sequential pass over the file.
 
-    Decoding stops after the last wanted frame. Damaged packets are skipped; frames the decoder
+    Decoding starts at the keyframe before the first wanted frame (a timed stream's; an untimed
+    one is read from its start) and stops after the last. Damaged packets are skipped; frames the decoder
     could not produce are left out of the batch and counted in ``frames_lost``.
 
     Args:
@@ -403,5 +404,7 @@ def decode_frames(
     """
     info = info or probe(path)
     sink = FrameSink(path, info, indices, config, on_frame)
-    decode_span(sink, 0, int(sink.wanted[-1]), config.threads)
+    gop = int(info.gop_index_of(sink.wanted[:1])[0])
+    first = int(info.keyframe_indices[gop]) if info.timed and gop >= 0 else 0
+    decode_span(sink, first, int(sink.wanted[-1]), config.threads)
     return sink.batch("sequential")

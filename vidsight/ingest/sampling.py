@@ -20,11 +20,17 @@ class SamplingConfig:
 
     Attributes:
         fps: Requested samples per second of video time.
-        max_frames: Upper bound on samples; past it the samples are spread evenly over the video.
+        max_frames: Upper bound on samples; past it the samples are spread evenly over the clip.
+        start_s: Where the clip asked about begins, in seconds from the video's first frame (as a
+            player's timeline counts; qwen-vl-utils' ``video_start``): only its frames are decoded,
+            from the keyframe before it.
+        end_s: Where the clip ends (None, or past the video's end: at the end; ``video_end``).
     """
 
     fps: float = DEFAULT_FPS
     max_frames: int = DEFAULT_MAX_FRAMES
+    start_s: float = 0.0
+    end_s: float | None = None
 
     def __post_init__(self):
         if not np.isfinite(self.fps) or self.fps <= 0:
@@ -33,6 +39,22 @@ class SamplingConfig:
             raise ConfigError(f"fps {self.fps} is absurd; at most 1000 samples per second are supported")
         if self.max_frames < 1:
             raise ConfigError(f"max_frames must be at least 1, got {self.max_frames}")
+        if not np.isfinite(self.start_s) or self.start_s < 0:
+            raise ConfigError(f"the clip's start must be 0 s or later, got {self.start_s}")
+        if self.end_s is not None and not (np.isfinite(self.end_s) and self.end_s > self.start_s):
+            raise ConfigError(f"the clip's end ({self.end_s} s) must come after its start ({self.start_s} s)")
+
+    def clip(self, info: VideoInfo) -> tuple[float, float]:
+        """The clip's ``(start, length)`` in seconds from ``info``'s first frame, within the video.
+
+        Raises:
+            ConfigError: the clip starts at or past the video's end.
+        """
+        if self.start_s >= info.duration_s:
+            raise ConfigError(f"{info.path}: the clip starts at {self.start_s:g} s, at or past the video's end "
+                              f"({info.duration_s:.3f} s)")
+        end = info.duration_s if self.end_s is None else min(self.end_s, info.duration_s)
+        return self.start_s, end - self.start_s
 
 
 def nearest_frames(info: VideoInfo, times_s: np.ndarray) -> np.ndarray:
@@ -49,15 +71,17 @@ def nearest_frames(info: VideoInfo, times_s: np.ndarray) -> np.ndarray:
 def sample_frames(info: VideoInfo, config: SamplingConfig) -> np.ndarray:
     """Frame indices to decode, ascending and unique.
 
-    Samples are taken at ``start + k / fps``; if that gives more than ``max_frames``, the
-    ``max_frames`` times are spread evenly over the video instead. Each time is mapped to the
+    Samples are taken at ``k / fps`` from the clip's start (the video's first frame unless
+    ``start_s`` says otherwise); if that gives more than ``max_frames``, the ``max_frames`` times
+    are spread evenly over the clip instead. Each time is mapped to the
     frame nearest it in the file's timestamp table, so variable frame rate and a non-zero start
     time are handled exactly.
     """
-    count = max(1, int(np.floor(info.duration_s * config.fps + 1e-9)))
+    start, length = config.clip(info)
+    count = max(1, int(np.floor(length * config.fps + 1e-9)))
     if count <= config.max_frames:
-        times = info.start_time_s + np.arange(count) / config.fps
+        times = info.start_time_s + start + np.arange(count) / config.fps
     else:
-        step = info.duration_s / config.max_frames
-        times = info.start_time_s + (np.arange(config.max_frames) + 0.5) * step
+        step = length / config.max_frames
+        times = info.start_time_s + start + (np.arange(config.max_frames) + 0.5) * step
     return np.unique(nearest_frames(info, times))

@@ -113,3 +113,17 @@ def test_malformed_answer_formats_are_refused(fields, said):
     body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **fields)
     with pytest.raises(RequestError, match=said):
         body.ask_options()
+
+
+def test_a_clip_is_asked_for_by_qwens_names_or_the_flags_names():
+    """qwen-vl-utils' ``video_start``/``video_end`` (or ``start_s``/``end_s``), in
+    ``mm_processor_kwargs`` or ``media_io_kwargs.video``, give the sampling ``ask --start --end`` gives."""
+    flags = vars(build_parser().parse_args(["ask", "v.mp4", "q", "--start", "60", "--end", "90.5"]))
+    sampling = ask_configs(flags)[0]
+    assert (sampling.start_s, sampling.end_s) == (60.0, 90.5)
+    for given in ({"mm_processor_kwargs": {"video_start": 60, "video_end": 90.5}},
+                  {"media_io_kwargs": {"video": {"start_s": 60, "end_s": 90.5}}}):
+        body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **given)
+        assert ask_configs(body.ask_options())[0] == sampling
+    with pytest.raises(ConfigError, match=r"the clip's end \(10 s\) must come after its start \(60 s\)"):
+        ask_configs(request(video_start=60, video_end=10).ask_options())

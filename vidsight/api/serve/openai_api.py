@@ -21,7 +21,7 @@ from vidsight.models.conversation import VIDEO_PART, Conversation, Message
 # Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
 # ``num_frames``; generation settings come from the request's own fields.
 PROCESSOR_KWARGS = {**{name: name for name, (config, _) in ASK_SETTINGS.items() if config != "generation"},
-                    "num_frames": "max_frames"}
+                    "num_frames": "max_frames", "video_start": "start_s", "video_end": "end_s"}
 # A structured-output choice's bounds: each answer given is scored, so their number and length are capped.
 MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
 # Answers one request may ask for (``n``): each is decoded beside the others, so they are capped.
