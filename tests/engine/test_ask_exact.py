@@ -403,3 +403,28 @@ def test_a_clip_is_answered_as_the_clip_cut_from_the_file_is(tiny_adapter, make_
     logits = asker.prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=4.0, start_s=2.0))
     assert torch.equal(logits, asker.prefill_logits(clip, QUESTION, sampling=SamplingConfig(fps=4.0)))
     assert_input_matters(logits, asker.prefill_logits(path, QUESTION, sampling=SamplingConfig(fps=4.0)), 0.0)
+
+
+def test_a_conversation_of_text_alone_is_answered_as_transformers_generate_answers_it(family_adapter):
+    """No video (a chat client's small talk or title): the answer is transformers' `generate` on
+    the template's text, every family, and the first token's logits its logits."""
+    talk = Conversation((Message("system", ("Answer in one word.",)), Message("user", ("Hello, who are you?",)),
+                         Message("assistant", ("A camera.",)), Message("user", ("What do you see?",))))
+    adapter = family_adapter
+    result = Asker(adapter).ask(None, talk, generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
+    ids = adapter.build_prompt(talk, 0).input_ids[None]
+    out = adapter.model.generate(**on_device(dict(input_ids=ids, attention_mask=torch.ones_like(ids))),
+                                 max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+    assert_same_greedy_ids(result.token_ids, out.sequences[0, ids.shape[1]:].tolist(), out.logits)
+    assert (result.stats.prompt_tokens, result.stats.frames, result.stats.visual_tokens) == (ids.shape[1], 0, 0)
+    assert_logits_close(Asker(adapter).prefill_logits(None, talk), out.logits[0][0])
+
+
+def test_a_video_goes_with_a_conversation_that_has_a_place_for_it(tiny_adapter, make_test_video):
+    path, _ = make_test_video(width=176, height=144, duration_s=1.5, bframes=False)
+    talk = Conversation((Message("user", ("Hello",)),))
+    with pytest.raises(ConfigError, match="the conversation has none"):
+        Asker(tiny_adapter).ask(path, talk)
+    with pytest.raises(ConfigError, match="no video was given"):
+        Asker(tiny_adapter).ask(None, QUESTION)

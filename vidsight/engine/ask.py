@@ -16,8 +16,8 @@ from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
 from vidsight.engine.constrain import check_generation
 from vidsight.engine.reasoning import REASONING_PARSERS
 from vidsight.engine.generate import Answer, AnswerInProgress, TokenLogprob, token_logprobs
-from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_video,
-                                     prefill_video_steps)
+from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_text,
+                                     prefill_video, prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
 from vidsight.engine.prompt import plan_video
 from vidsight.engine.request import Request
@@ -28,6 +28,7 @@ from vidsight.engine.text_stream import TextStream, answer_text
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
+from vidsight.errors import ConfigError
 from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
 from vidsight.models.conversation import Conversation
@@ -129,15 +130,15 @@ class Asker:
         self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
         self.prefix_cache = prefix_cache
 
-    def ask(self, video: str | Path, question: str | Conversation, **options) -> AskResult:
+    def ask(self, video: str | Path | None, question: str | Conversation, **options) -> AskResult:
         """Answer ``question`` (or the last message of a conversation, `Conversation`) about the
-        video file ``video``; ``options`` are `begin`'s (sampling,
+        video file ``video`` (None for a conversation of text alone); ``options`` are `begin`'s (sampling,
         generation, prefill and feed settings, ``progress``, ``on_text``)."""
         return self.begin(video, question, **options).generate_alone()
 
     def begin(
         self,
-        video: str | Path,
+        video: str | Path | None,
         question: str | Conversation,
         *,
         sampling: SamplingConfig = SamplingConfig(),
@@ -156,7 +157,8 @@ class Asker:
         return run_to_end(self.begin_steps(video, question, sampling=sampling, generation=generation, prefill=prefill,
                                            feed=feed, progress=progress, on_text=on_text), self.adapter)
 
-    def begin_steps(self, video: str | Path, question: str | Conversation, *, sampling: SamplingConfig = SamplingConfig(),
+    def begin_steps(self, video: str | Path | None, question: str | Conversation, *,
+                    sampling: SamplingConfig = SamplingConfig(),
                     generation: GenerationConfig = GenerationConfig(), prefill: PrefillConfig = PrefillConfig(),
                     feed: FeedConfig = FeedConfig(), progress: bool = False,
                     on_text: Callable[[str], None] | None = None) -> Preemptible[AskInProgress]:
@@ -200,7 +202,7 @@ class Asker:
 
     def prefill_logits(
         self,
-        video: str | Path,
+        video: str | Path | None,
         question: str | Conversation,
         *,
         sampling: SamplingConfig = SamplingConfig(),
@@ -214,7 +216,7 @@ class Asker:
 
     def score(
         self,
-        video: str | Path,
+        video: str | Path | None,
         question: str | Conversation,
         continuations: Sequence[str],
         *,
@@ -229,7 +231,7 @@ class Asker:
         return run_to_end(self.score_steps(video, question, continuations, sampling=sampling, prefill=prefill,
                                            feed=feed, progress=progress), self.adapter).finish()
 
-    def score_steps(self, video: str | Path, question: str | Conversation, continuations: Sequence[str], *,
+    def score_steps(self, video: str | Path | None, question: str | Conversation, continuations: Sequence[str], *,
                     sampling: SamplingConfig = SamplingConfig(), prefill: PrefillConfig = PrefillConfig(),
                     feed: FeedConfig = FeedConfig(), progress: bool = False) -> Preemptible[ScoreInProgress]:
         """`score` as preemptible work up to its scoring, as `begin_steps` is `ask`'s: a server
@@ -247,7 +249,13 @@ class Asker:
 
     def _prefill(self, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
                  feed_config: FeedConfig, answer_room: int, request: Request) -> Preemptible[Prefilled]:
-        """Decode (or start decoding), then prefill group by group; room for ``answer_room`` tokens after."""
+        """Decode (or start decoding), then prefill group by group; room for ``answer_room`` tokens after.
+        A conversation without a video part is its text alone, prefilled at once (``video`` None)."""
+        if question.has_video != (video is not None):
+            raise ConfigError("a video goes with a conversation holding a video part, and only with one: "
+                              + ("the conversation has none" if video is not None else "no video was given"))
+        if video is None:
+            return prefill_text(self.adapter, question, answer_room, request)
         key = None
         if self.prefix_cache is not None:
             layout = self.adapter.build_prompt(question, 0)
@@ -315,7 +323,7 @@ class Asker:
         return state
 
 
-def ask(video: str | Path, question: str | Conversation, model=DEFAULT_MODEL, **options) -> AskResult:
+def ask(video: str | Path | None, question: str | Conversation, model=DEFAULT_MODEL, **options) -> AskResult:
     """Answer one question about a video file, loading ``model`` for this call.
 
     Keyword options are those of `Asker.begin` (``sampling``, ``generation``, ``prefill``, ``feed``,

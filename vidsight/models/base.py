@@ -136,7 +136,7 @@ class VLMAdapter(Protocol):
 
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-templated prompt of a question or a conversation (`Conversation`), its video
-        a span of ``video_tokens`` tokens."""
+        a span of ``video_tokens`` tokens (a conversation without a video: none, at the end)."""
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """Token ids the family puts around temporal patch ``index`` of a video (``time_s`` the

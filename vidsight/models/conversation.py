@@ -1,5 +1,5 @@
-"""A conversation around one video: what a chat client sends (a system message, earlier turns, the
-question to answer), rendered by the checkpoint's own chat template (`VLMAdapter.build_prompt`).
+"""A conversation around one video (or none): what a chat client sends (a system message, earlier
+turns, the question to answer), rendered by the checkpoint's own chat template (`VLMAdapter.build_prompt`).
 
 A plain question is the conversation of one user turn, the video and then the question, which is
 what `ask` has always prompted with; the template adds its own default system turn where it has one.
@@ -102,8 +102,8 @@ def _arguments(call: dict):
 
 @dataclasses.dataclass(frozen=True)
 class Conversation:
-    """Messages around exactly one video, ending with the user's turn to answer (or with an answer
-    begun, to continue).
+    """Messages around at most one video (text alone, as a chat client's title or small talk, is
+    answered too), ending with the user's turn to answer (or with an answer begun, to continue).
 
     Attributes:
         messages: The turns in order: ``system``, ``user``, ``assistant`` and ``tool`` messages;
@@ -139,9 +139,9 @@ class Conversation:
             if any(not isinstance(part, str) and part is not VIDEO_PART for part in message.parts):
                 raise ConfigError("a message's parts are texts and the video")
         videos = [(message.role, part) for message in self.messages for part in message.parts if part is VIDEO_PART]
-        if len(videos) != 1:
-            raise ConfigError(f"a conversation holds exactly one video, not {len(videos)}")
-        if videos[0][0] != "user":
+        if len(videos) > 1:
+            raise ConfigError(f"a conversation holds at most one video, not {len(videos)}")
+        if videos and videos[0][0] != "user":
             raise ConfigError(f"the video must be in a user message, not the {videos[0][0]}'s")
         last = self.messages[-1]
         if self.continues_final:
@@ -179,6 +179,10 @@ class Conversation:
         check_question(question)
         user = Message("user", (VIDEO_PART, question))
         return cls((Message("system", (system,)), user) if system is not None else (user,), template_kwargs or {})
+
+    @property
+    def has_video(self) -> bool:
+        return any(part is VIDEO_PART for message in self.messages for part in message.parts)
 
     @property
     def question(self) -> str:

@@ -73,7 +73,8 @@ class Qwen2DecoderAdapter:
     # -- text ----------------------------------------------------------------------------------
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-formatted prompt of a conversation (a question: one user turn holding the
-        video, then the question), ready for the answer."""
+        video, then the question), ready for the answer; a conversation without a video is its
+        text alone (``video_tokens`` 0, the span's place the prompt's end)."""
         from jinja2 import TemplateError
 
         def render(conversation: Conversation) -> str:
@@ -92,8 +93,12 @@ class Qwen2DecoderAdapter:
                 raise ConfigError(f"{self.name}'s chat template cannot continue the final message: {exc}") from exc
             return self._closed_thinking(text) if conversation.closes_thinking else text
 
-        ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, Conversation.of(question)),
-                           dtype=torch.long)
+        conversation = Conversation.of(question)
+        ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, conversation), dtype=torch.long)
+        if not conversation.has_video:   # text alone: no span, its place the prompt's end
+            if video_tokens:
+                raise ConfigError(f"a conversation without a video part has no place for {video_tokens} video tokens")
+            return PromptLayout(ids, len(ids), 0)
         slots = torch.nonzero(ids == self.template_video_id).flatten()
         if len(slots) != 1:
             raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")

@@ -2,6 +2,7 @@
 
 import base64
 import dataclasses
+import os
 import re
 
 import pytest
@@ -527,3 +528,23 @@ def test_an_answer_begun_is_continued_as_ask_continues_it(make_local_server, med
             with pytest.raises(APIStatusError, match=said) as refused:
                 client.chat.completions.create(**request, extra_body={**options, **flags})
             assert refused.value.status_code == 400
+
+
+def test_a_request_of_text_alone_is_answered_as_ask_answers_it(make_local_server, tiny_adapter, scratch):
+    """No video_url part (a chat client's greeting, or the title it asks for): answered as `ask`
+    answers the conversation without a video, whole, streamed and as a choice; nothing fetched."""
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello, who are you?"}]
+    talk = Conversation((Message("system", ("Answer briefly.",)), Message("user", ("Hello, who are you?",))))
+    want = Asker(tiny_adapter).ask(None, talk, generation=GenerationConfig(max_new_tokens=10))
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10)
+        assert whole.choices[0].message.content == want.answer
+        assert whole.usage.prompt_tokens == want.stats.prompt_tokens
+        chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.answer
+        scores = Asker(tiny_adapter).score(None, talk, ["yes", "no"])
+        chosen = client.chat.completions.create(model="tiny", messages=messages,
+                                                extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        assert chosen.choices[0].message.content == scores.scores[scores.best].text
+    assert not os.listdir(scratch)

@@ -45,8 +45,8 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, video: str, conversation: Conversation,
-                   sampling, generation, prefill, tools: ToolChoice):
+async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, video: str | None,
+                   conversation: Conversation, sampling, generation, prefill, tools: ToolChoice):
     """Answer one chat completion (``body.n`` answers, which hold ``n`` of the server's places and
     count as ``n`` of ``tenant``'s requests), streamed as OpenAI's chunks or whole; each answer's
     tool calls read as ``tools`` says."""
@@ -157,7 +157,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def choose(server: Server, body: ChatCompletionRequest, video: str, conversation: Conversation, sampling,
+async def choose(server: Server, body: ChatCompletionRequest, video: str | None, conversation: Conversation, sampling,
                  prefill, choices: list[str]):
     """Answer with the likeliest of ``choices`` (vLLM's structured-output choice): each scored after
     one prefill of the video and conversation (`Asker.score_steps`: the prefill preemptible as a

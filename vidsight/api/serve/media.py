@@ -66,9 +66,11 @@ def stream_source(url: str, config: ServeConfig) -> tuple[str, dict]:
 
 
 @contextlib.asynccontextmanager
-async def video_file(url: str, config: ServeConfig) -> AsyncIterator[Path]:
-    """A local file holding the video ``url`` names, for the length of the request."""
-    if url.startswith(("http://", "https://", "data:")):
+async def video_file(url: str | None, config: ServeConfig) -> AsyncIterator[Path | None]:
+    """A local file holding the video ``url`` names, for the length of the request (None for none)."""
+    if url is None:
+        yield None
+    elif url.startswith(("http://", "https://", "data:")):
         scratch = Path(tempfile.mkdtemp(prefix="vidsight-media-"))
         try:
             target = scratch / "video"

@@ -99,12 +99,12 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     add_generation_prompt: bool = True
 
-    def video_and_conversation(self, default_template_kwargs: dict | None = None) -> tuple[str, Conversation]:
-        """The one video and the conversation around it (system messages, earlier turns and tool
-        calls, the question in the last user message, a tool's result in the last tool message,
-        or with ``continue_final_message`` an answer begun in the last assistant message); OpenAI's
-        ``developer`` role is its ``system``. The request's chat template
-        arguments go over ``default_template_kwargs`` (the server's)."""
+    def video_and_conversation(self, default_template_kwargs: dict | None = None) -> tuple[str | None, Conversation]:
+        """The video (None for a request of text alone) and the conversation around it (system
+        messages, earlier turns and tool calls, the question in the last user message, a tool's
+        result in the last tool message, or with ``continue_final_message`` an answer begun in the
+        last assistant message); OpenAI's ``developer`` role is its ``system``. The request's chat
+        template arguments go over ``default_template_kwargs`` (the server's)."""
         videos, messages = [], []
         for message in self.messages:
             role = "system" if message.role == "developer" else message.role
@@ -112,20 +112,21 @@ class ChatCompletionRequest(SamplingFields):
             parts = [Part(type="text", text=content)] if isinstance(content, str) else content
             unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
             if unsupported:
-                raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and one video_url")
+                raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and at most one "
+                                        "video_url")
             if role != "user" and any(p.type == "video_url" for p in parts):
                 raise RequestError(400, f"the video must be in a user message, not the {message.role}'s")
             videos += [p.video_url.url for p in parts if p.type == "video_url"]
             messages.append(Message(role, tuple(VIDEO_PART if p.type == "video_url" else p.text for p in parts),
                                     tuple(message.tool_calls or ()), message.tool_call_id))
-        if len(videos) != 1:
-            raise RequestError(400, f"a request needs exactly one video_url part, got {len(videos)}")
+        if len(videos) > 1:
+            raise RequestError(400, f"a request holds at most one video_url part, got {len(videos)}")
         if self.continue_final_message == self.add_generation_prompt:
             raise RequestError(400, "continue_final_message: true goes with add_generation_prompt: false, and only "
                                     "with it (an answer begun is continued, not followed by a new one)")
         try:
             template_kwargs = {**(default_template_kwargs or {}), **(self.chat_template_kwargs or {})}
-            return videos[0], Conversation(tuple(messages), template_kwargs, tuple(self.tools or ()),
+            return (videos or [None])[0], Conversation(tuple(messages), template_kwargs, tuple(self.tools or ()),
                                            continues_final=self.continue_final_message)
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from exc
