@@ -225,3 +225,32 @@ def test_the_pixel_rule_reads_10_bit_and_hdr_luma_in_place_as_8_bit_sdr(tmp_path
     for name in ("sdr10", "pq", "hlg"):
         difference = np.abs(reduced[name] - reduced["sdr8"])   # sums of four samples
         assert difference.mean() < 2.5 and difference[low].max() <= 6, name
+
+
+@pytest.mark.parametrize("transfer", ["pq", "hlg"])
+def test_a_large_hdr_frame_is_mapped_at_twice_the_size_it_is_resized_to(tmp_path, transfer):
+    """`ask`'s decoder path (its resize given): an HDR frame over twice the model's size is scaled
+    by FFmpeg to twice it before it is mapped (4K costs a twelfth), for final pixels close to
+    mapping it whole; an SDR frame, and one not that large, are read whole as before."""
+    from vidsight.ingest.picture import to_rgb_to_resize
+    from vidsight.vision.preprocess import resize_frames
+
+    path = tmp_path / f"{transfer}.mp4"
+    store_hdr(path, transfer, picture())
+    info = probe(path)
+    with av.open(str(path)) as container:
+        frame = next(container.decode(video=0))
+    assert to_rgb_to_resize(frame, (24, 32)).shape == (48, 64, 3)
+    assert np.array_equal(to_rgb_to_resize(frame, (48, 64)), to_rgb(frame))   # not over twice: whole
+    decoded = decode_frames(path, np.array([0, 3]), DecodeConfig(size=(24, 32), resize=resize_frames), info).data
+    whole = resize_frames(decode_frames(path, np.array([0, 3]), DecodeConfig(), info).data, (24, 32))
+    error = (decoded.permute(0, 3, 1, 2).int() - whole.int()).abs().float()
+    # The grey ramp below (each 8-pixel step now 2 pixels): within a level. The random blocks above
+    # (8x8 of saturated colours, each now 2x1.5 pixels, so every pixel an edge): within 1.5 levels
+    # on average; real footage, 0.23-0.35 (docs/benchmarks.md).
+    assert error[..., 14:, :].max() <= 1 and 0 < error.mean() < 1.5
+    sdr = tmp_path / "sdr.mp4"
+    store_hdr(sdr, None, picture())
+    with av.open(str(sdr)) as container:
+        plain = next(container.decode(video=0))
+    assert np.array_equal(to_rgb_to_resize(plain, (24, 32)), to_rgb(plain))

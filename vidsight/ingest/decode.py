@@ -21,7 +21,7 @@ from vidsight.ingest.judge import (MOTION_VECTOR_CODECS, FrameJudge, SampleSigna
 from vidsight.ingest.motion import motion_map
 from vidsight.ingest.nal import is_non_reference, nal_length_size
 from vidsight.ingest.orientation import quarter_turns, stored_size, upright, upright_codec
-from vidsight.ingest.picture import to_rgb
+from vidsight.ingest.picture import to_rgb, to_rgb_to_resize
 from vidsight.ingest.probe import probe
 from vidsight.ingest.seek import demux_packets, packets_from_keyframe, shown
 from vidsight.ingest.types import CodecInfo, FrameBatch, VideoInfo
@@ -41,7 +41,8 @@ class DecodeConfig:
         resize: The resize to use instead of swscale: called with ``(1, H, W, 3)`` uint8 RGB
             frames at the coded size and ``size``, returns ``(1, 3, h, w)`` uint8 (e.g. the
             model's own preprocessing resize, so the frames equal what resizing them later would
-            give, while the buffer holds only resized frames).
+            give, while the buffer holds only resized frames); an HDR or wide-gamut frame over
+            twice ``size`` is mapped after FFmpeg scales it to twice ``size`` (`to_rgb_to_resize`).
         with_codec_info: Return per-frame frame types, GOP indices and (H.264) motion vectors.
             Vectors need FFmpeg's export_mvs with slice threading or none: frame threading returns
             wrong, run-to-run different B-frame vectors.
@@ -136,7 +137,8 @@ class FrameSink:
             height, width = stored_size(self.height, self.width, turns)
             self.data[slot] = torch.from_numpy(upright(to_rgb(frame, (height, width)), turns))
         else:
-            coded = torch.from_numpy(upright(to_rgb(frame), turns))[None]
+            coded = torch.from_numpy(upright(to_rgb_to_resize(frame, stored_size(self.height, self.width, turns)),
+                                             turns))[None]
             self.data[slot] = self.config.resize(coded, (self.height, self.width))[0].permute(1, 2, 0)
         if self.config.with_codec_info:
             gop = int(self.info.gop_index_of(np.array([index]))[0])

@@ -16,6 +16,9 @@ import numpy as np
 
 from vidsight.ingest.colour import mapping_of, to_sdr
 
+# How much larger than the model's input a mapped frame is kept for the model's own resize.
+MAPPED_OVERSAMPLING = 2
+
 
 def to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndarray:
     """``frame`` as 8-bit BT.709 SDR RGB ``(H, W, 3)``, scaled to ``size`` ``(height, width)`` by
@@ -28,6 +31,19 @@ def to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndar
         return av.VideoFrame.from_ndarray(whole, format="rgb24").to_ndarray(
             format="rgb24", height=size[0], width=size[1], interpolation="BICUBIC")
     return _converted(frame, size)
+
+
+def to_rgb_to_resize(frame: av.VideoFrame, size: tuple[int, int]) -> np.ndarray:
+    """``frame`` as `to_rgb` gives it, for a resize to ``size`` ``(height, width)`` that follows: at
+    its stored size; but a frame whose colours are mapped (HDR, wide gamut) and that is over twice
+    ``size`` both ways is first scaled by FFmpeg to twice ``size``. Mapping is per pixel and costs
+    at 4K twelve times what it does there (`docs/benchmarks.md`, "HDR video"), for final pixels
+    0.2-0.35 intensity levels apart on average."""
+    if mapping_of(frame) is not None and not frame.interlaced_frame:
+        between = (MAPPED_OVERSAMPLING * size[0], MAPPED_OVERSAMPLING * size[1])
+        if between[0] < frame.height and between[1] < frame.width:
+            return _converted(frame, between)
+    return to_rgb(frame)
 
 
 def _converted(frame: av.VideoFrame, size: tuple[int, int] | None) -> np.ndarray:

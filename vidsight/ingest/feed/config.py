@@ -21,7 +21,9 @@ class FeedConfig:
         resize_in_decoder: Resize each frame to the model's input size in the decoding thread,
             with the model's own resize, so the frame buffer holds model-size frames instead of
             full-size ones (exact for a model on the CPU: the pixels its preprocessing gives; on
-            a GPU preprocessing resizes in float, which can differ by one intensity step).
+            a GPU preprocessing resizes in float, which can differ by one intensity step). An HDR
+            frame over twice that size is mapped after FFmpeg scales it to twice it (a twelfth of
+            4K's cost; a third of a level apart on average, `picture.to_rgb_to_resize`).
         split_cores: While overlapped decoders run, give a model on the CPU only the cores they
             leave instead of oversubscribing them (`CoreSplit`; exact up to float rounding).
     """
