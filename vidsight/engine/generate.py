@@ -61,7 +61,7 @@ class Answer:
             ``max_new_tokens``, which must then be set).
         ids: Generated ids, ending with the end token when one was produced.
         done: No more tokens will come (an end token, a stop string, the limit, or `cancel`).
-        stopped: An end token or a stop string ended it (not the limit, nor `cancel`).
+        stopped: An end token (or one of `stop_token_ids`) or a stop string ended it (not the limit, nor `cancel`).
         cancelled: `cancel` ended it (every id chosen was fed to the cache).
         logprobs: With ``config.logprobs``, per chosen token ``(logprob, top ids, top logprobs)``.
         starts_thinking: With ``config.reasoning_parser``, whether the answer began inside the
