@@ -24,6 +24,11 @@ def test_the_text_ends_before_the_first_stop_string_and_a_possible_beginning_wai
     assert answer_text("Red.\nQ", ("\nQ:",), final=False) == "Red."
     assert answer_text("\nRed", ("\n",)) == ""                       # stops before anything, as vLLM does
     assert answer_text(" Red ", ()) == answer_text(" Red ", (), final=False) == "Red"
+    # Kept (vLLM's include_stop_str_in_output): through the first stop string, whole or streamed.
+    for final in (True, False):
+        assert answer_text(" Red. Then blue.\nQ: why", ("\nQ:", ". T"), final, keep_stop=True) == "Red. T"
+        assert answer_text("Red.\nQ: x", ("\nQ:",), final, keep_stop=True) == "Red.\nQ:"
+    assert answer_text("Red.\nQ", ("\nQ:",), final=False, keep_stop=True) == "Red."   # not a stop yet: held
 
 
 def test_stop_settings_are_checked():
@@ -49,6 +54,12 @@ def test_an_answer_stops_at_the_token_that_completes_a_stop_string(tiny_adapter,
     assert stopped.answer == decode(ids).split(stop, 1)[0].strip() and stop not in stopped.answer
     assert "".join(pieces) == stopped.answer
     assert stopped.to_dict()["finish_reason"] == "stop"
+    # vLLM's include_stop_str_in_output: the same tokens, the text through the stop string.
+    pieces = []
+    kept = asker.ask(path, QUESTION, sampling=SAMPLING, on_text=pieces.append,
+                     generation=GenerationConfig(max_new_tokens=12, stop=(stop,), include_stop_str_in_output=True))
+    before, _, _ = decode(ids).partition(stop)
+    assert kept.token_ids == stopped.token_ids and kept.answer == (before + stop).strip() and "".join(pieces) == kept.answer
 
 
 class _Model:

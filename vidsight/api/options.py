@@ -159,6 +159,8 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                        help="lower the logit of each token already in the answer by this (OpenAI's; -2 to 2)")
     group.add_argument("--stop", action="append", metavar="TEXT",
                        help="end the answer where it produces TEXT, which is left out (repeatable; OpenAI's stop)")
+    group.add_argument("--include-stop-str-in-output", action="store_true",
+                       help="the answer runs through the stop string that ended it (vLLM's include_stop_str_in_output)")
     group.add_argument("--stop-token-id", dest="stop_token_ids", action="append", type=int, metavar="ID",
                        help="end the answer where it produces token ID, beside the model's end tokens (repeatable; "
                             "vLLM's stop_token_ids)")

@@ -26,6 +26,7 @@ ASK_SETTINGS = {
     "seed": ("generation", "seed"), "min_tokens": ("generation", "min_tokens"),
     "ignore_eos": ("generation", "ignore_eos"), "stop": ("generation", "stop"),
     "stop_token_ids": ("generation", "stop_token_ids"),
+    "include_stop_str_in_output": ("generation", "include_stop_str_in_output"),
     "repetition_penalty": ("generation", "repetition_penalty"), "logprobs": ("generation", "logprobs"),
     "frequency_penalty": ("generation", "frequency_penalty"), "presence_penalty": ("generation", "presence_penalty"),
     "logit_bias": ("generation", "logit_bias"), "reasoning_parser": ("generation", "reasoning_parser"),

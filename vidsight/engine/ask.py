@@ -78,7 +78,8 @@ class AskInProgress(AnswerInProgress):
     def __init__(self, adapter, state: Prefilled, generation: GenerationConfig, request: Request,
                  on_text: Callable[[str], None] | None = None):
         self.request = request
-        self._stream = TextStream(adapter, on_text, generation.stop) if on_text is not None else None
+        self._stream = (TextStream(adapter, on_text, generation.stop, generation.include_stop_str_in_output)
+                        if on_text is not None else None)
         # Text streamed out shows the answer's progress itself (and a bar would break its lines).
         limit = generation.answer_limit(adapter.context_window, state.cache.length)
         self._bar = tqdm(total=limit, desc="generate", unit="tok", disable=not request.progress or on_text is not None,
@@ -102,7 +103,8 @@ class AskInProgress(AnswerInProgress):
         clock.charge("generate", self._since)
         clock.stats.generated_tokens = len(ids)
         answer = self.answer
-        reasoning, text = None, answer_text(self.adapter.decode_text(ids), answer.config.stop)
+        reasoning, text = None, answer_text(self.adapter.decode_text(ids), answer.config.stop,
+                                                   keep_stop=answer.config.include_stop_str_in_output)
         if answer.config.reasoning_parser is not None:
             reasoning, text = REASONING_PARSERS[answer.config.reasoning_parser].split(text, bool(answer.starts_thinking))
         return AskResult(answer=text, token_ids=ids, stats=clock.finish(), reasoning=reasoning,

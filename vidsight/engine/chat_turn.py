@@ -58,7 +58,8 @@ class ChatInProgress(AnswerInProgress):
                  on_text: Callable[[str], None] | None):
         super().__init__(session.adapter, None)
         self.session, self.question, self.generation = session, question, generation
-        self.stream = TextStream(session.adapter, on_text, generation.stop) if on_text is not None else None
+        self.stream = (TextStream(session.adapter, on_text, generation.stop, generation.include_stop_str_in_output)
+                       if on_text is not None else None)
         self.before = session.cache.length
         self.stats = ChatStats(time_s=session.time_s, frames_seen=session.frames_seen, cached_tokens=self.before)
         self.clock = StageClock(self.stats, session.adapter.device, reset_peak=False)
@@ -101,7 +102,8 @@ class ChatInProgress(AnswerInProgress):
         session._answering = None
         if self.stream is not None:
             self.stream.finish(ids)
-        text = answer_text(self.adapter.decode_text(ids), self.generation.stop)
+        text = answer_text(self.adapter.decode_text(ids), self.generation.stop,
+                           keep_stop=self.generation.include_stop_str_in_output)
         if session.config.keep_dialogue and not self.answer.cancelled:
             context = self.answer.context.tolist()
             if self.answer.stopped and ids[-1] not in self.adapter.eos_token_ids:

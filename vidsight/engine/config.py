@@ -75,6 +75,8 @@ class GenerationConfig:
             vLLM's ``ignore_eos`` for benchmarks of a fixed answer length).
         stop: Strings that end the answer when it produces one (OpenAI's ``stop``); the answer's
             text ends before the first of them.
+        include_stop_str_in_output: The answer's text runs through the stop string that ended it
+            (vLLM's ``include_stop_str_in_output``), instead of ending before it.
         stop_token_ids: Tokens that end the answer when it produces one, beside the model's end
             tokens and whatever ``ignore_eos`` says (vLLM's ``stop_token_ids``); the token is the
             answer's last, its text shown unless it is a special token's.
@@ -106,6 +108,7 @@ class GenerationConfig:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] = ()
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0

@@ -75,6 +75,16 @@ def test_a_stop_string_ends_the_answer_streamed_or_not(make_local_server, media,
     assert whole.usage.completion_tokens == len(want.token_ids)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.answer
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    kept = Asker(tiny_adapter).ask(media / "clip.mp4", QUESTION, sampling=SamplingConfig(fps=4.0), generation=
+                                   GenerationConfig(max_new_tokens=12, stop=(stop,), include_stop_str_in_output=True))
+    assert kept.answer.endswith(stop) and kept.token_ids == want.token_ids
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        extra = {"mm_processor_kwargs": {"fps": 4.0}, "include_stop_str_in_output": True}
+        whole = client.chat.completions.create(**{**request, "extra_body": extra}, stop=stop)
+        chunks = list(client.chat.completions.create(**{**request, "extra_body": extra}, stop=stop, stream=True))
+    assert whole.choices[0].message.content == kept.answer
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == kept.answer
 
 
 def test_logprobs_come_whole_or_with_the_pieces_they_made(make_local_server, media, tiny_adapter):

@@ -30,19 +30,21 @@ def test_request_settings_give_the_prefill_the_cli_flags_give(settings, flags):
 def test_a_requests_generation_fields_give_the_config_the_ask_flags_give():
     body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], max_tokens=7,
                                  temperature=0.5, top_p=0.9, top_k=20, min_p=0.05, min_tokens=2, ignore_eos=True,
-                                 seed=3, stop=["\n", "Q:"], stop_token_ids=[9, 4], repetition_penalty=1.1,
+                                 seed=3, stop=["\n", "Q:"], stop_token_ids=[9, 4], include_stop_str_in_output=True,
+                                 repetition_penalty=1.1,
                                  frequency_penalty=0.5, presence_penalty=1.5, logprobs=True, top_logprobs=3,
                                  response_format={"type": "text"}, tools=[], logit_bias={"42": -100, " 7": 2.5})
     flags = ["--max-new-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05",
              "--min-tokens", "2", "--ignore-eos",
              "--seed", "3", "--stop", "\n",
-             "--stop", "Q:", "--stop-token-id", "9", "--stop-token-id", "4", "--repetition-penalty", "1.1", "--frequency-penalty", "0.5", "--presence-penalty",
+             "--stop", "Q:", "--stop-token-id", "9", "--stop-token-id", "4", "--include-stop-str-in-output", "--repetition-penalty", "1.1", "--frequency-penalty", "0.5", "--presence-penalty",
              "1.5", "--logprobs", "3", "--logit-bias", "7=2.5", "--logit-bias", "42=-100"]
     _, generation, _ = ask_configs(body.ask_options())
     assert generation == ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[1]
     assert generation.stop == ("\n", "Q:") and generation.repetition_penalty == 1.1
     assert generation.top_k == 20 and generation.min_p == 0.05 and generation.min_tokens == 2 and generation.ignore_eos
     assert generation.logit_bias == ((7, 2.5), (42, -100.0)) and generation.stop_token_ids == (9, 4)
+    assert generation.include_stop_str_in_output
     off = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], top_k=-1)
     assert ask_configs(off.ask_options())[1].top_k == 0   # vLLM's "no top-k"
 

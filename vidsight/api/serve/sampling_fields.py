@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "seed", "stop", "stop_token_ids",
-                   "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+                   "include_stop_str_in_output", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                   "logit_bias")
 
 
 class SamplingFields(BaseModel):
@@ -21,6 +22,7 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None   # vLLM's extra sampling parameter
+    include_stop_str_in_output: bool | None = None   # vLLM's
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extra sampling parameter
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
