@@ -190,6 +190,10 @@ def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
                         help="chat template arguments every completion gets unless its own chat_template_kwargs set "
                              "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
+    parser.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+                        help="sampling defaults of requests that give none: auto, the checkpoint's generation_config.json "
+                             "(its temperature, top_p, top_k, min_p, max_new_tokens), or vllm, vidsight's own (greedy); "
+                             "vLLM's flag")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="tokens of prompt and answer to allow (default: the checkpoint's max_position_embeddings); "
                              "a completion without max_tokens answers until they are reached, as vLLM's do")
@@ -201,7 +205,7 @@ def server_answer_settings(args: argparse.Namespace) -> dict:
     """`add_server_answer_options`' flags as `ServeConfig` fields."""
     return {"chat_template": chat_template_of(args), "default_chat_template_kwargs": args.default_chat_template_kwargs,
             "reasoning_parser": args.reasoning_parser, "tool_call_parser": tool_call_parser(args),
-            "max_model_len": args.max_model_len}
+            "max_model_len": args.max_model_len, "generation_config": args.generation_config}
 
 
 def json_object(value: str) -> dict:

@@ -127,6 +127,9 @@ class VLMAdapter(Protocol):
     device: torch.device
     eos_token_ids: frozenset[int]
     repetition_penalty: float   # the checkpoint's default (its generation_config.json; 1.0: none)
+    # The temperature, top_p, top_k, min_p and max_new_tokens its generation_config.json sets (those
+    # it sets only), which a server's requests take unless they give their own (vLLM's way).
+    sampling_defaults: dict
     # Tokens of prompt and answer the language model attends over: its max_position_embeddings,
     # or less (`load_model`'s ``max_model_len``); an answer without a length limit ends there.
     context_window: int

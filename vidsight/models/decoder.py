@@ -26,6 +26,17 @@ def apply_rotary(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> 
     return x * cos + rotate_half(x) * sin
 
 
+# The checkpoint's generation_config.json settings a server takes as its requests' defaults, as
+# vLLM's ``--generation-config auto`` does (repetition_penalty is the adapter's own, everywhere).
+SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")
+
+
+def sampling_defaults(generation_config) -> dict:
+    """The `SAMPLING_DEFAULTS` a checkpoint's generation config sets (not transformers' own defaults)."""
+    given = generation_config.to_diff_dict() if generation_config is not None else {}
+    return {name: given[name] for name in SAMPLING_DEFAULTS if given.get(name) is not None}
+
+
 class Qwen2DecoderAdapter:
     """Engine primitives of a Qwen2-style decoder inside a transformers VLM.
 
@@ -49,6 +60,7 @@ class Qwen2DecoderAdapter:
         self.vision = vision
         self.eos_token_ids = frozenset(eos_token_ids)
         self.repetition_penalty = float(getattr(model.generation_config, "repetition_penalty", None) or 1.0)
+        self.sampling_defaults = sampling_defaults(model.generation_config)
         text = model.config.text_config
         self.num_layers = text.num_hidden_layers
         self.num_heads = text.num_attention_heads

@@ -558,3 +558,43 @@ def test_a_request_of_text_alone_is_answered_as_ask_answers_it(make_local_server
                                                 extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
         assert chosen.choices[0].message.content == scores.scores[scores.best].text
     assert not os.listdir(scratch)
+
+
+def test_requests_sample_as_the_checkpoints_generation_config_says_unless_they_say_otherwise(tiny_model_dir, media,
+                                                                                          tmp_path):
+    """vLLM's ``--generation-config auto`` (the default): a request without sampling fields takes
+    the checkpoint's generation_config.json temperature, top_p, top_k and max_new_tokens; its own
+    fields win; ``vllm`` keeps vidsight's own defaults (greedy)."""
+    import json
+    import shutil
+
+    from vidsight.api.serve import create_app
+    from vidsight.api.serve.background import serve_in_background
+    from vidsight.models import load_model
+
+    checkpoint = tmp_path / "sampling"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    recommended = {"do_sample": True, "temperature": 1.3, "top_p": 0.9, "top_k": 20, "max_new_tokens": 9}
+    config_path = checkpoint / "generation_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **recommended}))
+    adapter = load_model(checkpoint, "cpu")
+    assert adapter.sampling_defaults == {"temperature": 1.3, "top_p": 0.9, "top_k": 20, "max_new_tokens": 9}
+    assert load_model(tiny_model_dir, "cpu").sampling_defaults == {}
+    asker, sampling = Asker(adapter), SamplingConfig(fps=4.0)
+    sampled = asker.ask(media / "clip.mp4", QUESTION, sampling=sampling,
+                        generation=GenerationConfig(temperature=1.3, top_p=0.9, top_k=20, max_new_tokens=9))
+    greedy = asker.ask(media / "clip.mp4", QUESTION, sampling=sampling, generation=GenerationConfig(max_new_tokens=9))
+    assert sampled.token_ids != greedy.token_ids
+    request = dict(model="tiny", messages=video_message(str(media / "clip.mp4")),
+                   extra_body={"mm_processor_kwargs": {"fps": 4.0}})
+    for setting, want in (("auto", sampled), ("vllm", greedy)):
+        config = ServeConfig(model=str(checkpoint), model_name="tiny", allowed_local_media_path=media,
+                             db=tmp_path / f"{setting}.db", packed_weights=False, generation_config=setting)
+        with serve_in_background(create_app(config)) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+            answer = client.chat.completions.create(**request, **({} if setting == "auto" else {"max_tokens": 9}))
+            assert answer.choices[0].message.content == want.answer
+            own = client.chat.completions.create(**request, temperature=0, max_tokens=9)
+            assert own.choices[0].message.content == greedy.answer   # a request's own field wins
+    with pytest.raises(ConfigError, match="--generation-config is one of auto, vllm"):
+        ServeConfig(model="tiny", db=tmp_path / "x.db", generation_config="file")

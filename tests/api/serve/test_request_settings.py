@@ -129,3 +129,14 @@ def test_a_clip_is_asked_for_by_qwens_names_or_the_flags_names():
         assert ask_configs(body.ask_options())[0] == sampling
     with pytest.raises(ConfigError, match=r"the clip's end \(10 s\) must come after its start \(60 s\)"):
         ask_configs(request(video_start=60, video_end=10).ask_options())
+
+
+def test_a_session_message_takes_the_servers_sampling_defaults_unless_it_gives_its_own():
+    from vidsight.api.serve.session_routes import MessageRequest
+
+    defaults = {"temperature": 0.7, "top_k": 20, "max_new_tokens": 300}
+    plain = MessageRequest(question="q").generation(defaults)   # its max_tokens has a default of its own, 64
+    assert (plain.temperature, plain.top_k, plain.max_new_tokens) == (0.7, 20, 64)
+    own = MessageRequest(question="q", temperature=0.0, max_tokens=5).generation(defaults)
+    assert (own.temperature, own.top_k, own.max_new_tokens) == (0.0, 20, 5)
+    assert MessageRequest(question="q").generation({}).temperature == 0.0   # vidsight's own: greedy

@@ -84,8 +84,8 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
                                     f"{config.served_name!r}")
         video, conversation = body.video_and_conversation(config.default_chat_template_kwargs)
         tools = tool_choice(body.tools, body.tool_choice, config.tool_call_parser, body.parallel_tool_calls)
-        sampling, generation, prefill = ask_configs({**body.ask_options(tools), "reasoning_parser": config.reasoning_parser},
-                                                    until_context=True)
+        sampling, generation, prefill = ask_configs({**server.sampling_defaults, **body.ask_options(tools),
+                                                     "reasoning_parser": config.reasoning_parser}, until_context=True)
         choices = body.choices()
         if choices is not None:
             if tools.mode != "none":

@@ -27,6 +27,8 @@ DEFAULT_PREFIX_CACHE_HOST_BYTES = 4 * 2**30
 # group per turn there.
 DEFAULT_MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 # A network source that does not come back: tries in a row, and seconds of failing, before it ends.
+# vLLM's --generation-config: the checkpoint's sampling defaults, or the server's own.
+GENERATION_CONFIGS = ("auto", "vllm")
 DEFAULT_SOURCE_RETRIES = 5
 DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
 # A request body holds JSON and at most a base64 video: 4/3 of the video cap, plus the text.
@@ -91,6 +93,10 @@ class ServeConfig:
             ``content``, and an answer format holds the content only; None: answers as generated.
         chat_template: A chat template used instead of the checkpoint's (its text; vLLM's
             ``--chat-template``), for a model the server loads.
+        generation_config: Where requests' sampling defaults come from (vLLM's
+            ``--generation-config``): ``auto``, the checkpoint's generation_config.json (its
+            temperature, top_p, top_k, min_p and max_new_tokens, where it sets them), or ``vllm``,
+            vidsight's own (greedy; answers until the context is full). A request's own fields win.
         max_model_len: Tokens of prompt and answer to allow, for a model the server loads (vLLM's
             ``--max-model-len``; None: the checkpoint's ``max_position_embeddings``). A completion
             that gives no ``max_tokens`` answers until they are reached, as vLLM's do.
@@ -127,6 +133,7 @@ class ServeConfig:
     tool_call_parser: str | None = None
     chat_template: str | None = None
     max_model_len: int | None = None
+    generation_config: str = "auto"
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -140,6 +147,8 @@ class ServeConfig:
             raise ConfigError(f"unknown tool call parser {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
+        if self.generation_config not in GENERATION_CONFIGS:
+            raise ConfigError(f"--generation-config is one of {', '.join(GENERATION_CONFIGS)}, not {self.generation_config!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             raise ConfigError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.source_retries < 0 or not self.source_retry_window_s > 0:

@@ -51,13 +51,14 @@ class MessageRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
 
-    def generation(self):
-        """The answer's `GenerationConfig`."""
+    def generation(self, defaults: dict):
+        """The answer's `GenerationConfig`, its sampling ``defaults`` the server's (`Server.sampling_defaults`)."""
         from vidsight.api.settings import generation_config
 
         if "choice" in (self.structured_outputs or {}):
             raise RequestError(400, "a session's answer is generated; structured_outputs.choice is not supported here")
-        return generation_config({"max_new_tokens": self.max_tokens, **self.sampling_options(),
+        given = {"max_new_tokens": self.max_tokens, **self.sampling_options()}
+        return generation_config({**defaults, **{name: value for name, value in given.items() if value is not None},
                                   **format_settings(self.response_format, self.structured_outputs, {}, False)})
 
 
@@ -89,7 +90,8 @@ def add_session_routes(app: FastAPI, server, admitted) -> None:
     @app.post("/v1/sessions/{session_id}/messages")
     async def message(session_id: str, body: MessageRequest, tenant: Tenant = Depends(admitted)):
         session = _visible(server, session_id, tenant)
-        generation = dataclasses.replace(body.generation(), reasoning_parser=server.config.reasoning_parser)
+        generation = dataclasses.replace(body.generation(server.sampling_defaults),
+                                         reasoning_parser=server.config.reasoning_parser)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()   # each piece's text event, as {"content"} or {"reasoning"}
         tickets, begun, parted = [], [], []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from vidsight.engine.steps import encode_together, run_to_end
 
 if TYPE_CHECKING:
     from vidsight.models.base import VLMAdapter
+
+log = logging.getLogger(__name__)
 
 
 class Server:
@@ -59,6 +62,11 @@ class Server:
         if self.config.reasoning_parser is not None:   # a model without its tags is refused at the start
             REASONING_PARSERS[self.config.reasoning_parser].tag_ids(self.adapter)
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """Settings a request takes unless it gives its own (`ServeConfig.generation_config`)."""
+        return dict(self.adapter.sampling_defaults) if self.config.generation_config == "auto" else {}
+
     def start(self) -> None:
         from vidsight.engine import Asker
         from vidsight.engine.generate import DecodeBatch
@@ -66,6 +74,10 @@ class Server:
         from vidsight.engine.stats import peak_memory_bytes
 
         self.load()
+        if self.sampling_defaults:
+            log.warning("requests' sampling defaults from %s's generation_config.json: %s (--generation-config vllm "
+                        "for vidsight's own)", self.adapter.name,
+                        ", ".join(f"{name} {value}" for name, value in self.sampling_defaults.items()))
         device = self.adapter.device
         prefix_cache = (PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_host_budget(device.type), device)
                         if self.config.prefix_cache_bytes else None)
