@@ -309,6 +309,16 @@ def test_watch_prints_a_json_line_per_window_and_the_decode_count(make_test_vide
         w["yes"] and not prev["yes"] for prev, w in zip(windows, windows[1:]))
     assert lines[-1] == {"type": "end", "frames_decoded": 48, "damaged_packets": 0, "codec": "h264",
                          "motion_source": "codec", "windows_skipped": 0, "frames_dropped": 0}
+    # The query as ask takes its question, in its place after the source: the same windows.
+    assert main(["watch", str(path), "Is there a red object in the zone? Answer Yes or No.", "--model",
+                 str(tiny_model_dir), "--window", "4", "--stride", "0.25", "--refresh", "anchors", "--alert-after", "1",
+                 "--prune-tau", "0.25", "--prune-alpha", "0.004", "--json"]) == 0
+    again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(w["p_yes"], w["kept_tokens"]) for w in again if w["type"] == "window"] == [
+        (w["p_yes"], w["kept_tokens"]) for w in windows]
+    for twice in ([str(path)], [str(path), "Yes?", "--query", "No?"]):
+        assert main(["watch", *twice, "--model", str(tiny_model_dir)]) == 2
+        assert "give the watch's query once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags,message", [(["--window", "0.1"], "fewer than 2 frames"), (["--stride", "2"], "stride"),

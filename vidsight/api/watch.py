@@ -8,6 +8,7 @@ import json
 from vidsight.api.options import _float, add_chat_template_option, add_motion_options, chat_template_of, motion_note
 from vidsight.api.sources import live_source
 from vidsight.api.settings import watch_config
+from vidsight.errors import ConfigError
 
 
 def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -18,7 +19,10 @@ def add_watch_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     watch.set_defaults(run=run_watch)
     watch.add_argument("source", help="video file, - for standard input (read as it comes: MPEG-TS, Matroska, "
                                          "fragmented MP4, raw H.264/HEVC), or a stream URL (rtsp://, http://, ...)")
-    watch.add_argument("--query", required=True, help='e.g. "Is there a red object in the zone? Answer Yes or No."')
+    watch.add_argument("query_text", nargs="?", default=None, metavar="query",
+                       help='the standing Yes/No query, e.g. "Is there a red object in the zone? Answer Yes or No." '
+                            "(or --query)")
+    watch.add_argument("--query", default=None, help="the query, as a flag (a --config file's query: ...)")
     watch.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face id or checkpoint directory (default: {DEFAULT_MODEL})")
     watch.add_argument("--window", dest="window_s", type=_float, default=40.0, help="window length in seconds (default: 40, CodecSight's)")
     watch.add_argument("--stride", type=_float, default=0.2, help="stride as a share of the window (default: 0.2)")
@@ -68,6 +72,9 @@ def run_watch(args) -> int:
     from vidsight.engine.watch import Watcher
     from vidsight.models import load_model
 
+    if (args.query is None) == (args.query_text is None):
+        raise ConfigError("give the watch's query once: vidsight watch SOURCE QUERY, or --query QUERY")
+    args.query = args.query or args.query_text
     config = watch_config(vars(args))
     source = config.open(live_source(args.source), realtime=args.realtime, follow_idle_s=args.follow)
     watcher = Watcher(load_model(args.model, device=args.device, chat_template=chat_template_of(args)), args.query, config)
