@@ -25,10 +25,10 @@ from vidsight.engine.score import ScoreInProgress, ScoreResult, continuation_ids
 from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.engine.text_stream import TextStream, answer_text
+from vidsight.errors import ConfigError
 from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
                              sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
-from vidsight.errors import ConfigError
 from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
 from vidsight.models.conversation import Conversation
@@ -103,8 +103,9 @@ class AskInProgress(AnswerInProgress):
         clock.charge("generate", self._since)
         clock.stats.generated_tokens = len(ids)
         answer = self.answer
-        reasoning, text = None, answer_text(self.adapter.decode_text(ids), answer.config.stop,
-                                                   keep_stop=answer.config.include_stop_str_in_output)
+        reasoning = None
+        text = answer_text(self.adapter.decode_text(ids), answer.config.stop,
+                           keep_stop=answer.config.include_stop_str_in_output)
         if answer.config.reasoning_parser is not None:
             reasoning, text = REASONING_PARSERS[answer.config.reasoning_parser].split(text, bool(answer.starts_thinking))
         return AskResult(answer=text, token_ids=ids, stats=clock.finish(), reasoning=reasoning,

@@ -35,10 +35,10 @@ def test_a_requests_generation_fields_give_the_config_the_ask_flags_give():
                                  frequency_penalty=0.5, presence_penalty=1.5, logprobs=True, top_logprobs=3,
                                  response_format={"type": "text"}, tools=[], logit_bias={"42": -100, " 7": 2.5})
     flags = ["--max-new-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05",
-             "--min-tokens", "2", "--ignore-eos",
-             "--seed", "3", "--stop", "\n",
-             "--stop", "Q:", "--stop-token-id", "9", "--stop-token-id", "4", "--include-stop-str-in-output", "--repetition-penalty", "1.1", "--frequency-penalty", "0.5", "--presence-penalty",
-             "1.5", "--logprobs", "3", "--logit-bias", "7=2.5", "--logit-bias", "42=-100"]
+             "--min-tokens", "2", "--ignore-eos", "--seed", "3", "--stop", "\n", "--stop", "Q:",
+             "--stop-token-id", "9", "--stop-token-id", "4", "--include-stop-str-in-output",
+             "--repetition-penalty", "1.1", "--frequency-penalty", "0.5", "--presence-penalty", "1.5",
+             "--logprobs", "3", "--logit-bias", "7=2.5", "--logit-bias", "42=-100"]
     _, generation, _ = ask_configs(body.ask_options())
     assert generation == ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[1]
     assert generation.stop == ("\n", "Q:") and generation.repetition_penalty == 1.1
