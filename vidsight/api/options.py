@@ -186,11 +186,13 @@ def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
 
 def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
     """How a server (`serve`, `run-batch`) renders prompts and reads answers, with vLLM's flags."""
+    from vidsight.engine.config import GENERATION_CONFIGS
+
     add_chat_template_option(parser)
     parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
                         help="chat template arguments every completion gets unless its own chat_template_kwargs set "
                              "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
-    parser.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+    parser.add_argument("--generation-config", choices=GENERATION_CONFIGS, default="auto",
                         help="sampling defaults of requests that give none: auto, the checkpoint's generation_config.json "
                              "(its temperature, top_p, top_k, min_p, max_new_tokens), or vllm, vidsight's own (greedy); "
                              "vLLM's flag")

@@ -17,6 +17,9 @@ MAX_LOGPROBS = 20   # OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 100   # OpenAI's bound on a token's logit bias, either way
 ALERT_AFTER = 2
 MAX_NEW_TOKENS = 32768
+# Where a server's requests take their sampling defaults from (vLLM's --generation-config): the
+# checkpoint's generation_config.json, or vidsight's own.
+GENERATION_CONFIGS = ("auto", "vllm")
 # Cache slots set aside at prefill for an answer bounded only by the context window: most answers
 # fit, and a longer one grows the cache by its own length as it goes (`Answer.make_room`), instead
 # of every answer holding room for a whole context's worth of tokens.

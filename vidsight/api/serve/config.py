@@ -27,8 +27,6 @@ DEFAULT_PREFIX_CACHE_HOST_BYTES = 4 * 2**30
 # group per turn there.
 DEFAULT_MAX_PREFILL_TOKENS = {"cuda": 8192, "cpu": 0}
 # A network source that does not come back: tries in a row, and seconds of failing, before it ends.
-# vLLM's --generation-config: the checkpoint's sampling defaults, or the server's own.
-GENERATION_CONFIGS = ("auto", "vllm")
 DEFAULT_SOURCE_RETRIES = 5
 DEFAULT_SOURCE_RETRY_WINDOW_S = 60.0
 # A request body holds JSON and at most a base64 video: 4/3 of the video cap, plus the text.
@@ -147,6 +145,8 @@ class ServeConfig:
             raise ConfigError(f"unknown tool call parser {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSERS)}")
+        from vidsight.engine.config import GENERATION_CONFIGS
+
         if self.generation_config not in GENERATION_CONFIGS:
             raise ConfigError(f"--generation-config is one of {', '.join(GENERATION_CONFIGS)}, not {self.generation_config!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
