@@ -390,3 +390,30 @@ def test_a_chat_template_given_replaces_the_checkpoints(make_test_video, tiny_ad
     assert main(["ask", str(path), "What?", *flags, "--chat-template", no_video]) == 2
     err = capsys.readouterr().err
     assert "--chat-template: it does not render a question about a video" in err and "0 video placeholders" in err
+
+
+def test_ask_samples_as_the_checkpoint_says_unless_told_otherwise(make_test_video, tiny_model_dir, tmp_path, capsys):
+    """transformers' `generate` and vLLM take a checkpoint's generation_config.json sampling
+    settings for those not given; so does `ask` (and `chat`), saying so, unless
+    ``--generation-config vllm``; a flag given wins, and the length limit stays the flag's."""
+    import shutil
+
+    checkpoint = tmp_path / "sampling"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    config_path = checkpoint / "generation_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "do_sample": True, "temperature": 1.3,
+                                       "top_k": 20, "max_new_tokens": 3}))
+    path, _ = make_test_video(duration_s=2.0)
+    asker, sampling = Asker(str(checkpoint)), SamplingConfig(fps=2)
+    sampled = asker.ask(path, "What colour is the square?", sampling=sampling,
+                        generation=GenerationConfig(max_new_tokens=6, temperature=1.3, top_k=20))
+    greedy = asker.ask(path, "What colour is the square?", sampling=sampling, generation=GenerationConfig(max_new_tokens=6))
+    assert sampled.answer != greedy.answer
+    base = ["ask", str(path), "What colour is the square?", "--model", str(checkpoint), "--fps", "2",
+            "--max-new-tokens", "6", "--json"]
+    for flags, want, said in (([], sampled, "temperature 1.3, top_k 20"), (["--generation-config", "vllm"], greedy, None),
+                              (["--temperature", "0"], greedy, "top_k 20")):
+        assert main([*base, *flags]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["answer"] == want.answer
+        assert (f"sampling as {checkpoint}'s generation_config.json says: {said}" in err) if said else ("sampling as" not in err)

@@ -8,9 +8,9 @@ import sys
 
 from vidsight.api.options import (_float, add_chat_template_option, add_feed_options, add_generation_options,
                                   add_prefill_options, add_reasoning_option, answer_format_settings, chat_template_of,
-                                  json_object, motion_note)
+                                  json_object, motion_note, with_checkpoint_sampling)
 from vidsight.api.sources import whole_file
-from vidsight.api.settings import ask_configs, feed_config
+from vidsight.api.settings import ask_configs, feed_config, generation_config
 from vidsight.errors import ConfigError
 
 
@@ -77,6 +77,8 @@ def run_ask(args) -> int:
     # Several questions about the one video: its prefix is kept for the later ones, whatever its size.
     prefix_cache = PrefixCache(sys.maxsize) if len(args.question) > 1 else None
     adapter = load_model(args.model, device=args.device, chat_template=chat_template_of(args))
+    if not args.choices:   # a choice is scored, not sampled
+        generation = generation_config(with_checkpoint_sampling(answer_format_settings(args), args, adapter))
     asker = Asker(adapter, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
         _answer(args, asker, video, conversations, sampling, generation, prefill)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vidsight.api.options import (_float, add_chat_template_option, add_generation_options, add_policy_options,
                                   add_reasoning_option, add_tier_options, answer_format_settings, chat_template_of,
-                                  foreign_policy_flags, policy_settings)
+                                  foreign_policy_flags, policy_settings, with_checkpoint_sampling)
 from vidsight.api.sources import STDIN, live_source
 from vidsight.api.settings import chat_configs, generation_config
 from vidsight.errors import ConfigError
@@ -122,6 +122,7 @@ def run_chat(args) -> int:
     policy = chat_policy(args)
     source = StreamSource(live_source(args.source), fps=args.fps, realtime=args.realtime, follow_idle_s=args.follow)
     adapter = load_model(args.model, device=args.device, chat_template=chat_template_of(args))
+    generation = generation_config(with_checkpoint_sampling(answer_format_settings(args), args, adapter))
     with ChatSession(adapter, policy, config, tiers) as session:
         return _converse(args, session, source, scheduled, generation)
 

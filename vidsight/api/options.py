@@ -136,14 +136,23 @@ def add_tier_options(parser: argparse.ArgumentParser) -> None:
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """How answer tokens are chosen (`GenerationConfig`), for `ask` and `chat` alike; the answer's
     length limit is each command's own (their defaults differ)."""
+    from vidsight.engine.config import GENERATION_CONFIGS
+
     group = parser.add_argument_group("answer sampling and ending")
-    group.add_argument("--temperature", type=_float, default=0.0, help="0 (default) is greedy; above 0 samples")
-    group.add_argument("--top-p", type=_float, default=1.0, help="nucleus mass when sampling")
-    group.add_argument("--top-k", type=int, default=0,
-                       help="when sampling, only among the K likeliest tokens (0, default: all)")
-    group.add_argument("--min-p", type=_float, default=0.0,
+    group.add_argument("--temperature", type=_float, default=None,
+                       help="0 is greedy; above 0 samples (default: the checkpoint's, as --generation-config says; "
+                            "else 0)")
+    group.add_argument("--top-p", type=_float, default=None, help="nucleus mass when sampling (default: the "
+                                                                   "checkpoint's, else 1)")
+    group.add_argument("--top-k", type=int, default=None,
+                       help="when sampling, only among the K likeliest tokens (default: the checkpoint's, else 0: all)")
+    group.add_argument("--min-p", type=_float, default=None,
                        help="when sampling, only tokens at least this share of the likeliest one's probability "
-                            "(0, default: all)")
+                            "(default: the checkpoint's, else 0: all)")
+    group.add_argument("--generation-config", choices=GENERATION_CONFIGS, default="auto",
+                       help="the sampling flags not given: auto, the checkpoint's generation_config.json temperature, "
+                            "top_p, top_k and min_p where it sets them (as transformers' generate and vLLM take "
+                            "them); vllm, vidsight's own (greedy)")
     group.add_argument("--seed", type=int, default=0, help="sampling seed")
     group.add_argument("--min-tokens", type=int, default=0,
                        help="no end token or stop string ends the answer before this many tokens (vLLM's min_tokens)")
@@ -266,6 +275,23 @@ def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
                        help="the answer is a sentence of this grammar, Lark or GBNF (its text, or a file holding it)")
     group.add_argument("--compact-json", action="store_true",
                        help="with --answer-schema: no white space between JSON's tokens (vLLM's disable_any_whitespace)")
+
+
+def with_checkpoint_sampling(settings: dict, args: argparse.Namespace, adapter) -> dict:
+    """``settings`` (`answer_format_settings`) with the sampling settings they leave out taken from
+    ``adapter``'s checkpoint under ``--generation-config auto`` (its length limit stays the flag's),
+    the checkpoint's said on standard error."""
+    import sys
+
+    if args.generation_config != "auto":
+        return settings
+    taken = {name: value for name, value in adapter.sampling_defaults.items()
+             if name != "max_new_tokens" and settings.get(name) is None}
+    if taken:
+        print(f"vidsight: sampling as {adapter.name}'s generation_config.json says: "
+              f"{', '.join(f'{name} {value}' for name, value in taken.items())} (--generation-config vllm: greedy)",
+              file=sys.stderr)
+    return {**settings, **taken}
 
 
 def answer_format_settings(args: argparse.Namespace) -> dict:
