@@ -136,8 +136,6 @@ def add_tier_options(parser: argparse.ArgumentParser) -> None:
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """How answer tokens are chosen (`GenerationConfig`), for `ask` and `chat` alike; the answer's
     length limit is each command's own (their defaults differ)."""
-    from vidsight.engine.config import GENERATION_CONFIGS
-
     group = parser.add_argument_group("answer sampling and ending")
     group.add_argument("--temperature", type=_float, default=None,
                        help="0 is greedy; above 0 samples (default: the checkpoint's, as --generation-config says; "
@@ -149,10 +147,7 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-p", type=_float, default=None,
                        help="when sampling, only tokens at least this share of the likeliest one's probability "
                             "(default: the checkpoint's, else 0: all)")
-    group.add_argument("--generation-config", choices=GENERATION_CONFIGS, default="auto",
-                       help="the sampling flags not given: auto, the checkpoint's generation_config.json temperature, "
-                            "top_p, top_k and min_p where it sets them (as transformers' generate and vLLM take "
-                            "them); vllm, vidsight's own (greedy)")
+    add_generation_config_option(group, "the sampling flags not given", "temperature, top_p, top_k and min_p")
     group.add_argument("--seed", type=int, default=0, help="sampling seed")
     group.add_argument("--min-tokens", type=int, default=0,
                        help="no end token or stop string ends the answer before this many tokens (vLLM's min_tokens)")
@@ -195,16 +190,12 @@ def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
 
 def add_server_answer_options(parser: argparse.ArgumentParser) -> None:
     """How a server (`serve`, `run-batch`) renders prompts and reads answers, with vLLM's flags."""
-    from vidsight.engine.config import GENERATION_CONFIGS
-
     add_chat_template_option(parser)
     parser.add_argument("--default-chat-template-kwargs", type=json_object, default={}, metavar="JSON",
                         help="chat template arguments every completion gets unless its own chat_template_kwargs set "
                              "them, as a JSON object (e.g. '{\"enable_thinking\": false}')")
-    parser.add_argument("--generation-config", choices=GENERATION_CONFIGS, default="auto",
-                        help="sampling defaults of requests that give none: auto, the checkpoint's generation_config.json "
-                             "(its temperature, top_p, top_k, min_p, max_new_tokens), or vllm, vidsight's own (greedy); "
-                             "vLLM's flag")
+    add_generation_config_option(parser, "requests' sampling fields not given",
+                                 "temperature, top_p, top_k, min_p and max_new_tokens")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="tokens of prompt and answer to allow (default: the checkpoint's max_position_embeddings); "
                              "a completion without max_tokens answers until they are reached, as vLLM's do")
@@ -275,6 +266,15 @@ def add_answer_format_options(parser: argparse.ArgumentParser) -> None:
                        help="the answer is a sentence of this grammar, Lark or GBNF (its text, or a file holding it)")
     group.add_argument("--compact-json", action="store_true",
                        help="with --answer-schema: no white space between JSON's tokens (vLLM's disable_any_whitespace)")
+
+
+def add_generation_config_option(parser, what: str, settings: str) -> None:
+    """vLLM's ``--generation-config``: where ``what`` comes from."""
+    from vidsight.engine.config import GENERATION_CONFIGS
+
+    parser.add_argument("--generation-config", choices=GENERATION_CONFIGS, default="auto",
+                        help=f"{what}: auto, the checkpoint's generation_config.json {settings} where it sets them (as "
+                             "transformers' generate and vLLM take them); vllm, vidsight's own (greedy)")
 
 
 def with_checkpoint_sampling(settings: dict, args: argparse.Namespace, adapter) -> dict:
