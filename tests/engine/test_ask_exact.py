@@ -426,5 +426,5 @@ def test_a_video_goes_with_a_conversation_that_has_a_place_for_it(tiny_adapter, 
     talk = Conversation((Message("user", ("Hello",)),))
     with pytest.raises(ConfigError, match="the conversation has none"):
         Asker(tiny_adapter).ask(path, talk)
-    with pytest.raises(ConfigError, match="no video was given"):
+    with pytest.raises(ConfigError, match="no file was given"):
         Asker(tiny_adapter).ask(None, QUESTION)

@@ -14,7 +14,7 @@ FOLLOW_UP = (Message("assistant", ("Red.",)), Message("user", ("And where is it 
 
 @pytest.mark.parametrize("messages,message", [
     ((), "at least one message"),
-    ((FIRST, Message("assistant", ("a",)), Message("user", (VIDEO_PART, "again?"))), "at most one video, not 2"),
+    ((FIRST, Message("assistant", ("a",)), Message("user", (VIDEO_PART, "again?"))), "at most one video or image, not 2"),
     ((Message("user", ("look",)), Message("assistant", (VIDEO_PART,)), Message("user", ("q",))),
      "in a user message, not the assistant's"),
     ((FIRST, Message("assistant", ("Red.",))), r"the last message must be the user's \(or a tool's result\)"),
@@ -144,11 +144,11 @@ def test_a_conversation_of_text_alone_is_its_templates_text(family_adapter):
     """No video part (a chat client's small talk or title): the prompt is the template's text of
     the messages, as transformers renders it, with no span; a span cannot be asked of it."""
     talk = Conversation((SYSTEM, Message("user", ("Hello, who are you?",))))
-    assert not talk.has_video and Conversation((SYSTEM, FIRST)).has_video
+    assert talk.visual is None and Conversation((SYSTEM, FIRST)).visual is VIDEO_PART
     layout = family_adapter.build_prompt(talk, 0)
     text = family_adapter.tokenizer.apply_chat_template(talk.template_form(), chat_template=family_adapter.chat_template,
                                                         add_generation_prompt=True, tokenize=False)
     assert layout.input_ids.tolist() == family_adapter.tokenizer(text, add_special_tokens=False)["input_ids"]
     assert (layout.video_start, layout.video_tokens) == (len(layout.input_ids), 0)
-    with pytest.raises(ConfigError, match="without a video part has no place for 3 video tokens"):
+    with pytest.raises(ConfigError, match="without a video or image part has no place for 3 video tokens"):
         family_adapter.build_prompt(talk, 3)

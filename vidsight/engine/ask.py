@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -19,7 +20,7 @@ from vidsight.engine.generate import Answer, AnswerInProgress, TokenLogprob, tok
 from vidsight.engine.prefill import (PrefillConfig, Prefilled, prefill_prefix_steps, prefill_question, prefill_text,
                                      prefill_video, prefill_video_steps)
 from vidsight.engine.prefix_cache import PrefixCache, PrefixClaim, prefix_key
-from vidsight.engine.prompt import plan_video
+from vidsight.engine.prompt import plan_visual
 from vidsight.engine.request import Request
 from vidsight.engine.score import ScoreInProgress, ScoreResult, continuation_ids
 from vidsight.engine.stats import AskStats, StageClock
@@ -254,19 +255,20 @@ class Asker:
                  feed_config: FeedConfig, answer_room: int, request: Request) -> Preemptible[Prefilled]:
         """Decode (or start decoding), then prefill group by group; room for ``answer_room`` tokens after.
         A conversation without a video part is its text alone, prefilled at once (``video`` None)."""
-        if question.has_video != (video is not None):
-            raise ConfigError("a video goes with a conversation holding a video part, and only with one: "
-                              + ("the conversation has none" if video is not None else "no video was given"))
+        if (question.visual is not None) != (video is not None):
+            raise ConfigError("a video (or image) file goes with a conversation holding a video or image part, and "
+                              "only with one: " + ("the conversation has none" if video is not None
+                                                   else "no file was given"))
         if video is None:
             return prefill_text(self.adapter, question, answer_room, request)
         key = None
         if self.prefix_cache is not None:
             layout = self.adapter.build_prompt(question, 0)
-            key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start])
+            key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start], question.still)
         if key is None:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, answer_room, request, plan),
-                video, sampling, prefill, feed_config, request))
+                video, question, sampling, prefill, feed_config, request))
         waited = False
         while (found := self.prefix_cache.get_or_claim(key, waited)) is None:
             waited = True
@@ -275,22 +277,22 @@ class Asker:
             with found:
                 prefix = yield from self._decode_and(lambda feed, plan, fps: prefill_prefix_steps(
                     self.adapter, feed, question, fps, prefill, request, plan),
-                    video, sampling, prefill, feed_config, request)
+                    video, question, sampling, prefill, feed_config, request)
                 found.fill(prefix)
         else:
             prefix = found
             request.clock.stats.cached_tokens = prefix.tokens
         return prefill_question(self.adapter, prefix, question, answer_room, request)
 
-    def _decode_and(self, fill, video, sampling: SamplingConfig, prefill: PrefillConfig, feed_config: FeedConfig,
-                    request: Request):
+    def _decode_and(self, fill, video, question: Conversation, sampling: SamplingConfig, prefill: PrefillConfig,
+                    feed_config: FeedConfig, request: Request):
         """Probe and sample ``video``, start decoding it, and run ``fill(feed, plan, sampled_fps)`` (preemptible
-        work) from its frames."""
+        work) from its frames; a still image (`Conversation.still`) is the file's first frame."""
         clock = request.clock
         stats = clock.stats
         with clock.stage("decode"):
             info = probe(video)
-            indices = sample_frames(info, sampling)
+            indices = np.zeros(1, dtype=np.int64) if question.still else sample_frames(info, sampling)
         stats.motion_source = motion_source(prefill.motion, info.codec, info.intra_only)
         cpus = os.cpu_count() or 1
         workers = feed_config.workers
@@ -300,7 +302,7 @@ class Asker:
             workers = cpus
         decoders = cpus if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops, motion=prefill.motion)
-        plan = plan_video(self.adapter, len(indices), info.height, info.width)
+        plan = plan_visual(self.adapter, question, len(indices), info.height, info.width)
         if feed_config.resize_in_decoder:
             decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)
         request.cores = cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
@@ -319,7 +321,9 @@ class Asker:
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
-                state = yield from fill(feed, plan, len(indices) / sampling.clip(info)[1])
+                # A still has no time: its one temporal patch is at time zero whatever the rate.
+                fps = 1.0 if question.still else len(indices) / sampling.clip(info)[1]
+                state = yield from fill(feed, plan, fps)
         stats.frames, stats.frames_lost = len(feed), feed.frames_lost
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders

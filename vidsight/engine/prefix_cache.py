@@ -43,6 +43,7 @@ class PrefixKey:
     prefill: PrefillConfig
     resize_in_decoder: bool
     before_video: tuple[int, ...]   # the prompt's token ids before the video (system turn, earlier turns)
+    still: bool = False             # the file shown as a still image (`Conversation.still`), not a video
 
 
 def content_hash(path: str | Path) -> str:
@@ -58,12 +59,13 @@ def content_hash(path: str | Path) -> str:
 
 
 def prefix_key(path: str | Path, sampling: SamplingConfig, prefill: PrefillConfig, feed: FeedConfig,
-               before_video: torch.Tensor) -> PrefixKey | None:
-    """The key of ``path``'s prefix under these settings after the prompt's ``before_video`` ids;
-    None when the prefix would depend on the question."""
+               before_video: torch.Tensor, still: bool = False) -> PrefixKey | None:
+    """The key of ``path``'s prefix under these settings after the prompt's ``before_video`` ids,
+    shown as a video or as a still image; None when the prefix would depend on the question."""
     if prefill.prune.active:
         return None
-    return PrefixKey(content_hash(path), sampling, prefill, feed.resize_in_decoder, tuple(before_video.tolist()))
+    return PrefixKey(content_hash(path), sampling, prefill, feed.resize_in_decoder, tuple(before_video.tolist()),
+                     still)
 
 
 @dataclasses.dataclass

@@ -1,6 +1,7 @@
-"""The prompt around one video span, built once for ask and watch: its shape (`VideoPlan`), its
-token ids, positions and token-table rows (`VideoPrompt`). Chat builds its rows patch by patch
-with `patch_rows`, and with `interleave` for a family that writes text around each patch."""
+"""The prompt around one video span (or a still image's), built once for ask and watch: its shape
+(`VideoPlan`), its token ids, positions and token-table rows (`VideoPrompt`). Chat builds its rows
+patch by patch with `patch_rows`, and with `interleave` for a family that writes text around each
+patch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 
 import torch
 
+from vidsight.errors import ConfigError
 from vidsight.kv import VIDEO, TokenTable
 from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.conversation import Conversation
@@ -45,6 +47,19 @@ class VideoPlan:
 def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> VideoPlan:
     """The plan of ``frames`` frames of ``height`` x ``width`` pixels for ``adapter``'s model."""
     return plan_for(adapter.vision, frames, height, width)
+
+
+def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, height: int, width: int) -> VideoPlan:
+    """`plan_video`, or for a conversation about a still image (`Conversation.still`) its one
+    frame's plan in the model's image bounds (`VLMAdapter.still_vision`)."""
+    if not Conversation.of(question).still:
+        return plan_video(adapter, frames, height, width)
+    if adapter.still_vision is None:
+        raise ConfigError(f"{adapter.name}: vidsight does not show a {adapter.family} model a still image; give it "
+                          "as a video")
+    if frames != 1:
+        raise ConfigError(f"a still image is one frame, not {frames}")
+    return plan_for(adapter.still_vision, 1, height, width)
 
 
 def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPlan:
@@ -115,6 +130,7 @@ def build_video_prompt(adapter: VLMAdapter, question: str | Conversation, plan: 
         sampled_fps: The sampling rate (the model's temporal positions count seconds).
         keep: ``(patch tokens,)`` bool: the tokens motion pruning keeps (None: all).
     """
+    question = Conversation.of(question)
     spec, patches = adapter.vision, plan.grid_thw[0]
     first_frame = torch.clamp(torch.arange(patches) * spec.temporal_patch_size, max=len(frame_index) - 1)
     last_frame = torch.clamp(first_frame + spec.temporal_patch_size - 1, max=len(frame_index) - 1)
@@ -122,7 +138,8 @@ def build_video_prompt(adapter: VLMAdapter, question: str | Conversation, plan: 
     kept_per_patch = keep.view(patches, -1).sum(dim=1).tolist()
     # A patch's time is counted from the video's first frame, as Qwen's processors time a clip.
     middle = (time_s[first_frame] + time_s[last_frame]) / 2 - time_s[0]
-    texts = [adapter.patch_text(k, float(middle[k])) for k in range(patches)]
+    # A still is its picture alone, in the template's own marks.
+    texts = [([], []) if question.still else adapter.patch_text(k, float(middle[k])) for k in range(patches)]
     text_tokens = sum(len(before) + len(after) for before, after in texts)
     span = sum(kept_per_patch) + text_tokens + plan.suffix_tokens
     layout = adapter.build_prompt(question, span)

@@ -9,6 +9,10 @@ import torch
 
 from vidsight.models.conversation import Conversation
 
+# transformers' `Qwen2VLImageProcessor` pixel bounds for a still image, where a checkpoint names none.
+IMAGE_MIN_PIXELS = 56 * 56
+IMAGE_MAX_PIXELS = 28 * 28 * 1280
+
 
 @dataclasses.dataclass(frozen=True)
 class VisionSpec:
@@ -71,6 +75,16 @@ class VisionSpec:
                    max_pixels=side * side, total_pixels=side * side, tokens_per_second=0.0,
                    fixed_size=(side, side), **fields)
 
+    def still(self, image_processor: dict) -> "VisionSpec":
+        """This (video) spec as a Qwen image processor's settings ``image_processor`` show a still
+        image: one frame within its pixel bounds (transformers' `Qwen2VLImageProcessor` defaults,
+        3,136 to 1,003,520 pixels, where it names none)."""
+        size = image_processor.get("size") or {}
+        most = int(image_processor.get("max_pixels") or size.get("longest_edge") or IMAGE_MAX_PIXELS)
+        return dataclasses.replace(self, min_pixels=int(image_processor.get("min_pixels") or size.get("shortest_edge")
+                                                        or IMAGE_MIN_PIXELS),
+                                   max_pixels=most, total_pixels=most)
+
     @property
     def factor(self) -> int:
         """Resized sides are multiples of this."""
@@ -119,6 +133,10 @@ class VLMAdapter(Protocol):
     name: str
     family: str
     vision: VisionSpec
+    # How the model wants a still image: its image processor's pixel bounds, the picture shown as
+    # one temporal patch of itself repeated and without the video's per-patch text. None where the
+    # family's image processor tiles a picture (InternVL, LLaVA-OneVision), which vidsight does not.
+    still_vision: VisionSpec | None
     num_layers: int
     num_kv_heads: int
     num_heads: int
@@ -139,7 +157,8 @@ class VLMAdapter(Protocol):
 
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-templated prompt of a question or a conversation (`Conversation`), its video
-        a span of ``video_tokens`` tokens (a conversation without a video: none, at the end)."""
+        or still image a span of ``video_tokens`` tokens (a conversation without either: none, at
+        the end)."""
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """Token ids the family puts around temporal patch ``index`` of a video (``time_s`` the

@@ -25,17 +25,22 @@ MAX_QUESTION_CHARS = 20000
 MAX_CONVERSATION_CHARS = 100000
 
 
-class _Video:
-    """Where the video goes among a message's parts (`VIDEO_PART`)."""
+class _Visual:
+    """Where the video (`VIDEO_PART`) or the still image (`IMAGE_PART`) goes among a message's parts."""
+
+    def __init__(self, name: str, template_type: str):
+        self._name, self.template_type = name, template_type
 
     def __repr__(self) -> str:
-        return "VIDEO_PART"
+        return self._name
 
     def __reduce__(self) -> str:
-        return "VIDEO_PART"   # unpickled as this module's one instance, so identity checks hold
+        return self._name   # unpickled as this module's one instance, so identity checks hold
 
 
-VIDEO_PART = _Video()
+VIDEO_PART = _Visual("VIDEO_PART", "video")
+# A still image, shown as its family's image processor shows one (`VLMAdapter.still_vision`).
+IMAGE_PART = _Visual("IMAGE_PART", "image")
 
 
 def check_question(question: str, what: str = "question") -> None:
@@ -58,18 +63,18 @@ def check_template_kwargs(kwargs) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    """One turn: its role and its parts in order, each a text or `VIDEO_PART`.
+    """One turn: its role and its parts in order, each a text, `VIDEO_PART` or `IMAGE_PART`.
 
     Attributes:
         role: ``system``, ``user``, ``assistant`` or ``tool`` (a function's result).
-        parts: Texts and the video.
+        parts: Texts and the video or image.
         tool_calls: An assistant's calls of the tools offered, each ``{"id", "type": "function",
             "function": {"name", "arguments"}}`` (OpenAI's form; the arguments as JSON text).
         tool_call_id: A tool message's: the call it answers.
     """
 
     role: str
-    parts: tuple[str | _Video, ...]
+    parts: tuple[str | _Visual, ...]
     tool_calls: tuple[dict, ...] = ()
     tool_call_id: str | None = None
 
@@ -79,10 +84,11 @@ class Message:
 
     def template_form(self) -> dict:
         """The message as chat templates take it: text alone as a string (what every template
-        reads), a message with the video as a list of typed parts (what vision templates read);
-        tool calls with their arguments as objects, as templates write them (and vLLM gives them)."""
-        content = self.text if VIDEO_PART not in self.parts else [
-            {"type": "video"} if part is VIDEO_PART else {"type": "text", "text": part} for part in self.parts]
+        reads), a message with the video or image as a list of typed parts (what vision templates
+        read); tool calls with their arguments as objects, as templates write them (and vLLM gives them)."""
+        content = self.text if all(isinstance(part, str) for part in self.parts) else [
+            {"type": "text", "text": part} if isinstance(part, str) else {"type": part.template_type}
+            for part in self.parts]
         form = {"role": self.role, "content": content}
         if self.tool_calls:
             form["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _arguments(call)}}
@@ -102,12 +108,13 @@ def _arguments(call: dict):
 
 @dataclasses.dataclass(frozen=True)
 class Conversation:
-    """Messages around at most one video (text alone, as a chat client's title or small talk, is
-    answered too), ending with the user's turn to answer (or with an answer begun, to continue).
+    """Messages around at most one video or still image (text alone, as a chat client's title or
+    small talk, is answered too), ending with the user's turn to answer (or with an answer begun,
+    to continue).
 
     Attributes:
         messages: The turns in order: ``system``, ``user``, ``assistant`` and ``tool`` messages;
-            the video is one part of one user message, anywhere in the conversation (a follow-up
+            the video (or image) is one part of one user message, anywhere in the conversation (a follow-up
             question comes after the answers to earlier ones); the last is the user's question
             or a tool's result, which the answer follows.
         template_kwargs: Further variables for the chat template (vLLM's ``chat_template_kwargs``,
@@ -136,16 +143,17 @@ class Conversation:
         for message in self.messages:
             if message.role not in ROLES:
                 raise ConfigError(f"a message's role must be one of {', '.join(ROLES)}, not {message.role!r}")
-            if any(not isinstance(part, str) and part is not VIDEO_PART for part in message.parts):
-                raise ConfigError("a message's parts are texts and the video")
-        videos = [(message.role, part) for message in self.messages for part in message.parts if part is VIDEO_PART]
-        if len(videos) > 1:
-            raise ConfigError(f"a conversation holds at most one video, not {len(videos)}")
-        if videos and videos[0][0] != "user":
-            raise ConfigError(f"the video must be in a user message, not the {videos[0][0]}'s")
+            if any(not isinstance(part, str) and part not in (VIDEO_PART, IMAGE_PART) for part in message.parts):
+                raise ConfigError("a message's parts are texts and the video or image")
+        visuals = [(message.role, part) for message in self.messages for part in message.parts
+                   if not isinstance(part, str)]
+        if len(visuals) > 1:
+            raise ConfigError(f"a conversation holds at most one video or image, not {len(visuals)}")
+        if visuals and visuals[0][0] != "user":
+            raise ConfigError(f"the {visuals[0][1].template_type} must be in a user message, not the {visuals[0][0]}'s")
         last = self.messages[-1]
         if self.continues_final:
-            if last.role != "assistant" or not last.text.strip() or last.tool_calls or VIDEO_PART in last.parts:
+            if last.role != "assistant" or not last.text.strip() or last.tool_calls or any(not isinstance(part, str) for part in last.parts):
                 raise ConfigError("to continue the final message it must be the assistant's, holding the text of an "
                                   "answer begun (no tool calls)")
         elif last.role not in ("user", "tool"):
@@ -170,19 +178,25 @@ class Conversation:
 
     @classmethod
     def of(cls, question: "str | Conversation", system: str | None = None,
-           template_kwargs: dict | None = None) -> "Conversation":
-        """``question`` as a conversation: one user turn, the video then the question (after
-        ``system``'s turn when given); a conversation as it is (its own system messages and
-        template arguments stand)."""
+           template_kwargs: dict | None = None, visual: _Visual = VIDEO_PART) -> "Conversation":
+        """``question`` as a conversation: one user turn, the video (or with ``visual`` `IMAGE_PART`
+        the image) then the question (after ``system``'s turn when given); a conversation as it is
+        (its own system messages and template arguments stand)."""
         if isinstance(question, Conversation):
             return question
         check_question(question)
-        user = Message("user", (VIDEO_PART, question))
+        user = Message("user", (visual, question))
         return cls((Message("system", (system,)), user) if system is not None else (user,), template_kwargs or {})
 
     @property
-    def has_video(self) -> bool:
-        return any(part is VIDEO_PART for message in self.messages for part in message.parts)
+    def visual(self) -> _Visual | None:
+        """`VIDEO_PART` or `IMAGE_PART`, whichever the conversation holds; None for text alone."""
+        return next((part for message in self.messages for part in message.parts if not isinstance(part, str)), None)
+
+    @property
+    def still(self) -> bool:
+        """Whether what the conversation is about is a still image."""
+        return self.visual is IMAGE_PART
 
     @property
     def question(self) -> str:

@@ -72,7 +72,15 @@ class Qwen2DecoderAdapter:
         # The chat template's mark for a video, replaced by the span (the placeholder itself, unless
         # the family's template writes another token there).
         self.template_video_id = self.video_token_id
+        # A still image's mark in the template and in its span (`still_vision`; the loader sets it).
+        self.image_token_id = model.config.image_token_id
+        self.still_vision: VisionSpec | None = None
         self._lm = model.model.language_model
+
+    @classmethod
+    def still_spec(cls, vision: VisionSpec, image_processor: dict) -> VisionSpec | None:
+        """How the family shows a still image (`VLMAdapter.still_vision`): not at all, unless it says."""
+        return None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -85,9 +93,14 @@ class Qwen2DecoderAdapter:
     # -- text ----------------------------------------------------------------------------------
     def build_prompt(self, question: str | Conversation, video_tokens: int) -> PromptLayout:
         """The chat-formatted prompt of a conversation (a question: one user turn holding the
-        video, then the question), ready for the answer; a conversation without a video is its
-        text alone (``video_tokens`` 0, the span's place the prompt's end)."""
+        video, then the question), ready for the answer; a conversation without a video or image
+        is its text alone (``video_tokens`` 0, the span's place the prompt's end)."""
         from jinja2 import TemplateError
+
+        conversation = Conversation.of(question)
+        if conversation.still and self.still_vision is None:
+            raise ConfigError(f"{self.name}: vidsight does not show a {self.family} model a still image (its image "
+                              "processor tiles a picture); give it as a video")
 
         def render(conversation: Conversation) -> str:
             continues = conversation.continues_final
@@ -105,17 +118,21 @@ class Qwen2DecoderAdapter:
                 raise ConfigError(f"{self.name}'s chat template cannot continue the final message: {exc}") from exc
             return self._closed_thinking(text) if conversation.closes_thinking else text
 
-        conversation = Conversation.of(question)
         ids = torch.tensor(prompt_ids(self.tokenizer, self._special_strings, render, conversation), dtype=torch.long)
-        if not conversation.has_video:   # text alone: no span, its place the prompt's end
+        if conversation.visual is None:   # text alone: no span, its place the prompt's end
             if video_tokens:
-                raise ConfigError(f"a conversation without a video part has no place for {video_tokens} video tokens")
+                raise ConfigError(f"a conversation without a video or image part has no place for {video_tokens} "
+                                  "video tokens")
             return PromptLayout(ids, len(ids), 0)
-        slots = torch.nonzero(ids == self.template_video_id).flatten()
+        mark, placeholder = ((self.image_token_id, self.image_token_id) if conversation.still
+                             else (self.template_video_id, self.video_token_id))
+        slots = torch.nonzero(ids == mark).flatten()
         if len(slots) != 1:
-            raise ModelError(f"{self.name}: chat template yields {len(slots)} video placeholders, expected 1")
-        start, end = self._template_video(ids, int(slots[0]))
-        video = torch.full((video_tokens,), self.video_token_id, dtype=torch.long)
+            raise ModelError(f"{self.name}: chat template yields {len(slots)} {conversation.visual.template_type} "
+                             "placeholders, expected 1")
+        # A still keeps the template's own marks around its span; a video's patches may bring theirs.
+        start, end = (int(slots[0]), int(slots[0]) + 1) if conversation.still else self._template_video(ids, int(slots[0]))
+        video = torch.full((video_tokens,), placeholder, dtype=torch.long)
         return PromptLayout(torch.cat([ids[:start], video, ids[end:]]), start, video_tokens)
 
     def _closed_thinking(self, text: str) -> str:
@@ -152,8 +169,8 @@ class Qwen2DecoderAdapter:
     @functools.cached_property
     def _special_strings(self) -> tuple[str, ...]:
         """What a client's text may not turn into tokens (`typed_text`): the special tokens, and
-        the video marks should a checkpoint not list them as special."""
-        marks = self.tokenizer.convert_ids_to_tokens([self.video_token_id, self.template_video_id])
+        the video and image marks should a checkpoint not list them as special."""
+        marks = self.tokenizer.convert_ids_to_tokens([self.video_token_id, self.template_video_id, self.image_token_id])
         return tuple(sorted({*special_strings(self.tokenizer), *marks}, key=len, reverse=True))
 
     def text_ids(self, text: str) -> list[int]:

@@ -158,9 +158,11 @@ def _load(name: str | Path, device: str | torch.device | None, dtype: torch.dtyp
         log.debug("%s: no generation_config.json", name)
     eos.update(_as_ids(config.text_config.eos_token_id))
     eos.update(_as_ids(tokenizer.eos_token_id))
-    vision = adapter_cls.vision_spec(config, _read_json(source, "preprocessor_config.json"),
-                                     _read_json(source, "video_preprocessor_config.json"))
-    return adapter_cls(str(name), model, tokenizer, _chat_template(source, tokenizer), vision, eos)
+    image_processor = _read_json(source, "preprocessor_config.json")
+    vision = adapter_cls.vision_spec(config, image_processor, _read_json(source, "video_preprocessor_config.json"))
+    adapter = adapter_cls(str(name), model, tokenizer, _chat_template(source, tokenizer), vision, eos)
+    adapter.still_vision = adapter_cls.still_spec(vision, image_processor)
+    return adapter
 
 
 def _as_ids(value) -> list[int]:

@@ -42,6 +42,11 @@ class Qwen25VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
             total_pixels=video_processor.get("total_pixels") or VIDEO_TOTAL_PIXELS,
         )
 
+    @classmethod
+    def still_spec(cls, vision: VisionSpec, image_processor: dict) -> VisionSpec:
+        """A still image as the checkpoint's image processor shows one (`VisionSpec.still`)."""
+        return vision.still(image_processor)
+
     # -- vision --------------------------------------------------------------------------------
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int],
                      keep: torch.Tensor | None = None) -> torch.Tensor:

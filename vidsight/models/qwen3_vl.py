@@ -58,6 +58,11 @@ class Qwen3VLAdapter(Qwen2DecoderAdapter, VLMAdapter):
                           total_pixels=int(video_processor.get("total_pixels") or VIDEO_TOTAL_PIXELS),
                           tokens_per_second=0.0, deepstack_layers=len(vision.deepstack_visual_indexes))
 
+    @classmethod
+    def still_spec(cls, vision: VisionSpec, image_processor: dict) -> VisionSpec:
+        """A still image as the checkpoint's image processor shows one (`VisionSpec.still`)."""
+        return vision.still(image_processor)
+
     # -- text ----------------------------------------------------------------------------------
     def _template_video(self, ids: torch.Tensor, slot: int) -> tuple[int, int]:
         """The template's ``<|vision_start|><|video_pad|><|vision_end|>``: every patch brings its own."""

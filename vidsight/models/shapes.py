@@ -161,5 +161,7 @@ def build_shape(name: str, device: str | torch.device | None = None, dtype: torc
     adapter_cls = ADAPTERS[shape.family]
     pixels = dict(min_pixels=shape.min_pixels, max_pixels=shape.max_pixels, total_pixels=shape.total_pixels)
     vision = adapter_cls.vision_spec(config, {}, pixels)
-    return adapter_cls(f"shape:{name}", model.eval(), tokenizer, _FAMILIES[shape.family][2], vision,
-                       {tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    adapter = adapter_cls(f"shape:{name}", model.eval(), tokenizer, _FAMILIES[shape.family][2], vision,
+                          {tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    adapter.still_vision = adapter_cls.still_spec(vision, {})
+    return adapter

@@ -18,7 +18,7 @@ from vidsight.engine.cores import CoreSplit
 from vidsight.engine.prefill.config import PrefillConfig
 from vidsight.engine.batch import Chunk
 from vidsight.engine.forward import forward, new_cache
-from vidsight.engine.prompt import VideoPlan, VideoPrompt, build_video_prompt, plan_video
+from vidsight.engine.prompt import VideoPlan, VideoPrompt, build_video_prompt, plan_visual
 from vidsight.engine.request import Request
 from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.engine.stats import AskStats
@@ -90,7 +90,7 @@ def prefill_video_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | Co
         raise ConfigError(f"prune start layer {config.prune.start_layer} is past the model's last layer "
                           f"({adapter.num_layers} layers, numbered 0 to {adapter.num_layers - 1})")
     with request.clock.memory():
-        plan = _plan(adapter, feed, plan)
+        plan = _plan(adapter, feed, question, plan)
         prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
         cache, hidden = yield from _prefill_groups(adapter, feed, plan, prompt, len(prompt.ids), config,
                                                    max_new_tokens, request)
@@ -112,7 +112,7 @@ def prefill_prefix_steps(adapter: VLMAdapter, feed: FrameFeed, question: str | C
     if config.prune.active:
         raise ConfigError("a video prefix is question-independent only without KV pruning (rho 1)")
     with request.clock.memory():
-        plan = _plan(adapter, feed, plan)
+        plan = _plan(adapter, feed, question, plan)
         prompt = build_video_prompt(adapter, question, plan, feed.indices, feed.pts_s, sampled_fps)
         cache, _ = yield from _prefill_groups(adapter, feed, plan, prompt, prompt.video_end, config, 0, request)
     done = request.clock.stats
@@ -142,8 +142,8 @@ def prefill_question(adapter: VLMAdapter, prefix: VideoPrefix, question: str | C
     return Prefilled(cache, logits, prompt.next_position, prompt.ids)
 
 
-def _plan(adapter: VLMAdapter, feed: FrameFeed, plan: VideoPlan | None) -> VideoPlan:
-    plan = plan or plan_video(adapter, len(feed), feed.height, feed.width)
+def _plan(adapter: VLMAdapter, feed: FrameFeed, question: str | Conversation, plan: VideoPlan | None) -> VideoPlan:
+    plan = plan or plan_visual(adapter, question, len(feed), feed.height, feed.width)
     if plan.frames != len(feed):  # decoded first, frames it could not read dropped: a prompt for the rest
         plan = plan.with_frames(len(feed), adapter.vision.temporal_patch_size)
     return plan
