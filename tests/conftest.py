@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import av
+import numpy as np
 import pytest
 import torch
 
@@ -96,6 +98,18 @@ def thinking_adapter(tmp_path_factory):
 def family_adapter(request):
     """The tiny model of each family, in turn."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="session")
+def picture(tmp_path_factory):
+    """A 200x150 PNG: a red square on a blue-green gradient (its size and aspect ratio not a grid's)."""
+    rgb = np.zeros((150, 200, 3), dtype=np.uint8)
+    rgb[..., 2] = np.linspace(60, 200, 200, dtype=np.uint8)[None]
+    rgb[..., 1] = np.linspace(40, 120, 150, dtype=np.uint8)[:, None]
+    rgb[40:90, 70:130] = (220, 30, 30)
+    path = tmp_path_factory.mktemp("still") / "square.png"
+    av.VideoFrame.from_ndarray(rgb, format="rgb24").to_image().save(path)
+    return path
 
 
 @pytest.fixture(scope="session")

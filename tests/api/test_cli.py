@@ -11,7 +11,7 @@ import pytest
 from vidsight.api.cli import main
 from vidsight.engine import Asker, GenerationConfig
 from vidsight.ingest import SamplingConfig
-from vidsight.models.conversation import Conversation
+from vidsight.models.conversation import IMAGE_PART, Conversation
 
 STAGES = {"decode", "preprocess", "vision", "prefill", "generate"}
 
@@ -35,6 +35,22 @@ def test_ask_json_on_60_second_640x360_video(make_test_video, tiny_model_dir):
     assert stats["visual_tokens"] > 0 and stats["prompt_tokens"] > stats["visual_tokens"]
     assert 1 <= stats["generated_tokens"] <= 8
     assert stats["peak_memory_bytes"] > 0 and stats["device"] == "cpu"
+
+
+def test_a_picture_is_asked_about_as_an_image_where_the_family_has_an_image_path(picture, tiny_model_dir,
+                                                                               llava_adapter, capsys, caplog):
+    question = "What colour is the square?"
+    assert main(["ask", str(picture), question, "--model", str(tiny_model_dir), "--max-new-tokens", "6",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    alone = Asker(tiny_model_dir).ask(picture, Conversation.of(question, visual=IMAGE_PART),
+                                      generation=GenerationConfig(max_new_tokens=6))
+    assert (report["answer"], report["stats"]["visual_tokens"]) == (alone.answer, alone.stats.visual_tokens)
+    # A family whose image processor tiles pictures: a one-frame video, and a word saying so.
+    assert main(["ask", str(picture), question, "--model", llava_adapter.model.name_or_path, "--max-new-tokens",
+                 "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["frames"] == 1
+    assert "as a video of one frame" in caplog.text
 
 
 def test_several_questions_prefill_the_video_once_and_answer_as_each_alone(make_test_video, tiny_model_dir):

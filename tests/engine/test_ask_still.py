@@ -1,6 +1,5 @@
 """A still image asked about as transformers' Qwen image processors and models take one."""
 
-import av
 import numpy as np
 import pytest
 import torch
@@ -19,18 +18,6 @@ NEW_TOKENS = 12
 CONVERSATION = Conversation((Message("system", ("Answer in one word.",)),
                              Message("user", ("Look:", IMAGE_PART, QUESTION)), Message("assistant", ("Red.",)),
                              Message("user", ("And the background?",))))
-
-
-@pytest.fixture(scope="module")
-def picture(tmp_path_factory):
-    """A 200x150 PNG: a red square on a blue-grey gradient (its aspect ratio and size not the grid's)."""
-    rgb = np.zeros((150, 200, 3), dtype=np.uint8)
-    rgb[..., 2] = np.linspace(60, 200, 200, dtype=np.uint8)[None]
-    rgb[..., 1] = np.linspace(40, 120, 150, dtype=np.uint8)[:, None]
-    rgb[40:90, 70:130] = (220, 30, 30)
-    path = tmp_path_factory.mktemp("still") / "square.png"
-    av.VideoFrame.from_ndarray(rgb, format="rgb24").to_image().save(path)
-    return path
 
 
 def image_processor(adapter):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from vidsight.api.options import (_float, add_chat_template_option, add_feed_options, add_generation_options,
@@ -13,14 +14,17 @@ from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config, generation_config
 from vidsight.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     from vidsight.engine.config import DEFAULT_MODEL, GenerationConfig
     from vidsight.ingest.sampling import DEFAULT_FPS, DEFAULT_MAX_FRAMES
 
-    ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file")
+    ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file (or an image)")
     ask.add_argument("video", help="video file; or an http(s) URL, or - for a video piped in, either read "
-                                    "whole into a temporary file first")
+                                    "whole into a temporary file first; a picture (PNG, JPEG, WebP ...) is shown "
+                                    "to a Qwen model as an image, as its image processor shows one")
     ask.add_argument("question", nargs="+",
                      help="the question, in quotes; several are answered in turn, the video decoded and "
                           "prefilled once (each later question continues its KV) unless KV pruning is on")
@@ -62,13 +66,11 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_ask(args) -> int:
     from vidsight.engine import Asker
     from vidsight.engine.prefix_cache import PrefixCache
+    from vidsight.ingest import probe
     from vidsight.models import load_model
-    from vidsight.models.conversation import Conversation
+    from vidsight.models.conversation import IMAGE_PART
 
-    conversations = [Conversation.of(question, args.system, args.chat_template_kwargs)   # refused before loading
-                     for question in args.question]
-    if args.answer_start is not None:
-        conversations = [conversation.continued(args.answer_start) for conversation in conversations]
+    conversations = _conversations(args)   # refused before loading
     shaped = args.answer_schema or args.answer_regex or args.answer_grammar
     if args.choices and (args.logprobs is not None or args.stop or shaped):
         raise ConfigError("--choices scores the answers given, each token's log probability included; "
@@ -81,8 +83,26 @@ def run_ask(args) -> int:
         generation = generation_config(with_checkpoint_sampling(answer_format_settings(args), args, adapter))
     asker = Asker(adapter, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
+        if probe(video).still_image:
+            if adapter.still_vision is not None:
+                conversations = _conversations(args, IMAGE_PART)
+            else:
+                log.warning("%s is a still image; vidsight shows it to a %s model as a video of one frame (it does "
+                            "not tile pictures as the family's image processor does)", args.video, adapter.family)
         _answer(args, asker, video, conversations, sampling, generation, prefill)
     return 0
+
+
+def _conversations(args, visual=None) -> list:
+    """Each of ``args.question`` as a conversation about the video (or with ``visual`` `IMAGE_PART`,
+    the image), with the system message, template arguments and answer begun the flags give."""
+    from vidsight.models.conversation import VIDEO_PART, Conversation
+
+    conversations = [Conversation.of(question, args.system, args.chat_template_kwargs, visual=visual or VIDEO_PART)
+                     for question in args.question]
+    if args.answer_start is not None:
+        conversations = [conversation.continued(args.answer_start) for conversation in conversations]
+    return conversations
 
 
 def _answer(args, asker, video: str, conversations, sampling, generation, prefill) -> None:
