@@ -13,7 +13,7 @@ from vidsight.engine import Asker, GenerationConfig
 from vidsight.errors import ConfigError
 from vidsight.ingest import SamplingConfig
 from vidsight.models import load_model
-from vidsight.models.conversation import VIDEO_PART, Conversation, Message
+from vidsight.models.conversation import IMAGE_PART, VIDEO_PART, Conversation, Message
 
 from tests.settings import FLOAT32_TOLERANCE
 
@@ -558,6 +558,40 @@ def test_a_request_of_text_alone_is_answered_as_ask_answers_it(make_local_server
                                                 extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
         assert chosen.choices[0].message.content == scores.scores[scores.best].text
     assert not os.listdir(scratch)
+
+
+def test_an_image_url_is_answered_as_ask_answers_the_image(make_local_server, tiny_adapter, llava_adapter, picture,
+                                                         media, scratch, tmp_path):
+    """OpenAI's ``image_url`` part, as a base64 data URL (what clients send) or an allowed path:
+    the answer `ask` gives about the picture shown as an image, whole and streamed; nothing left
+    behind. A family whose image processor tiles pictures refuses it before fetching."""
+    from vidsight.api.serve import ServeConfig, create_app
+    from vidsight.api.serve.background import serve_in_background
+
+    want = Asker(tiny_adapter).ask(picture, Conversation.of(QUESTION, visual=IMAGE_PART),
+                                   generation=GenerationConfig(max_new_tokens=10))
+    (media / "square.png").write_bytes(picture.read_bytes())
+    data = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
+
+    def message(url):
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, "detail": "auto"}},
+                                             {"type": "text", "text": QUESTION}]}]
+
+    with make_local_server() as (url, _):
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        for source in (data, "square.png"):
+            whole = client.chat.completions.create(model="tiny", messages=message(source), max_tokens=10)
+            assert whole.choices[0].message.content == want.answer
+            assert whole.usage.prompt_tokens == want.stats.prompt_tokens
+        chunks = list(client.chat.completions.create(model="tiny", messages=message(data), max_tokens=10, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.answer
+    assert not os.listdir(scratch)
+    app = create_app(ServeConfig(model="llava", db=tmp_path / "llava.db"), adapter=llava_adapter)
+    with serve_in_background(app) as url:
+        with pytest.raises(APIStatusError, match="tiles pictures") as refused:
+            OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(
+                model="llava", messages=message(data), max_tokens=2)
+    assert refused.value.status_code == 400
 
 
 def test_requests_sample_as_the_checkpoints_generation_config_says_unless_they_say_otherwise(tiny_model_dir, media,

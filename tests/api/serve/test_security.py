@@ -150,8 +150,11 @@ def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
     ({"messages": "hello"}, 422, "messages"),
     ({"messages": []}, 422, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "video_url"}]}]}, 422, "video_url"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "a.png"}}]}]}, 400,
-     "image_url parts are not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 422, "image_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, 400, "input_audio parts are not supported"),
+    (body("data:video/mp4;base64,AAAA") | {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:video/mp4;base64,AAAA"}}, {"type": "text", "text": "Hi?"}]}]},
+     400, "a data URL must be data:image/...;base64,"),
     ({**body("clip.mp4"), "max_tokens": 0}, 422, "max_tokens"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fsp": 2}}, 422, "unknown video settings: fsp"),
     ({**body("clip.mp4"), "mm_processor_kwargs": {"fps": -1}}, 422, "fps must be a positive number"),
@@ -171,7 +174,8 @@ def test_malformed_requests_get_a_message(make_server, payload, status, message,
 # Refused while the request is read, before the video is touched: one server, not one per deployment.
 @pytest.mark.parametrize("payload,status,message", [
     ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"},
-                   *body("other.mp4", "And this one?")["messages"]]}, 400, "at most one video_url part, got 2"),
+                   *body("other.mp4", "And this one?")["messages"]]}, 400,
+     "at most one video_url or image_url part, got 2"),
     ({"messages": [*body("clip.mp4")["messages"], {"role": "assistant", "content": "red"}]}, 400,
      "the last message must be the user's (or a tool's result)"),
     ({"messages": [{"role": "user", "content": "Look."}, {"role": "assistant", "content": body("clip.mp4")["messages"][0]["content"]},

@@ -89,7 +89,7 @@ async def complete(server: Server, tenant: Tenant, body: ChatCompletionRequest, 
     try:
         exits.enter_context(server.admit(body.n))
         exits.enter_context(server.requests.admit(tenant, body.n - 1))
-        path = await exits.enter_async_context(video_file(video, server.config))
+        path = await exits.enter_async_context(video_file(video, server.config, conversation.still))
         works = []
         for index in range(body.n):
             work = asyncio.ensure_future(server.run_answer(begin_of(index, path), tickets[index].append))
@@ -165,7 +165,7 @@ async def choose(server: Server, body: ChatCompletionRequest, video: str | None,
     name, request_id, started = server.config.served_name, completion_id(), time.perf_counter()
     try:
         with server.admit():
-            async with video_file(video, server.config) as path:
+            async with video_file(video, server.config, conversation.still) as path:
                 def begin():
                     return (yield from server.asker.score_steps(path, conversation, choices, sampling=sampling,
                                                                 prefill=prefill))

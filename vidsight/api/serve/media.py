@@ -1,6 +1,6 @@
-"""Where a request's video comes from: a local path inside the allow-list, an http(s) URL fetched
-with a timeout and a size cap, or a ``data:`` URL. Fetched and uploaded videos live in a
-temporary directory of the request's own, removed when the request ends, whatever happens."""
+"""Where a request's video (or image) comes from: a local path inside the allow-list, an http(s)
+URL fetched with a timeout and a size cap, or a ``data:`` URL. Fetched and uploaded files live in
+a temporary directory of the request's own, removed when the request ends, whatever happens."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def stream_source(url: str, config: ServeConfig) -> tuple[str, dict]:
 
 
 @contextlib.asynccontextmanager
-async def video_file(url: str | None, config: ServeConfig) -> AsyncIterator[Path | None]:
-    """A local file holding the video ``url`` names, for the length of the request (None for none)."""
+async def video_file(url: str | None, config: ServeConfig, still: bool = False) -> AsyncIterator[Path | None]:
+    """A local file holding the video (with ``still``, the image) ``url`` names, for the length of
+    the request (None for none)."""
     if url is None:
         yield None
     elif url.startswith(("http://", "https://", "data:")):
@@ -75,7 +76,7 @@ async def video_file(url: str | None, config: ServeConfig) -> AsyncIterator[Path
         try:
             target = scratch / "video"
             if url.startswith("data:"):
-                _write_data_url(url, target, config.max_video_bytes)
+                _write_data_url(url, target, config.max_video_bytes, "image" if still else "video")
             else:
                 await _fetch(url, target, config)
             yield target
@@ -89,12 +90,12 @@ async def video_file(url: str | None, config: ServeConfig) -> AsyncIterator[Path
         yield local_path(url, config)
 
 
-def _write_data_url(url: str, target: Path, cap: int) -> None:
+def _write_data_url(url: str, target: Path, cap: int, kind: str) -> None:
     header, _, payload = url.partition(",")
-    if not header.startswith("data:video/") or not header.endswith(";base64"):
-        raise RequestError(400, f"{header[:60]}: a data URL must be data:video/...;base64,")
+    if not header.startswith(f"data:{kind}/") or not header.endswith(";base64"):
+        raise RequestError(400, f"{header[:60]}: a data URL must be data:{kind}/...;base64,")
     if len(payload) * 3 // 4 > cap:
-        raise RequestError(413, f"the uploaded video is over the {cap}-byte cap")
+        raise RequestError(413, f"the uploaded {kind} is over the {cap}-byte cap")
     try:
         target.write_bytes(base64.b64decode(payload, validate=True))
     except (binascii.Error, ValueError):

@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions`` as vLLM serves it for video: messages whose content mixes ``text``
-and ``video_url`` parts; vidsight's own settings in ``media_io_kwargs`` / ``mm_processor_kwargs``."""
+and a ``video_url`` (or ``image_url``) part; vidsight's own settings in ``media_io_kwargs`` /
+``mm_processor_kwargs``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from vidsight.api.serve.sampling_fields import SamplingFields
 from vidsight.api.serve.tools import ToolChoice
 from vidsight.api.settings import ASK_SETTINGS
 from vidsight.errors import ConfigError
-from vidsight.models.conversation import VIDEO_PART, Conversation, Message
+from vidsight.models.conversation import IMAGE_PART, VIDEO_PART, Conversation, Message
 
 # Video settings a request may give, by vidsight's names (`settings.ASK_SETTINGS`) and vLLM's
 # ``num_frames``; generation settings come from the request's own fields.
@@ -28,22 +29,32 @@ MAX_CHOICES, MAX_CHOICE_CHARS = 64, 1000
 MAX_ANSWERS = 16
 
 
-class VideoURL(BaseModel):
-    url: str = Field(min_length=1)
+class MediaURL(BaseModel):
+    url: str = Field(min_length=1)   # OpenAI's ``detail`` of an image is not read: the checkpoint's bounds rule
+
+
+# The conversation's part each kind of media part becomes.
+MEDIA_PARTS = {"video_url": VIDEO_PART, "image_url": IMAGE_PART}
 
 
 class Part(BaseModel):
     type: Literal["text", "video_url", "image_url", "input_audio"]
     text: str | None = None
-    video_url: VideoURL | None = None
+    video_url: MediaURL | None = None
+    image_url: MediaURL | None = None
 
     @model_validator(mode="after")
     def _filled(self):
         if self.type == "text" and self.text is None:
             raise ValueError("a text part needs 'text'")
-        if self.type == "video_url" and self.video_url is None:
-            raise ValueError("a video_url part needs 'video_url': {'url': ...}")
+        if self.type in MEDIA_PARTS and getattr(self, self.type) is None:
+            raise ValueError(f"a {self.type} part needs '{self.type}': {{'url': ...}}")
         return self
+
+    @property
+    def url(self) -> str | None:
+        """A media part's URL."""
+        return getattr(self, self.type).url if self.type in MEDIA_PARTS else None
 
 
 class ChatMessage(BaseModel):
@@ -100,7 +111,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
     def video_and_conversation(self, default_template_kwargs: dict | None = None) -> tuple[str | None, Conversation]:
-        """The video (None for a request of text alone) and the conversation around it (system
+        """The video's or image's URL (None for a request of text alone) and the conversation
+        around it (`Conversation.still` for an image; system
         messages, earlier turns and tool calls, the question in the last user message, a tool's
         result in the last tool message, or with ``continue_final_message`` an answer begun in the
         last assistant message); OpenAI's ``developer`` role is its ``system``. The request's chat
@@ -110,17 +122,19 @@ class ChatCompletionRequest(SamplingFields):
             role = "system" if message.role == "developer" else message.role
             content = message.content or ""
             parts = [Part(type="text", text=content)] if isinstance(content, str) else content
-            unsupported = sorted({p.type for p in parts} - {"text", "video_url"})
+            unsupported = sorted({p.type for p in parts} - {"text", *MEDIA_PARTS})
             if unsupported:
                 raise RequestError(400, f"{', '.join(unsupported)} parts are not supported; send text and at most one "
-                                        "video_url")
-            if role != "user" and any(p.type == "video_url" for p in parts):
-                raise RequestError(400, f"the video must be in a user message, not the {message.role}'s")
-            videos += [p.video_url.url for p in parts if p.type == "video_url"]
-            messages.append(Message(role, tuple(VIDEO_PART if p.type == "video_url" else p.text for p in parts),
+                                        "video_url or image_url")
+            media = [p for p in parts if p.type in MEDIA_PARTS]
+            if role != "user" and media:
+                raise RequestError(400, f"the {MEDIA_PARTS[media[0].type].template_type} must be in a user message, "
+                                        f"not the {message.role}'s")
+            videos += [p.url for p in media]
+            messages.append(Message(role, tuple(MEDIA_PARTS.get(p.type, p.text) for p in parts),
                                     tuple(message.tool_calls or ()), message.tool_call_id))
         if len(videos) > 1:
-            raise RequestError(400, f"a request holds at most one video_url part, got {len(videos)}")
+            raise RequestError(400, f"a request holds at most one video_url or image_url part, got {len(videos)}")
         if self.continue_final_message == self.add_generation_prompt:
             raise RequestError(400, "continue_final_message: true goes with add_generation_prompt: false, and only "
                                     "with it (an answer begun is continued, not followed by a new one)")
