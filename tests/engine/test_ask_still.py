@@ -128,3 +128,18 @@ def test_the_still_bounds_are_the_checkpoints_image_processors(tmp_path, picture
     assert result.stats.visual_tokens == height * width // 28 ** 2
     default = adapter.vision.still({})
     assert (default.min_pixels, default.max_pixels) == (IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS)
+
+
+def test_a_second_question_about_a_picture_continues_its_prefix_and_the_video_does_not(tiny_adapter, picture):
+    """The prefix cache keeps a picture's prefix for the next question about it (answered as
+    alone), and the same file asked about as a video is another prefix."""
+    from vidsight.engine.prefix_cache import PrefixCache
+
+    generation = GenerationConfig(max_new_tokens=6)
+    cached = Asker(tiny_adapter, prefix_cache=PrefixCache(1 << 30))
+    questions = [Conversation.of(text, visual=IMAGE_PART) for text in (QUESTION, "Where is the square?")]
+    first, second = (cached.ask(picture, question, generation=generation) for question in questions)
+    assert first.stats.cached_tokens == 0 < second.stats.cached_tokens
+    assert second.token_ids == Asker(tiny_adapter).ask(picture, questions[1], generation=generation).token_ids
+    video = cached.ask(picture, Conversation.of(QUESTION, visual=VIDEO_PART), generation=generation)
+    assert video.stats.cached_tokens == 0
