@@ -70,7 +70,8 @@ def test_a_traceback_and_a_hang_are_caught_and_the_callers_memory_is_not_counted
 
 def test_the_shaped_sources_are_shaped_as_named(tmp_path):
     """The trimmed MP4 holds packets FFmpeg drops after decoding, the Matroska file lists a picture
-    first, the HDR file is PQ with its peak declared, the MPEG-2 file interlaced."""
+    first, the HDR file is PQ with its peak declared, the MPEG-2 file interlaced, the pictures are
+    stills and the JPEG is turned upright as its EXIF orientation says."""
     import av
 
     from vidsight.bench.damage import SHAPED, TRIMMED_FRAMES
@@ -88,6 +89,9 @@ def test_the_shaped_sources_are_shaped_as_named(tmp_path):
     with av.open(str(sources["hevc-pq.mp4"])) as container:
         assert content_peak(next(container.decode(video=0))) == 1500.0
     assert probe(sources["mpeg2-interlaced.mpg"]).interlaced
+    turned = probe(sources["picture-turned.jpg"])
+    assert probe(sources["picture.png"]).still_image and turned.still_image
+    assert (turned.width, turned.height, turned.rotation) == (120, 160, 270)
 
 
 def test_a_file_whose_timestamps_outlast_the_time_limit_is_not_replayed(make_test_video, tmp_path, monkeypatch):

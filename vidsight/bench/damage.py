@@ -31,8 +31,10 @@ SOURCES = (
 # without re-encoding (an edit list starting after the GOP's first frames, which FFmpeg flags to be
 # decoded and dropped), a Matroska file listing a one-frame picture track before the video (both
 # its packets remuxed), 10-bit HEVC HDR in PQ with its light levels declared, and interlaced
-# MPEG-2 as a DVD or a broadcast holds it, each frame woven from two (both re-encoded).
-SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv", "hevc-pq.mp4", "mpeg2-interlaced.mpg")
+# MPEG-2 as a DVD or a broadcast holds it, each frame woven from two (both re-encoded); and its
+# first frame as the pictures `ask` shows a model as an image (a PNG, and a JPEG a phone turned).
+SHAPED = ("h264-trimmed.mp4", "h264-picture-first.mkv", "hevc-pq.mp4", "mpeg2-interlaced.mpg", "picture.png",
+          "picture-turned.jpg")
 TRIMMED_FRAMES = 3
 # Where each container keeps its index (or the header a demuxer leans on), as bytes to find.
 INDEX_TAGS = (b"moov", b"idx1", b"\x1c\x53\xbb\x6b", b"\x11\x4d\x9b\x74")  # MP4, AVI, MKV Cues, MKV SeekHead
@@ -73,6 +75,8 @@ def make_sources(root: Path) -> list[Path]:
             video_in_ten_bits(paths[0], path, "pq", max_cll=1500)
         elif not path.exists() and name.startswith("mpeg2-interlaced"):
             _interlace(paths[0], path)
+        elif not path.exists() and name.startswith("picture"):
+            _picture(paths[0], path)
         elif not path.exists():
             _remux(paths[0], path)
         paths.append(path)
@@ -87,6 +91,19 @@ def _interlace(source: Path, path: Path) -> None:
         frames = [frame.to_ndarray(format="rgb24") for frame in original.decode(stream)]
     woven = [weave(first, second) for first, second in zip(frames[0::2], frames[1::2])]
     write_video(path, woven, np.arange(len(woven)) * 2 / rate, rate / 2, gop=6, codec="mpeg2video", interlaced=True)
+
+
+def _picture(source: Path, path: Path) -> None:
+    """``source``'s first frame as a picture file; a JPEG's EXIF orientation says to turn it (6:
+    90 degrees clockwise), as a phone held upright writes it."""
+    with av.open(str(source)) as original:
+        image = next(original.decode(video=0)).to_image()
+    if path.suffix == ".jpg":
+        exif = image.getexif()
+        exif[0x0112] = 6
+        image.save(path, exif=exif.tobytes())
+    else:
+        image.save(path)
 
 
 def _remux(source: Path, path: Path) -> None:
