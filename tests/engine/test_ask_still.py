@@ -21,9 +21,10 @@ CONVERSATION = Conversation((Message("system", ("Answer in one word.",)),
 
 
 def image_processor(adapter):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    """The checkpoint's own image processor (PIL's resize where torchvision is missing, torch's where not)."""
+    from transformers import AutoImageProcessor
 
-    return Qwen2VLImageProcessorPil.from_pretrained(adapter.model.name_or_path)
+    return AutoImageProcessor.from_pretrained(adapter.model.name_or_path)
 
 
 def reference_inputs(adapter, path, conversation):
@@ -35,7 +36,7 @@ def reference_inputs(adapter, path, conversation):
     ours = preprocess_video(frame, adapter.still_vision, size=(grid[1] * adapter.still_vision.patch_size,
                                                                 grid[2] * adapter.still_vision.patch_size))
     assert ours.grid_thw == grid   # the same resize, by the image processor's bounds
-    # PIL's bicubic against torch's on the same image: within an intensity level or two.
+    # The processor's bicubic (PIL's, or torch's in float) against vidsight's: within an intensity level or two.
     step = 1 / 255 / min(adapter.still_vision.image_std)
     assert (ours.pixel_values - theirs["pixel_values"]).abs().max() <= 2.01 * step
     text = adapter.tokenizer.apply_chat_template(conversation.template_form(), chat_template=adapter.chat_template,

@@ -70,3 +70,20 @@ def test_a_raw_stream_cut_inside_its_first_frame_is_refused_naming_it(make_test_
         decode_frames(cut, None)   # refused by the probe, or when no frame comes out
     with pytest.raises(VideoError, match=f"{cut}: no frame of its video stream could be decoded"):
         list(StreamSource(cut, fps=2.0))
+
+
+def test_pictures_are_still_images_and_videos_are_not(picture, make_test_video, tmp_path):
+    """A one-frame file of each picture format users bring is a still; a video is not, an MJPEG
+    one (a picture format's codec, many frames) included; nor is a file that cannot be opened."""
+    from PIL import Image
+
+    from vidsight.ingest import is_still_image
+
+    image = Image.open(picture)
+    for suffix in ("png", "jpg", "webp", "bmp", "tiff", "gif"):
+        image.save(tmp_path / f"square.{suffix}")
+        assert is_still_image(tmp_path / f"square.{suffix}"), suffix
+    mjpeg, _ = make_test_video(suffix=".avi", duration_s=1.0, codec="mjpeg")
+    h264, _ = make_test_video(duration_s=1.0)
+    (tmp_path / "empty.png").write_bytes(b"")
+    assert not any(is_still_image(path) for path in (mjpeg, h264, tmp_path / "empty.png", tmp_path / "gone.jpg"))

@@ -66,7 +66,7 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_ask(args) -> int:
     from vidsight.engine import Asker
     from vidsight.engine.prefix_cache import PrefixCache
-    from vidsight.ingest import probe
+    from vidsight.ingest import is_still_image
     from vidsight.models import load_model
     from vidsight.models.conversation import IMAGE_PART
 
@@ -83,7 +83,7 @@ def run_ask(args) -> int:
         generation = generation_config(with_checkpoint_sampling(answer_format_settings(args), args, adapter))
     asker = Asker(adapter, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
-        if probe(video).still_image:
+        if is_still_image(video):
             if adapter.still_vision is not None:
                 conversations = _conversations(args, IMAGE_PART)
             else:

@@ -30,8 +30,9 @@ class Stage:
 
 # The files holding the `device_check` tests: named, not found by collecting all of tests/, because
 # the GPU image lacks what other test files import (Ray, Selenium, the OpenAI client).
-TEST_FILES = ("tests/engine/test_ask_exact.py", "tests/engine/test_batch.py", "tests/engine/test_chat.py",
-              "tests/engine/test_constrain.py", "tests/engine/test_prefix_cache.py", "tests/engine/test_watch.py",
+TEST_FILES = ("tests/engine/test_ask_exact.py", "tests/engine/test_ask_still.py", "tests/engine/test_batch.py",
+              "tests/engine/test_chat.py", "tests/engine/test_constrain.py", "tests/engine/test_prefix_cache.py",
+              "tests/engine/test_watch.py",
               "tests/kv/test_tiers.py", "tests/kv/test_resv.py", "tests/kv/test_policies_on_families.py",
               "tests/models/test_qwen3_vl.py", "tests/models/test_whole_frame_families.py")
 SHAPE = "qwen2.5-vl-7b"

@@ -8,7 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "vidsight.ingest.feed.config": ("FeedConfig",),
     "vidsight.ingest.feed.frames": ("FrameFeed",),
     "vidsight.ingest.parallel": ("decode_parallel",),
-    "vidsight.ingest.probe": ("probe",),
+    "vidsight.ingest.probe": ("is_still_image", "probe"),
     "vidsight.ingest.sampling": ("SamplingConfig", "sample_frames"),
     "vidsight.ingest.synthetic": ("SyntheticSpec", "make_video"),
     "vidsight.ingest.types": ("CodecInfo", "FrameBatch", "VideoInfo"),

@@ -4,6 +4,7 @@ frame (for its display rotation)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from pathlib import Path
 
@@ -43,6 +44,26 @@ INTRA_ONLY_GOP = 250
 PROBE_DECODE_PACKETS = 16
 # FFmpeg's AVFieldOrder values of interlaced streams (TT, BB, TB, BT), which parameter sets declare.
 INTERLACED_FIELD_ORDERS = frozenset({2, 3, 4, 5})
+
+
+# FFmpeg's codecs of picture formats: a file whose video is one frame in one of them is a photo, a
+# screenshot or a drawing (a still image), not a video.
+STILL_CODECS = frozenset({"png", "apng", "mjpeg", "jpeg2000", "jpegls", "webp", "bmp", "tiff", "gif", "qoi", "ppm",
+                          "pgm", "pbm", "pam", "targa", "sgi", "dpx", "exr", "hdr", "jpegxl"})
+
+
+def is_still_image(path: str | Path) -> bool:
+    """Whether ``path`` is a picture: its video one frame in a picture format (`STILL_CODECS`),
+    found without reading a video's packets past its second. A file that cannot be opened is not
+    one (what is wrong with it is said when it is probed)."""
+    try:
+        with open_video(path) as (container, stream):
+            if codec_name(stream) not in STILL_CODECS:
+                return False
+            frames = (packet for packet in container.demux(stream) if packet.size)
+            return len(list(itertools.islice(frames, 2))) == 1
+    except (VideoError, *DEMUX_ERRORS):
+        return False
 
 
 def probe(path: str | Path) -> VideoInfo:

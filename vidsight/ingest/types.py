@@ -14,11 +14,6 @@ if TYPE_CHECKING:
 
     from vidsight.ingest.dynamic import MotionPruneConfig
 
-# FFmpeg's decoders of picture formats: a file of one frame in one of them is a photo, a screenshot
-# or a drawing (a still image), not a video.
-STILL_CODECS = frozenset({"png", "apng", "mjpeg", "jpeg2000", "jpegls", "webp", "bmp", "tiff", "gif", "qoi", "ppm",
-                          "pgm", "pbm", "pam", "targa", "sgi", "dpx", "exr", "hdr", "jpegxl"})
-
 
 @dataclasses.dataclass(frozen=True)
 class VideoInfo:
@@ -91,12 +86,6 @@ class VideoInfo:
     dynamic_range: str = "sdr"
     wide_gamut: bool = False
     interlaced: bool = False
-
-    @property
-    def still_image(self) -> bool:
-        """Whether the file is a picture (one frame of a picture format, `STILL_CODECS`), which
-        `ask` shows a model as an image where its family has an image path."""
-        return self.frame_count == 1 and self.codec in STILL_CODECS
 
     @functools.cached_property
     def decode_position(self) -> np.ndarray:
