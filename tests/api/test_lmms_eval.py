@@ -128,6 +128,32 @@ def test_ask_mode_answers_as_asker_and_cuts_at_the_tasks_stop_strings(tiny_model
     assert model.generate_until(requests)[0].text == results[0].text.split(stop, 1)[0]
 
 
+def test_an_image_tasks_picture_is_answered_and_scored_as_ask_shows_the_image(tiny_model_dir, picture):
+    """An image task hands lmms-eval's model a PIL image: generated and scored as `Asker` answers
+    that picture shown as an image (written once to a file); two pictures are refused by name."""
+    from PIL import Image
+
+    from vidsight.models.conversation import IMAGE_PART, Conversation
+
+    model = VidsightLMM(pretrained=str(tiny_model_dir), device="cpu")
+    image = Image.open(picture).convert("RGB")
+    questions = ["What colour is the square?", "Where is it?"]
+    model.task_dict = {"task": {"test": [{"image": image} for _ in questions]}}
+    requests = [_Request(args=(q, {"max_new_tokens": 5, "do_sample": False}, lambda doc: [doc["image"]], i, "task",
+                               "test")) for i, q in enumerate(questions)]
+    asker = Asker(model.asker.adapter)
+    for question, result in zip(questions, model.generate_until(requests)):
+        expected = asker.ask(picture, Conversation.of(question, visual=IMAGE_PART),
+                             generation=GenerationConfig(max_new_tokens=5))
+        assert (result.text, result.token_counts.input_tokens) == (expected.answer, expected.stats.prompt_tokens)
+    scored = model.loglikelihood([_Request(args=(questions[0], "red", lambda doc: [doc["image"]], 0, "task", "test"))])
+    want = asker.score(picture, Conversation.of(questions[0], visual=IMAGE_PART), ["red"]).scores[0]
+    assert scored[0].text[0] == pytest.approx(-want.logprob / len(want.tokens), abs=1e-5)
+    model.task_dict["task"]["test"][0]["image"] = [image, image]
+    with pytest.raises(ConfigError, match="one video file or one picture per request"):
+        model.generate_until(requests[:1])
+
+
 def test_the_prompt_arguments_reach_the_prompt(tiny_model_dir, synthetic_video, tmp_path):
     """``system``, ``chat_template`` and ``chat_template_kwargs`` (as `ask`'s flags of those names)
     shape the prompt of generated and scored answers alike; before, they were taken and ignored."""

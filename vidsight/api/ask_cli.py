@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from vidsight.api.options import (_float, add_chat_template_option, add_feed_options, add_generation_options,
@@ -13,8 +12,6 @@ from vidsight.api.options import (_float, add_chat_template_option, add_feed_opt
 from vidsight.api.sources import whole_file
 from vidsight.api.settings import ask_configs, feed_config, generation_config
 from vidsight.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
@@ -66,11 +63,9 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
 def run_ask(args) -> int:
     from vidsight.engine import Asker
     from vidsight.engine.prefix_cache import PrefixCache
-    from vidsight.ingest import is_still_image
     from vidsight.models import load_model
-    from vidsight.models.conversation import IMAGE_PART
 
-    conversations = _conversations(args)   # refused before loading
+    _conversations(args)   # a bad question or answer begun is refused before the model loads
     shaped = args.answer_schema or args.answer_regex or args.answer_grammar
     if args.choices and (args.logprobs is not None or args.stop or shaped):
         raise ConfigError("--choices scores the answers given, each token's log probability included; "
@@ -83,19 +78,13 @@ def run_ask(args) -> int:
         generation = generation_config(with_checkpoint_sampling(answer_format_settings(args), args, adapter))
     asker = Asker(adapter, meter_memory=args.meter_memory or None, prefix_cache=prefix_cache)
     with whole_file(args.video) as video:
-        if is_still_image(video):
-            if adapter.still_vision is not None:
-                conversations = _conversations(args, IMAGE_PART)
-            else:
-                log.warning("%s is a still image; vidsight shows it to a %s model as a video of one frame (it does "
-                            "not tile pictures as the family's image processor does)", args.video, adapter.family)
-        _answer(args, asker, video, conversations, sampling, generation, prefill)
+        _answer(args, asker, video, _conversations(args, asker.visual_of(video)), sampling, generation, prefill)
     return 0
 
 
 def _conversations(args, visual=None) -> list:
-    """Each of ``args.question`` as a conversation about the video (or with ``visual`` `IMAGE_PART`,
-    the image), with the system message, template arguments and answer begun the flags give."""
+    """Each of ``args.question`` as a conversation about the video (or the image, ``visual`` being
+    `IMAGE_PART`), with the system message, template arguments and answer begun the flags give."""
     from vidsight.models.conversation import VIDEO_PART, Conversation
 
     conversations = [Conversation.of(question, args.system, args.chat_template_kwargs, visual=visual or VIDEO_PART)

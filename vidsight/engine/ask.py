@@ -27,12 +27,12 @@ from vidsight.engine.stats import AskStats, StageClock
 from vidsight.engine.steps import Preemptible, run_to_end
 from vidsight.engine.text_stream import TextStream, answer_text
 from vidsight.errors import ConfigError
-from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, probe,
-                             sample_frames)
+from vidsight.ingest import (DecodeConfig, FrameBatch, SamplingConfig, decode_frames, decode_parallel, is_still_image,
+                             probe, sample_frames)
 from vidsight.ingest.feed import FeedConfig, FrameFeed
 from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
-from vidsight.models.conversation import Conversation
+from vidsight.models.conversation import IMAGE_PART, VIDEO_PART, Conversation
 from vidsight.vision import resize_frames
 
 
@@ -133,6 +133,18 @@ class Asker:
         self.adapter = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, Path)) else model
         self.meter_memory = self.adapter.device.type == "cuda" if meter_memory is None else meter_memory
         self.prefix_cache = prefix_cache
+
+    def visual_of(self, path: str | Path):
+        """How `ask` shows the file at ``path``: `IMAGE_PART` for a picture (`is_still_image`) where
+        the model's family has an image path (`VLMAdapter.still_vision`), else `VIDEO_PART` (a
+        picture then as a video of one frame, which the log says)."""
+        if not is_still_image(path):
+            return VIDEO_PART
+        if self.adapter.still_vision is None:
+            log.warning("%s is a still image; vidsight shows it to a %s model as a video of one frame (it does not "
+                        "tile pictures as the family's image processor does)", path, self.adapter.family)
+            return VIDEO_PART
+        return IMAGE_PART
 
     def ask(self, video: str | Path | None, question: str | Conversation, **options) -> AskResult:
         """Answer ``question`` (or the last message of a conversation, `Conversation`) about the

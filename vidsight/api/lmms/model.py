@@ -1,4 +1,4 @@
-"""The lmms-eval model: each request's video and question answered by vidsight.
+"""The lmms-eval model: each request's video (or picture) and question answered by vidsight.
 
 Without ``policy`` a request goes through `Asker.ask` (QuickVideo's pipeline, with whatever KV
 and motion pruning the arguments ask for); with ``policy`` the video is streamed into a
@@ -11,7 +11,9 @@ answer's length and sampling; the model arguments set everything else (`vidsight
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 from lmms_eval.api.instance import GenerationResult, TokenCounts
@@ -56,6 +58,8 @@ class VidsightLMM(lmms):
         namespace = self.settings.namespace()
         self.asker = Asker(load_model(str(pretrained), device=device, chat_template=chat_template_of(namespace)))
         self.stats_path = Path(stats_path) if stats_path else None
+        # An image task's pictures, written as files for the request that shows them (removed at exit).
+        self._scratch = tempfile.TemporaryDirectory(prefix="vidsight-lmms-")
         self.request_stats: list[dict] = []   # one record per answered request, in order
 
     def generate_until(self, requests) -> list[GenerationResult]:
@@ -105,13 +109,24 @@ class VidsightLMM(lmms):
     def generate_until_multi_round(self, requests):
         raise NotImplementedError("vidsight answers one round per request: multi-round tasks are not supported")
 
-    @staticmethod
-    def _video(visuals, task: str, doc_id) -> str:
+    def _video(self, visuals, task: str, doc_id) -> str:
+        """The request's one video file, or its one picture (an image task's PIL image) as a PNG
+        file written once (`Asker.visual_of` then shows it as an image)."""
         visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
+        if len(visuals) == 1 and hasattr(visuals[0], "save") and hasattr(visuals[0], "tobytes"):
+            return self._picture_file(visuals[0])
         if len(visuals) != 1 or not isinstance(visuals[0], (str, Path)):
-            raise ConfigError(f"{task} document {doc_id}: vidsight takes one video file per request, got "
-                              f"{[type(v).__name__ for v in visuals]}")
+            raise ConfigError(f"{task} document {doc_id}: vidsight takes one video file or one picture per request, "
+                              f"got {[type(v).__name__ for v in visuals]}")
         return str(visuals[0])
+
+    def _picture_file(self, image) -> str:
+        """``image`` (a PIL image) as a PNG in this model's scratch folder, named by its pixels."""
+        digest = hashlib.blake2b(f"{image.mode} {image.size}".encode() + image.tobytes(), digest_size=16).hexdigest()
+        path = Path(self._scratch.name) / f"{digest}.png"
+        if not path.exists():
+            image.save(path)
+        return str(path)
 
     def _settings_for(self, gen_kwargs: dict) -> dict:
         """The model arguments' settings with the task's ``generation_kwargs`` (length, sampling) over them."""
@@ -124,17 +139,19 @@ class VidsightLMM(lmms):
             settings["temperature"] = 0.0
         return settings
 
-    def _conversation(self, question: str) -> Conversation:
-        """``ask`` mode's prompt: the question after the arguments' system message, with their
-        chat template arguments (a session's system message is its config's)."""
+    def _conversation(self, video: str, question: str) -> Conversation:
+        """``ask`` mode's prompt: the question about ``video`` (or the picture, `Asker.visual_of`)
+        after the arguments' system message, with their chat template arguments (a session's
+        system message is its config's)."""
         settings = self.settings.settings
-        return Conversation.of(question, settings.get("system"), settings.get("chat_template_kwargs"))
+        return Conversation.of(question, settings.get("system"), settings.get("chat_template_kwargs"),
+                               visual=self.asker.visual_of(video))
 
     def _answer(self, video: str, question: str, gen_kwargs: dict) -> dict:
         settings = self._settings_for(gen_kwargs)
         if self.settings.mode == "ask":
             sampling, generation, prefill = ask_configs(settings)
-            result = self.asker.ask(video, self._conversation(question), sampling=sampling, generation=generation,
+            result = self.asker.ask(video, self._conversation(video, question), sampling=sampling, generation=generation,
                                     prefill=prefill, feed=feed_config(settings))
             stats = result.stats
             record = {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens}
@@ -152,7 +169,7 @@ class VidsightLMM(lmms):
         settings = self.settings.settings
         if self.settings.mode == "ask":
             sampling, _, prefill = ask_configs(settings)
-            return self.asker.score(video, self._conversation(question), continuations, sampling=sampling,
+            return self.asker.score(video, self._conversation(video, question), continuations, sampling=sampling,
                                     prefill=prefill, feed=feed_config(settings))
         with self._streamed(video, settings) as session:
             return session.score(question, continuations)
