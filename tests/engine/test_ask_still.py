@@ -87,11 +87,57 @@ def test_a_qwen3_still_has_no_timestamp(qwen3_adapter, picture):
     assert still.replace("image_pad", "video_pad") == video.replace("<0.0 seconds>", "")
 
 
-def test_families_that_tile_pictures_refuse_a_still_and_name_the_model(picture, llava_adapter, internvl_adapter):
-    for adapter in (llava_adapter, internvl_adapter):
-        assert adapter.still_vision is None
-        with pytest.raises(ConfigError, match="still image"):
-            Asker(adapter).ask(picture, Conversation.of(QUESTION, visual=IMAGE_PART))
+@pytest.mark.device_check
+def test_internvl_cuts_a_picture_into_its_processors_tiles_and_answers_as_transformers(internvl_adapter, picture):
+    """InternVL's processor (crop_to_patches, as its -hf processor asks): the same grid of tiles
+    and thumbnail, pixels within two levels, and the answer transformers' `generate` gives with
+    ``<img>`` + every tile's tokens + ``</img>`` where the template writes ``<IMG_CONTEXT>``."""
+    from vidsight.vision.tiles import tile_picture
+
+    adapter, conversation = internvl_adapter, Conversation.of(QUESTION, visual=IMAGE_PART)
+    frame = decode_frames(picture, np.zeros(1, dtype=np.int64)).data[0]
+    theirs = image_processor(adapter)(images=[frame.numpy()], crop_to_patches=True, return_tensors="pt")
+    ours = preprocess_video(tile_picture(frame, adapter.still_vision), adapter.still_vision).pixel_values
+    assert ours.shape == theirs["pixel_values"].shape and int(theirs["num_patches"][0]) == len(ours) == 13
+    assert (ours - theirs["pixel_values"]).abs().max() <= 2.01 / 255 / min(adapter.still_vision.image_std)
+    vision = adapter.model.config.vision_config
+    per_tile = int((vision.image_size[0] // vision.patch_size[0]) ** 2 * adapter.model.config.downsample_ratio ** 2)
+    text = adapter.tokenizer.apply_chat_template(conversation.template_form(), chat_template=adapter.chat_template,
+                                                 add_generation_prompt=True, tokenize=False)
+    assert text.count("<IMG_CONTEXT>") == 1
+    text = text.replace("<IMG_CONTEXT>", "<img>" + "<IMG_CONTEXT>" * per_tile * len(ours) + "</img>")
+    ids = torch.tensor([adapter.tokenizer(text, add_special_tokens=False)["input_ids"]])
+    inputs = on_device(dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=ours))
+    result = Asker(adapter).ask(picture, conversation, generation=GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert (result.stats.frames, result.stats.prompt_tokens) == (13, ids.shape[1])
+    out = adapter.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+    assert_same_greedy_ids(result.token_ids, out.sequences[0, ids.shape[1]:].tolist(), out.logits)
+    assert_logits_close(Asker(adapter).prefill_logits(picture, conversation), out.logits[0][0])
+
+
+def test_the_tile_grid_is_the_processors_for_any_shape():
+    """Every picture shape from a sliver to a panorama, small and large: the grid transformers'
+    GotOcr2 processor picks, ties included."""
+    try:   # the processor's PIL module where torchvision is missing, its torchvision one where not
+        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
+    except ImportError:
+        from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+    from vidsight.vision.tiles import tile_grid
+
+    sides = [1, 37, 84, 100, 150, 200, 224, 300, 448, 640, 896, 1000, 1344, 1920, 4032]
+    for height in sides:
+        for width in sides:
+            for fewest, most in ((1, 12), (1, 6), (2, 9)):
+                assert tile_grid(height, width, (448, 448), fewest, most) == get_optimal_tiled_canvas(
+                    (height, width), (448, 448), fewest, most), (height, width, fewest, most)
+
+
+def test_llava_onevision_which_tiles_pictures_otherwise_refuses_a_still_and_names_the_model(picture, llava_adapter):
+    assert llava_adapter.still_vision is None
+    with pytest.raises(ConfigError, match="still image"):
+        Asker(llava_adapter).ask(picture, Conversation.of(QUESTION, visual=IMAGE_PART))
 
 
 def test_a_conversation_holds_one_video_or_image():

@@ -21,7 +21,7 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
     ask = commands.add_parser("ask", parents=parents, help="answer a question about a video file (or an image)")
     ask.add_argument("video", help="video file; or an http(s) URL, or - for a video piped in, either read "
                                     "whole into a temporary file first; a picture (PNG, JPEG, WebP ...) is shown "
-                                    "to a Qwen model as an image, as its image processor shows one")
+                                    "to the model as its image processor shows one")
     ask.add_argument("question", nargs="+",
                      help="the question, in quotes; several are answered in turn, the video decoded and "
                           "prefilled once (each later question continues its KV) unless KV pruning is on")

@@ -34,6 +34,7 @@ from vidsight.ingest.judge import motion_source
 from vidsight.models import load_model
 from vidsight.models.conversation import IMAGE_PART, VIDEO_PART, Conversation
 from vidsight.vision import resize_frames
+from vidsight.vision.tiles import tile_picture
 
 
 log = logging.getLogger(__name__)
@@ -315,7 +316,8 @@ class Asker:
         decoders = cpus if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops, motion=prefill.motion)
         plan = plan_visual(self.adapter, question, len(indices), info.height, info.width)
-        if feed_config.resize_in_decoder:
+        tiled = plan.frames != len(indices)   # a picture the family cuts into tiles, decoded whole first
+        if feed_config.resize_in_decoder and not tiled:
             decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)
         request.cores = cores = CoreSplit(self.adapter.device, decoders, feed_config.overlap and feed_config.split_cores)
         with cores, tqdm(total=len(indices), desc="decode", unit="frame", disable=not request.progress,
@@ -323,7 +325,7 @@ class Asker:
             def on_frame(n):
                 bar.update(n - bar.n)
 
-            if feed_config.overlap:
+            if feed_config.overlap and not tiled:
                 # Split before the decoders start: a thread takes torch's thread count at its first operation.
                 cores.update(decoding=True)
                 feed = FrameFeed.background(video, indices, info, decoding, workers, on_frame)
@@ -331,6 +333,9 @@ class Asker:
                 with clock.stage("decode"):
                     batch = (decode_frames(video, indices, decoding, info, on_frame) if workers == 0 else
                              decode_parallel(video, indices, decoding, info, workers, on_frame=on_frame))
+                if tiled:
+                    with clock.stage("preprocess"):
+                        batch = _tiles_of(batch, self.adapter.still_vision)
                 feed = FrameFeed.decoded(batch, clock.stats.stages_s["decode"])
             with feed:
                 # A still has no time: its one temporal patch is at time zero whatever the rate.
@@ -340,6 +345,13 @@ class Asker:
         stats.decode_strategy, stats.overlap, stats.decode_busy_s = feed.strategy, feed_config.overlap, feed.decode_s
         stats.decode_workers = decoders
         return state
+
+
+def _tiles_of(picture: FrameBatch, spec) -> FrameBatch:
+    """A decoded picture as the frames of its tiles (`vidsight.vision.tiles`), each at its time and index."""
+    tiles = tile_picture(picture.data[0], spec)
+    return dataclasses.replace(picture, data=tiles, pts_s=picture.pts_s[:1].repeat(len(tiles)),
+                               indices=picture.indices[:1].repeat(len(tiles)), codec=[])
 
 
 def ask(video: str | Path | None, question: str | Conversation, model=DEFAULT_MODEL, **options) -> AskResult:

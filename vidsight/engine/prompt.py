@@ -15,6 +15,7 @@ from vidsight.models.base import VisionSpec, VLMAdapter
 from vidsight.models.conversation import Conversation
 from vidsight.models.positions import prompt_positions
 from vidsight.vision import video_size
+from vidsight.vision.tiles import tile_count
 
 @dataclasses.dataclass(frozen=True)
 class VideoPlan:
@@ -51,7 +52,8 @@ def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> Vid
 
 def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, height: int, width: int) -> VideoPlan:
     """`plan_video`, or for a conversation about a still image (`Conversation.still`) its one
-    frame's plan in the model's image bounds (`VLMAdapter.still_vision`)."""
+    frame's plan in the model's image bounds (`VLMAdapter.still_vision`), or its tiles' where the
+    family cuts a picture into tiles (`vidsight.vision.tiles`)."""
     if not Conversation.of(question).still:
         return plan_video(adapter, frames, height, width)
     if adapter.still_vision is None:
@@ -59,7 +61,7 @@ def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, 
                           "as a video")
     if frames != 1:
         raise ConfigError(f"a still image is one frame, not {frames}")
-    return plan_for(adapter.still_vision, 1, height, width)
+    return plan_for(adapter.still_vision, tile_count(adapter.still_vision, height, width), height, width)
 
 
 def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPlan:
@@ -138,8 +140,13 @@ def build_video_prompt(adapter: VLMAdapter, question: str | Conversation, plan: 
     kept_per_patch = keep.view(patches, -1).sum(dim=1).tolist()
     # A patch's time is counted from the video's first frame, as Qwen's processors time a clip.
     middle = (time_s[first_frame] + time_s[last_frame]) / 2 - time_s[0]
-    # A still is its picture alone, in the template's own marks.
-    texts = [([], []) if question.still else adapter.patch_text(k, float(middle[k])) for k in range(patches)]
+    if question.still:   # the family's marks around the picture's tokens (its tiles') as one
+        before, after = adapter.still_text()
+        texts = [([], [])] * patches
+        texts[0] = (before, texts[0][1])
+        texts[-1] = (texts[-1][0], after)
+    else:
+        texts = [adapter.patch_text(k, float(middle[k])) for k in range(patches)]
     text_tokens = sum(len(before) + len(after) for before, after in texts)
     span = sum(kept_per_patch) + text_tokens + plan.suffix_tokens
     layout = adapter.build_prompt(question, span)

@@ -35,6 +35,9 @@ class VisionSpec:
         suffix_tokens: Video tokens after the last temporal patch (LLaVA-OneVision's newline).
         prunable: Each token stands for one merge group of patches, so the encoder can skip
             groups (motion pruning); not so where tokens are pooled across groups (LLaVA-OneVision).
+        tiles: ``(fewest, most)`` tiles of ``fixed_size`` a still picture is cut into, plus a
+            thumbnail of it whole when there are several (InternVL's dynamic tiling,
+            `vidsight.vision.tiles`); None: a still is one frame.
         deepstack_layers: Decoder layers after which the tower's intermediate features are added
             to the video tokens' hidden states (Qwen3-VL's DeepStack). A token's inputs are then
             ``1 + deepstack_layers`` levels, ``(..., levels, hidden)``: its embedding, then what is
@@ -54,6 +57,7 @@ class VisionSpec:
     suffix_tokens: int = 0
     prunable: bool = True
     deepstack_layers: int = 0
+    tiles: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, vision_config, image_mean: tuple[float, float, float], image_std: tuple[float, float, float],
@@ -133,9 +137,10 @@ class VLMAdapter(Protocol):
     name: str
     family: str
     vision: VisionSpec
-    # How the model wants a still image: its image processor's pixel bounds, the picture shown as
-    # one temporal patch of itself repeated and without the video's per-patch text. None where the
-    # family's image processor tiles a picture (InternVL, LLaVA-OneVision), which vidsight does not.
+    # How the model wants a still image, as its image processor shows one: Qwen's within its image
+    # pixel bounds, as one temporal patch of itself repeated; InternVL's cut into tiles
+    # (`VisionSpec.tiles`); without the video's per-patch text. None where vidsight does not show
+    # the family a picture (LLaVA-OneVision, whose processor tiles it its own way).
     still_vision: VisionSpec | None
     num_layers: int
     num_kv_heads: int
@@ -159,6 +164,11 @@ class VLMAdapter(Protocol):
         """The chat-templated prompt of a question or a conversation (`Conversation`), its video
         or still image a span of ``video_tokens`` tokens (a conversation without either: none, at
         the end)."""
+
+    def still_text(self) -> tuple[list[int], list[int]]:
+        """Token ids the family puts before a still picture's tokens and after them, in the place of
+        the template's image mark (InternVL's ``<img>`` and ``</img>``; none for Qwen's, whose
+        template writes its marks around the image's)."""
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """Token ids the family puts around temporal patch ``index`` of a video (``time_s`` the

@@ -100,7 +100,7 @@ class Qwen2DecoderAdapter:
         conversation = Conversation.of(question)
         if conversation.still and self.still_vision is None:
             raise ConfigError(f"{self.name}: vidsight does not show a {self.family} model a still image (its image "
-                              "processor tiles a picture); give it as a video")
+                              "processor tiles a picture its own way); give it as a video")
 
         def render(conversation: Conversation) -> str:
             continues = conversation.continues_final
@@ -153,6 +153,10 @@ class Qwen2DecoderAdapter:
     def _template_video(self, ids: torch.Tensor, slot: int) -> tuple[int, int]:
         """The template's tokens the video span replaces: its video mark alone."""
         return slot, slot + 1
+
+    def still_text(self) -> tuple[list[int], list[int]]:
+        """No text around a still's tokens (the template's own marks stay around them)."""
+        return [], []
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """No text around a video's patches (the span is the patches' tokens alone)."""

@@ -3,11 +3,15 @@
 Its video path (InternVL's published recipe, as transformers' processor writes it): every frame is
 resized to the InternViT tower's square input (448x448), encoded alone, its patch grid folded 2x2
 into channels (pixel shuffle: 32x32 patches to 16x16 = 256 tokens) and projected. The prompt
-labels each frame: ``Frame{k}: <img>`` + its tokens + ``</img>``, frames joined by newlines. The
-language model is Qwen2's with 1-D rotary positions.
+labels each frame: ``Frame{k}: <img>`` + its tokens + ``</img>``, frames joined by newlines. A
+still picture is cut into tiles of that size (`vidsight.vision.tiles`), each encoded as a frame,
+all in one ``<img>`` ... ``</img>`` where the template writes ``<IMG_CONTEXT>``. The language model
+is Qwen2's with 1-D rotary positions.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -47,6 +51,18 @@ class InternVLAdapter(WholeFrameAdapter, VLMAdapter):
         processor = {**image_processor, **video_processor}
         return VisionSpec.square(side[0], patch[0], fold, processor.get("image_mean", IMAGENET_MEAN),
                                  processor.get("image_std", IMAGENET_STD))
+
+    @classmethod
+    def still_spec(cls, vision: VisionSpec, image_processor: dict) -> VisionSpec:
+        """A still as InternVL's processor shows one: cut into tiles (it asks its image processor
+        to crop, from ``min_patches`` to ``max_patches`` tiles, 1 and 12 where it names none)."""
+        most = int(image_processor.get("max_patches", 12))
+        fewest = int(image_processor.get("min_patches", 1))
+        return dataclasses.replace(vision, tiles=(fewest, most) if most > 1 else None)
+
+    def still_text(self) -> tuple[list[int], list[int]]:
+        """``<img>`` before all the picture's tiles, ``</img>`` after them."""
+        return [self._start_image], [self._end_image]
 
     def patch_text(self, index: int, time_s: float) -> tuple[list[int], list[int]]:
         """``Frame{index + 1}: <img>`` before the frame's tokens (after a newline from the second on), ``</img>`` after."""

@@ -70,9 +70,9 @@ LLAVA_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# InternVL3's chat format: Qwen2's turns with ``<video>`` before the text, where its -hf template
-# puts it (the tiny model keeps Qwen's default system turn).
-INTERNVL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
+# InternVL3's chat format: Qwen2's turns with ``<video>`` (a picture: ``<IMG_CONTEXT>``) before the
+# text, where its -hf template puts them (the tiny model keeps Qwen's default system turn).
+INTERNVL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'image' %}<image>", "'image' %}<IMG_CONTEXT>")
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
 # A 6x6 patch grid folds to 3x3 tokens.
 TINY_INTERNVIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -85,7 +85,7 @@ def create_app(config: ServeConfig, adapter: VLMAdapter | None = None, owner: st
         video, conversation = body.video_and_conversation(config.default_chat_template_kwargs)
         if conversation.still and server.adapter.still_vision is None:
             raise RequestError(400, f"{config.served_name}: vidsight does not show a {server.adapter.family} model an "
-                                    "image (its image processor tiles pictures); send it as a video_url")
+                                    "image (its image processor tiles pictures its own way); send it as a video_url")
         tools = tool_choice(body.tools, body.tool_choice, config.tool_call_parser, body.parallel_tool_calls)
         sampling, generation, prefill = ask_configs({**server.sampling_defaults, **body.ask_options(tools),
                                                      "reasoning_parser": config.reasoning_parser}, until_context=True)
