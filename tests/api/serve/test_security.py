@@ -161,6 +161,9 @@ def test_a_fetched_video_is_answered(make_server, slow_http, scratch):
     ({**body("clip.mp4"), "model": "gpt-4o"}, 404, "does not exist"),
     (body("ftp://host/clip.mp4"), 400, "unsupported URL scheme"),
     (body("data:video/mp4;base64,@@@"), 400, "not valid base64"),
+    (body("data:video/mp4;base64,bm90IGEgdmlkZW8="), 400, "the video_url: not a readable video file"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}},
+                                                {"type": "text", "text": "What?"}]}]}, 400, "the image_url: file is empty"),
     (body("missing.mp4"), 400, "missing.mp4"),
 ])
 def test_malformed_requests_get_a_message(make_server, payload, status, message, scratch):
@@ -168,6 +171,7 @@ def test_malformed_requests_get_a_message(make_server, payload, status, message,
         answer = httpx.post(f"{url}/v1/chat/completions", json=payload, timeout=60)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]["message"]
+    assert str(scratch) not in answer.text   # an uploaded file is named by its part, not the server's path
     assert not os.listdir(scratch)
 
 

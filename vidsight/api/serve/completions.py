@@ -18,7 +18,7 @@ import time
 
 from fastapi.responses import StreamingResponse
 
-from vidsight.api.serve.media import RequestError, video_file
+from vidsight.api.serve.media import RequestError, public_message, video_file
 from vidsight.api.serve.deltas import StreamedAnswer, message_of
 from vidsight.api.serve.openai_api import ChatCompletionRequest, chunk, completion, completion_id, usage_of
 from vidsight.api.serve.state import Server
@@ -38,7 +38,7 @@ def error_body(status: int, message: str) -> dict:
     kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 410: "not_found_error",
             413: "request_too_large", 429: "rate_limit_error", 503: "service_unavailable",
             504: "timeout"}.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "code": status}}
+    return {"error": {"message": public_message(message), "type": kind, "code": status}}
 
 
 def sse(data: dict) -> str:

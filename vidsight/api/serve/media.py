@@ -8,6 +8,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import re
 import shutil
 import tempfile
 import urllib.parse
@@ -24,6 +25,16 @@ from vidsight.ingest.container import NETWORK_SCHEMES
 
 # Live streams: a watch may follow one; a question needs a whole file (http(s) is fetched as one).
 STREAM_SCHEMES = tuple(scheme for scheme in NETWORK_SCHEMES if not scheme.startswith("http"))
+# A fetched or uploaded file's folder, of the request's own; the file is named after its part.
+SCRATCH_PREFIX = "vidsight-media-"
+_SCRATCH_FILE = re.compile(r"\S*/" + SCRATCH_PREFIX + r"[^/\s]+/(video_url|image_url)")
+
+
+def public_message(message: str) -> str:
+    """``message`` as a client reads it: a fetched or uploaded file named by the request's part
+    (``the video_url``), not by the server's scratch path, which means nothing to the client and
+    tells it about the server's disk."""
+    return _SCRATCH_FILE.sub(r"the \1", message)
 
 
 class RequestError(VidsightError):
@@ -72,9 +83,9 @@ async def video_file(url: str | None, config: ServeConfig, still: bool = False) 
     if url is None:
         yield None
     elif url.startswith(("http://", "https://", "data:")):
-        scratch = Path(tempfile.mkdtemp(prefix="vidsight-media-"))
+        scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
         try:
-            target = scratch / "video"
+            target = scratch / ("image_url" if still else "video_url")
             if url.startswith("data:"):
                 _write_data_url(url, target, config.max_video_bytes, "image" if still else "video")
             else:
