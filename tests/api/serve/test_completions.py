@@ -564,7 +564,8 @@ def test_an_image_url_is_answered_as_ask_answers_the_image(make_local_server, ti
                                                          media, scratch, tmp_path):
     """OpenAI's ``image_url`` part, as a base64 data URL (what clients send) or an allowed path:
     the answer `ask` gives about the picture shown as an image, whole and streamed; nothing left
-    behind. A family whose image processor tiles pictures refuses it before fetching."""
+    behind; a choice among given answers is scored after it. LLaVA-OneVision, whose processor
+    tiles pictures its own way, refuses it before fetching."""
     from vidsight.api.serve import ServeConfig, create_app
     from vidsight.api.serve.background import serve_in_background
 
@@ -585,6 +586,10 @@ def test_an_image_url_is_answered_as_ask_answers_the_image(make_local_server, ti
             assert whole.usage.prompt_tokens == want.stats.prompt_tokens
         chunks = list(client.chat.completions.create(model="tiny", messages=message(data), max_tokens=10, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.answer
+        scores = Asker(tiny_adapter).score(picture, Conversation.of(QUESTION, visual=IMAGE_PART), ["red", "blue"])
+        chosen = client.chat.completions.create(model="tiny", messages=message(data),
+                                                extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+        assert chosen.choices[0].message.content == scores.scores[scores.best].text
     assert not os.listdir(scratch)
     app = create_app(ServeConfig(model="llava", db=tmp_path / "llava.db"), adapter=llava_adapter)
     with serve_in_background(app) as url:
