@@ -57,8 +57,8 @@ def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, 
     if not Conversation.of(question).still:
         return plan_video(adapter, frames, height, width)
     if adapter.still_vision is None:
-        raise ConfigError(f"{adapter.name}: vidsight does not show a {adapter.family} model a still image; give it "
-                          "as a video")
+        raise ConfigError(f"{adapter.name}: vidsight does not show a {adapter.family} model a still image (its "
+                          "image processor tiles a picture its own way); give it as a video")
     if frames != 1:
         raise ConfigError(f"a still image is one frame, not {frames}")
     return plan_for(adapter.still_vision, tile_count(adapter.still_vision, height, width), height, width)

@@ -98,9 +98,6 @@ class Qwen2DecoderAdapter:
         from jinja2 import TemplateError
 
         conversation = Conversation.of(question)
-        if conversation.still and self.still_vision is None:
-            raise ConfigError(f"{self.name}: vidsight does not show a {self.family} model a still image (its image "
-                              "processor tiles a picture its own way); give it as a video")
 
         def render(conversation: Conversation) -> str:
             continues = conversation.continues_final
