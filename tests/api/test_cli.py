@@ -46,10 +46,12 @@ def test_a_picture_is_asked_about_as_an_image_where_the_family_has_an_image_path
     alone = Asker(tiny_model_dir).ask(picture, Conversation.of(question, visual=IMAGE_PART),
                                       generation=GenerationConfig(max_new_tokens=6))
     assert (report["answer"], report["stats"]["visual_tokens"]) == (alone.answer, alone.stats.visual_tokens)
+    assert report["stats"]["still"] and alone.stats.still
     # A family whose image processor tiles pictures: a one-frame video, and a word saying so.
     assert main(["ask", str(picture), question, "--model", llava_adapter.model.name_or_path, "--max-new-tokens",
                  "2", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["stats"]["frames"] == 1
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["frames"] == 1 and not stats["still"]
     assert "as a video of one frame" in caplog.text
 
 

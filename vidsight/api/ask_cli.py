@@ -124,6 +124,7 @@ def _answer(args, asker, video: str, conversations, sampling, generation, prefil
         encoded = f"{s.encoded_visual_tokens} encoded, " if s.encoded_visual_tokens != s.visual_tokens else ""
         cached = f", {s.cached_tokens} prompt tokens from the video's cached prefix" if s.cached_tokens else ""
         motion = f", {motion_note(s.motion_source)}" if s.motion_source else ""
-        print(f"[{s.frames} frames, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept{motion}), "
+        shown = (f"1 picture{f' in {s.frames} tiles' if s.frames > 1 else ''}" if s.still else f"{s.frames} frames")
+        print(f"[{shown}, {s.visual_tokens} visual tokens ({encoded}{s.kept_visual_tokens} kept{motion}), "
               f"{s.generated_tokens} generated{cached}; {stages}; wall {s.wall_s:.2f}s; "
               f"peak {s.peak_memory_bytes / 2**20:.0f} MiB on {s.device}]", file=sys.stderr)

@@ -274,6 +274,7 @@ class Asker:
                                                    else "no file was given"))
         if video is None:
             return prefill_text(self.adapter, question, answer_room, request)
+        request.clock.stats.still = question.still
         key = None
         if self.prefix_cache is not None:
             layout = self.adapter.build_prompt(question, 0)

@@ -39,8 +39,9 @@ class AskStats:
     """What one `ask` cost.
 
     Attributes:
-        frames: Frames decoded and fed to the model.
+        frames: Frames decoded and fed to the model (a picture's tiles, where its family cuts it).
         frames_lost: Requested frames the decoder could not produce.
+        still: Whether the file was shown to the model as a picture (`Conversation.still`).
         visual_tokens: Video tokens in the prompt.
         prompt_tokens: All prompt tokens.
         cached_tokens: Prompt tokens whose KV came from the video prefix cache (not prefilled).
@@ -72,6 +73,7 @@ class AskStats:
 
     frames: int = 0
     frames_lost: int = 0
+    still: bool = False
     visual_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
