@@ -73,17 +73,18 @@ def test_a_raw_stream_cut_inside_its_first_frame_is_refused_naming_it(make_test_
 
 
 def test_pictures_are_still_images_and_videos_are_not(picture, make_test_video, tmp_path):
-    """A one-frame file of each picture format users bring is a still; a video is not, an MJPEG
-    one (a picture format's codec, many frames) included; nor is a file that cannot be opened."""
+    """A one-frame file of each picture format users bring is a still (an AVIF image too, whose
+    codec is AV1's); a video is not, an MJPEG or AV1 one included; nor is a file that cannot be opened."""
     from PIL import Image
 
     from vidsight.ingest import is_still_image
 
     image = Image.open(picture)
-    for suffix in ("png", "jpg", "webp", "bmp", "tiff", "gif"):
+    for suffix in ("png", "jpg", "webp", "bmp", "tiff", "gif", "avif"):
         image.save(tmp_path / f"square.{suffix}")
         assert is_still_image(tmp_path / f"square.{suffix}"), suffix
     mjpeg, _ = make_test_video(suffix=".avi", duration_s=1.0, codec="mjpeg")
     h264, _ = make_test_video(duration_s=1.0)
+    av1, _ = make_test_video(suffix=".mp4", duration_s=1.0, codec="av1")
     (tmp_path / "empty.png").write_bytes(b"")
-    assert not any(is_still_image(path) for path in (mjpeg, h264, tmp_path / "empty.png", tmp_path / "gone.jpg"))
+    assert not any(is_still_image(path) for path in (mjpeg, h264, av1, tmp_path / "empty.png", tmp_path / "gone.jpg"))

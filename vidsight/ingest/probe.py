@@ -50,15 +50,19 @@ INTERLACED_FIELD_ORDERS = frozenset({2, 3, 4, 5})
 # screenshot or a drawing (a still image), not a video.
 STILL_CODECS = frozenset({"png", "apng", "mjpeg", "jpeg2000", "jpegls", "webp", "bmp", "tiff", "gif", "qoi", "ppm",
                           "pgm", "pbm", "pam", "targa", "sgi", "dpx", "exr", "hdr", "jpegxl"})
+# The brands of HEIF files holding pictures, whose codecs are video codecs' (a phone's HEIC photo
+# is HEVC, an AVIF image AV1).
+STILL_BRANDS = frozenset({"avif", "heic", "heix", "heim", "heis", "mif1"})
 
 
 def is_still_image(path: str | Path) -> bool:
-    """Whether ``path`` is a picture: its video one frame in a picture format (`STILL_CODECS`),
-    found without reading a video's packets past its second. A file that cannot be opened is not
-    one (what is wrong with it is said when it is probed)."""
+    """Whether ``path`` is a picture: its video one frame in a picture format (`STILL_CODECS`,
+    or a HEIF file's `STILL_BRANDS`), found without reading a video's packets past its second. A
+    file that cannot be opened is not one (what is wrong with it is said when it is probed)."""
     try:
         with open_video(path) as (container, stream):
-            if codec_name(stream) not in STILL_CODECS:
+            if (codec_name(stream) not in STILL_CODECS
+                    and container.metadata.get("major_brand", "").strip() not in STILL_BRANDS):
                 return False
             frames = (packet for packet in container.demux(stream) if packet.size)
             return len(list(itertools.islice(frames, 2))) == 1
