@@ -428,3 +428,39 @@ def test_a_video_goes_with_a_conversation_that_has_a_place_for_it(tiny_adapter, 
         Asker(tiny_adapter).ask(path, talk)
     with pytest.raises(ConfigError, match="no file was given"):
         Asker(tiny_adapter).ask(None, QUESTION)
+
+
+def test_pixel_bounds_given_answer_as_a_checkpoint_whose_processors_set_them(tiny_adapter, tiny_model_dir, tmp_path,
+                                                                            make_test_video, picture, internvl_adapter):
+    """``min_pixels``, ``max_pixels`` and ``total_pixels`` asked for (qwen-vl-utils' and vLLM's
+    names): a video and a picture answer as the same weights do when their processor files set
+    those bounds; a family whose tower takes one size, and a minimum above the maximum, are refused."""
+    import json
+    import shutil
+
+    from vidsight.models import load_model
+    from vidsight.models.conversation import IMAGE_PART
+
+    bounded = tmp_path / "bounded"
+    shutil.copytree(tiny_model_dir, bounded)
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        settings = json.loads((bounded / name).read_text())
+        settings.update(min_pixels=28 * 28, max_pixels=84 * 84, total_pixels=84 * 84 * 4)
+        (bounded / name).write_text(json.dumps(settings))
+    theirs = load_model(bounded, DEVICE, DTYPE)
+    path, _ = make_test_video(**CASES[0][1])
+    bounds = dict(min_pixels=28 * 28, max_pixels=84 * 84, total_pixels=84 * 84 * 4)
+    generation = GenerationConfig(max_new_tokens=NEW_TOKENS)
+    for visual, file in ((VIDEO_PART, path), (IMAGE_PART, picture)):
+        question = Conversation.of(QUESTION, visual=visual)
+        ours = Asker(tiny_adapter).ask(file, question, sampling=SamplingConfig(fps=2.0, **bounds), generation=generation)
+        want = Asker(theirs).ask(file, question, sampling=SamplingConfig(fps=2.0), generation=generation)
+        plain = Asker(tiny_adapter).ask(file, question, sampling=SamplingConfig(fps=2.0), generation=generation)
+        assert (ours.token_ids, ours.stats.visual_tokens) == (want.token_ids, want.stats.visual_tokens)
+        assert ours.stats.visual_tokens < plain.stats.visual_tokens
+    with pytest.raises(ConfigError, match="apply to Qwen's resize rule only"):
+        Asker(internvl_adapter).ask(path, QUESTION, sampling=SamplingConfig(max_pixels=84 * 84))
+    with pytest.raises(ConfigError, match=r"min_pixels \(50176\) is above max_pixels \(3136\)"):
+        Asker(tiny_adapter).ask(path, QUESTION, sampling=SamplingConfig(min_pixels=224 * 224, max_pixels=56 * 56))
+    with pytest.raises(ConfigError, match="max_pixels must be a whole number"):
+        SamplingConfig(max_pixels=0)

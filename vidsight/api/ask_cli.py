@@ -42,6 +42,15 @@ def add_ask_parser(commands, parents: list[argparse.ArgumentParser]) -> None:
                           "decoded, from the keyframe before it (qwen-vl-utils' video_start)")
     ask.add_argument("--end", dest="end_s", type=_float, default=None, metavar="SECONDS",
                      help="... up to SECONDS (default: the video's end; video_end)")
+    ask.add_argument("--min-pixels", type=int, default=None, metavar="PIXELS",
+                     help="fewest pixels a frame (or a picture) is resized to (default: the checkpoint's; "
+                          "qwen-vl-utils' and vLLM's min_pixels; Qwen models only)")
+    ask.add_argument("--max-pixels", type=int, default=None, metavar="PIXELS",
+                     help="most pixels a frame (or a picture) is resized to: fewer visual tokens each, e.g. "
+                          "200704 for QuickVideo's 448x448 (default: the checkpoint's; Qwen models only)")
+    ask.add_argument("--total-pixels", type=int, default=None, metavar="PIXELS",
+                     help="the whole video's pixel budget, which shrinks each frame of a long video (default: the "
+                          "checkpoint's, else qwen-vl-utils'; Qwen models only)")
     ask.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens, help="answer length limit")
     ask.add_argument("--logprobs", type=int, default=None, metavar="K",
                      help="with --json: each answer token's log probability and the K likeliest tokens' (0-20)")

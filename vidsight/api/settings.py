@@ -16,6 +16,8 @@ from vidsight.errors import ConfigError
 ASK_SETTINGS = {
     "fps": ("sampling", "fps"), "max_frames": ("sampling", "max_frames"),
     "start_s": ("sampling", "start_s"), "end_s": ("sampling", "end_s"),
+    "min_pixels": ("sampling", "min_pixels"), "max_pixels": ("sampling", "max_pixels"),
+    "total_pixels": ("sampling", "total_pixels"),
     "group_frames": ("prefill", "group_frames"), "dedup_patches": ("prefill", "dedup_patches"),
     "rho": ("prune", "rho"), "kv_score": ("prune", "scorer"), "prune_start_layer": ("prune", "start_layer"),
     "skip_pruned": ("prune", "skip_pruned"),

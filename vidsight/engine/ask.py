@@ -316,7 +316,7 @@ class Asker:
             workers = cpus
         decoders = cpus if workers is None else workers
         decoding = DecodeConfig(trim_gops=feed_config.trim_gops, motion=prefill.motion)
-        plan = plan_visual(self.adapter, question, len(indices), info.height, info.width)
+        plan = plan_visual(self.adapter, question, len(indices), info.height, info.width, sampling.pixel_bounds)
         tiled = plan.frames != len(indices)   # a picture the family cuts into tiles, decoded whole first
         if feed_config.resize_in_decoder and not tiled:
             decoding = dataclasses.replace(decoding, size=plan.size, resize=resize_frames)

@@ -50,18 +50,37 @@ def plan_video(adapter: VLMAdapter, frames: int, height: int, width: int) -> Vid
     return plan_for(adapter.vision, frames, height, width)
 
 
-def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, height: int, width: int) -> VideoPlan:
+def plan_visual(adapter: VLMAdapter, question: str | Conversation, frames: int, height: int, width: int,
+                pixel_bounds: dict[str, int] | None = None) -> VideoPlan:
     """`plan_video`, or for a conversation about a still image (`Conversation.still`) its one
     frame's plan in the model's image bounds (`VLMAdapter.still_vision`), or its tiles' where the
-    family cuts a picture into tiles (`vidsight.vision.tiles`)."""
+    family cuts a picture into tiles (`vidsight.vision.tiles`); ``pixel_bounds`` (``min_pixels``,
+    ``max_pixels``, ``total_pixels``; `SamplingConfig.pixel_bounds`) in place of the checkpoint's."""
     if not Conversation.of(question).still:
-        return plan_video(adapter, frames, height, width)
+        return plan_for(_bounded(adapter, adapter.vision, pixel_bounds), frames, height, width)
     if adapter.still_vision is None:
         raise ConfigError(f"{adapter.name}: vidsight does not show a {adapter.family} model a still image (its "
                           "image processor tiles a picture its own way); give it as a video")
     if frames != 1:
         raise ConfigError(f"a still image is one frame, not {frames}")
-    return plan_for(adapter.still_vision, tile_count(adapter.still_vision, height, width), height, width)
+    spec = _bounded(adapter, adapter.still_vision, pixel_bounds)
+    spec = dataclasses.replace(spec, total_pixels=spec.max_pixels)   # one picture: its own bound is its budget
+    return plan_for(spec, tile_count(spec, height, width), height, width)
+
+
+def _bounded(adapter: VLMAdapter, spec: VisionSpec, pixel_bounds: dict[str, int] | None) -> VisionSpec:
+    """``spec`` with the pixel bounds given in place of its own."""
+    if not pixel_bounds:
+        return spec
+    if spec.fixed_size is not None:
+        raise ConfigError(f"{adapter.name}: a {adapter.family} model takes every frame at its tower's "
+                          f"{spec.fixed_size[1]}x{spec.fixed_size[0]}; {', '.join(pixel_bounds)} apply to Qwen's "
+                          "resize rule only")
+    spec = dataclasses.replace(spec, **pixel_bounds)
+    if spec.min_pixels > spec.max_pixels:
+        raise ConfigError(f"min_pixels ({spec.min_pixels}) is above max_pixels ({spec.max_pixels}), one of them "
+                          f"{adapter.name}'s own")
+    return spec
 
 
 def plan_for(spec: VisionSpec, frames: int, height: int, width: int) -> VideoPlan:

@@ -12,6 +12,9 @@ from vidsight.ingest.types import VideoInfo
 # Qwen2.5-VL's own video defaults (qwen-vl-utils): 2 fps, at most 768 frames.
 DEFAULT_FPS = 2.0
 DEFAULT_MAX_FRAMES = 768
+# A bound past this is nonsense: no frame vidsight decodes holds more (8192 pixels a side), and a
+# whole video's budget past it would be millions of tokens.
+MAX_PIXELS = 1 << 31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,12 +28,21 @@ class SamplingConfig:
             player's timeline counts; qwen-vl-utils' ``video_start``): only its frames are decoded,
             from the keyframe before it.
         end_s: Where the clip ends (None, or past the video's end: at the end; ``video_end``).
+        min_pixels: Fewest pixels a frame (or a picture) is resized to, in place of the
+            checkpoint's bound (qwen-vl-utils' and vLLM's ``mm_processor_kwargs`` name; Qwen's
+            resize rule only). None: the checkpoint's.
+        max_pixels: Most pixels a frame (or a picture) is resized to, likewise.
+        total_pixels: The whole video's pixel budget, which shrinks each frame of a long video,
+            likewise (a picture has none but ``max_pixels``).
     """
 
     fps: float = DEFAULT_FPS
     max_frames: int = DEFAULT_MAX_FRAMES
     start_s: float = 0.0
     end_s: float | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    total_pixels: int | None = None
 
     def __post_init__(self):
         if not np.isfinite(self.fps) or self.fps <= 0:
@@ -43,6 +55,15 @@ class SamplingConfig:
             raise ConfigError(f"the clip's start must be 0 s or later, got {self.start_s}")
         if self.end_s is not None and not (np.isfinite(self.end_s) and self.end_s > self.start_s):
             raise ConfigError(f"the clip's end ({self.end_s} s) must come after its start ({self.start_s} s)")
+        for name, value in self.pixel_bounds.items():
+            if not isinstance(value, int) or not 1 <= value <= MAX_PIXELS:
+                raise ConfigError(f"{name} must be a whole number of pixels from 1 to {MAX_PIXELS}, got {value}")
+
+    @property
+    def pixel_bounds(self) -> dict[str, int]:
+        """The pixel bounds given (`min_pixels`, `max_pixels`, `total_pixels`), by name."""
+        named = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "total_pixels": self.total_pixels}
+        return {name: value for name, value in named.items() if value is not None}
 
     def clip(self, info: VideoInfo) -> tuple[float, float]:
         """The clip's ``(start, length)`` in seconds from ``info``'s first frame, within the video.

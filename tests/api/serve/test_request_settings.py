@@ -131,6 +131,18 @@ def test_a_clip_is_asked_for_by_qwens_names_or_the_flags_names():
         ask_configs(request(video_start=60, video_end=10).ask_options())
 
 
+def test_pixel_bounds_are_asked_for_by_the_processors_names_or_the_flags():
+    """vLLM's ``mm_processor_kwargs`` ``min_pixels``/``max_pixels`` (and qwen-vl-utils'
+    ``total_pixels``) give the sampling ``ask --min-pixels --max-pixels --total-pixels`` gives."""
+    flags = ["--min-pixels", "3136", "--max-pixels", "200704", "--total-pixels", "20070400"]
+    sampling = ask_configs(vars(build_parser().parse_args(["ask", "v.mp4", "q", *flags])))[0]
+    assert sampling.pixel_bounds == {"min_pixels": 3136, "max_pixels": 200704, "total_pixels": 20070400}
+    given = request(min_pixels=3136, max_pixels=200704, total_pixels=20070400)
+    assert ask_configs(given.ask_options())[0] == sampling
+    with pytest.raises(ConfigError, match="max_pixels must be a whole number of pixels"):
+        ask_configs(request(max_pixels=-5).ask_options())
+
+
 def test_a_session_message_takes_the_servers_sampling_defaults_unless_it_gives_its_own():
     from vidsight.api.serve.session_routes import MessageRequest
 
