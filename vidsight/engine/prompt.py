@@ -78,8 +78,8 @@ def _bounded(adapter: VLMAdapter, spec: VisionSpec, pixel_bounds: dict[str, int]
                           "resize rule only")
     spec = dataclasses.replace(spec, **pixel_bounds)
     if spec.min_pixels > spec.max_pixels:
-        raise ConfigError(f"min_pixels ({spec.min_pixels}) is above max_pixels ({spec.max_pixels}), one of them "
-                          f"{adapter.name}'s own")
+        raise ConfigError(f"min_pixels ({spec.min_pixels}) is above max_pixels ({spec.max_pixels}) (the bounds "
+                          f"given, over {adapter.name}'s own)")
     return spec
 
 
