@@ -278,7 +278,8 @@ class Asker:
         key = None
         if self.prefix_cache is not None:
             layout = self.adapter.build_prompt(question, 0)
-            key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start], question.still)
+            key = prefix_key(video, sampling, prefill, feed_config, layout.input_ids[:layout.video_start],
+                             question.still)
         if key is None:
             return (yield from self._decode_and(lambda feed, plan, fps: prefill_video_steps(
                 self.adapter, feed, question, fps, prefill, answer_room, request, plan),

@@ -153,7 +153,8 @@ class Conversation:
             raise ConfigError(f"the {visuals[0][1].template_type} must be in a user message, not the {visuals[0][0]}'s")
         last = self.messages[-1]
         if self.continues_final:
-            if last.role != "assistant" or not last.text.strip() or last.tool_calls or any(not isinstance(part, str) for part in last.parts):
+            with_media = any(not isinstance(part, str) for part in last.parts)
+            if last.role != "assistant" or not last.text.strip() or last.tool_calls or with_media:
                 raise ConfigError("to continue the final message it must be the assistant's, holding the text of an "
                                   "answer begun (no tool calls)")
         elif last.role not in ("user", "tool"):

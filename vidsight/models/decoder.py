@@ -128,7 +128,8 @@ class Qwen2DecoderAdapter:
             raise ModelError(f"{self.name}: chat template yields {len(slots)} {conversation.visual.template_type} "
                              "placeholders, expected 1")
         # A still keeps the template's own marks around its span; a video's patches may bring theirs.
-        start, end = (int(slots[0]), int(slots[0]) + 1) if conversation.still else self._template_video(ids, int(slots[0]))
+        slot = int(slots[0])
+        start, end = (slot, slot + 1) if conversation.still else self._template_video(ids, slot)
         video = torch.full((video_tokens,), placeholder, dtype=torch.long)
         return PromptLayout(torch.cat([ids[:start], video, ids[end:]]), start, video_tokens)
 

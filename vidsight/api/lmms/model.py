@@ -151,8 +151,8 @@ class VidsightLMM(lmms):
         settings = self._settings_for(gen_kwargs)
         if self.settings.mode == "ask":
             sampling, generation, prefill = ask_configs(settings)
-            result = self.asker.ask(video, self._conversation(video, question), sampling=sampling, generation=generation,
-                                    prefill=prefill, feed=feed_config(settings))
+            result = self.asker.ask(video, self._conversation(video, question), sampling=sampling,
+                                    generation=generation, prefill=prefill, feed=feed_config(settings))
             stats = result.stats
             record = {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens}
         else:
